@@ -1,0 +1,83 @@
+"""The ``gradstat`` command line: one typer app, errors as one ``Error:`` line.
+
+Exit codes: 0 success, 1 bad or unreadable data, 2 bad usage. Set ``GRADSTAT_DEBUG=1``
+to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import typer
+
+from gradstat import __version__
+from gradstat.cli.info import info_command
+from gradstat.cli.output import err_console, warn
+from gradstat.errors import GradstatError
+
+app = typer.Typer(
+    name="gradstat",
+    help=(
+        "Record each learner's local gradient during real data-parallel training, then "
+        "analyse it for gradient compression: distribution fits and threshold estimators "
+        "(SIDCo), cross-learner top-k similarity and build-up (ScaleCom), compressor "
+        "replay with error feedback, and recommendations."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("info")(info_command)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gradstat {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """gradstat: gradient statistics for gradient-compression design."""
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    warn(str(message))
+
+
+def _error(message: str, code: int) -> None:
+    err_console.print(f"[bold red]Error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gradstat`` console script."""
+    debug = os.environ.get("GRADSTAT_DEBUG") == "1"
+    warnings.showwarning = _show_warning
+    try:
+        result = app(args=argv, prog_name="gradstat", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _error("interrupted", 130)
+    except typer.TyperException as exc:
+        _error(exc.format_message(), exc.exit_code)
+    except GradstatError as exc:
+        if debug:
+            raise
+        _error(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        _error("interrupted", 130)
+    except Exception as exc:  # the last line of defence: never a traceback for users
+        if debug:
+            raise
+        _error(f"unexpected {type(exc).__name__}: {exc} (GRADSTAT_DEBUG=1 shows the traceback)", 1)
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,0 +1,256 @@
+"""Reading captures: validate the schema, trust only committed rows, load lazily.
+
+Rank files are always opened directly in SWMR-read mode (DESIGN.md): that works on a
+complete capture, on one still being written, and on one whose writer was killed (where
+plain read mode fails on the "open for write" flag and virtual datasets cannot resolve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from gradstat.errors import DataError, UsageError
+from gradstat.store.schema import (
+    FORMAT_NAME,
+    ROOT_FILE,
+    SCHEMA_VERSION,
+    Layer,
+    rank_file_name,
+)
+from gradstat.store.scope import Scope, resolve_scopes
+
+
+def _open_h5(path: Path, **kwargs) -> h5py.File:
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if not h5py.is_hdf5(path):
+        raise DataError(f"{path}: not an HDF5 file")
+    try:
+        return h5py.File(path, "r", **kwargs)
+    except OSError as exc:
+        reason = str(exc).split("(")[0].strip() or type(exc).__name__
+        raise DataError(f"{path}: cannot be read, truncated or damaged? ({reason})") from exc
+
+
+def _root_path(path: Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / ROOT_FILE
+        if not path.exists():
+            raise DataError(f"{path.parent}: not a gradstat capture (no {ROOT_FILE})")
+    return path
+
+
+def _process_alive(hostname: str, pid: int) -> bool:
+    if hostname != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Capture:
+    """An opened capture: metadata, layer table, recorded steps and lazy gradient rows.
+
+    Use as a context manager, or call :meth:`close`. ``read_step`` and ``iter_steps``
+    load one step (all selected learners) at a time, so analyses stream.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        root_path = _root_path(Path(path))
+        self.root_path = root_path
+        self.path = root_path.parent
+        with _open_h5(root_path) as root:
+            attrs = dict(root.attrs)
+            if attrs.get("format") != FORMAT_NAME or "schema" not in attrs:
+                raise DataError(f"{root_path}: an HDF5 file, but not a gradstat capture")
+            if int(attrs["schema"]) != SCHEMA_VERSION:
+                raise DataError(
+                    f"{root_path}: capture schema {int(attrs['schema'])} is not supported "
+                    f"(this gradstat reads schema {SCHEMA_VERSION})"
+                )
+            try:
+                self.layers = self._read_layers(root)
+            except KeyError as exc:
+                raise DataError(f"{root_path}: the layer table is missing or damaged") from exc
+        self.meta = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        self.world_size = int(self.meta["world_size"])
+        self.dtype = str(self.meta["dtype"])
+        self.workload = str(self.meta.get("workload", "unknown"))
+        self.numel = self.layers[-1].stop if self.layers else 0
+        self._files: list[h5py.File] = []
+        try:
+            self._open_ranks()
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def _read_layers(root: h5py.File) -> list[Layer]:
+        group = root["layers"]
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in group["name"][()]]
+        offsets, numels, shapes = group["offset"][()], group["numel"][()], group["shape"][()]
+        return [
+            Layer(name, int(o), int(n), tuple(int(s) for s in shape))
+            for name, o, n, shape in zip(names, offsets, numels, shapes)
+        ]
+
+    def _open_ranks(self) -> None:
+        committed, running = [], False
+        for rank in range(self.world_size):
+            path = self.path / rank_file_name(rank)
+            f = _open_h5(path, swmr=True)
+            self._files.append(f)
+            try:
+                grad = f["grad"]
+                rows = int(f.attrs["committed"])
+                for name in ("step", "loss"):
+                    if f[name].shape[0] < rows:
+                        raise KeyError(name)
+            except KeyError as exc:
+                raise DataError(f"{path}: not a gradstat rank file or damaged") from exc
+            if grad.shape[1] != self.numel:
+                raise DataError(
+                    f"{path}: rows of {grad.shape[1]} values, layer table has {self.numel}"
+                )
+            if grad.shape[0] < rows:
+                raise DataError(f"{path}: committed {rows} rows but holds {grad.shape[0]}")
+            committed.append(rows)
+            if not bool(f.attrs.get("closed", True)):
+                running |= _process_alive(
+                    str(f.attrs.get("hostname", "")), int(f.attrs["writer_pid"])
+                )
+        rows = min(committed) if committed else 0
+        steps = self._files[0]["step"][:rows] if rows else np.zeros(0, np.int64)
+        losses = (
+            np.stack([f["loss"][:rows] for f in self._files])
+            if rows
+            else np.zeros((self.world_size, 0))
+        )
+        for rank, f in enumerate(self._files[1:], start=1):
+            if rows and not np.array_equal(f["step"][:rows], steps):
+                raise DataError(
+                    f"{self.path}: learner {rank} recorded different steps than learner 0"
+                )
+        self.steps = np.asarray(steps, dtype=np.int64)
+        self.losses = np.asarray(losses, dtype=np.float64)
+        self.committed_per_learner = committed
+        self._row_of = {int(s): i for i, s in enumerate(self.steps)}
+        if self.meta.get("status") == "complete":
+            self.status = "complete"
+        elif running:
+            self.status = "running"
+        else:
+            self.status = "interrupted"
+
+    # --- metadata ---------------------------------------------------------------------
+    @property
+    def learners(self) -> list[int]:
+        return list(range(self.world_size))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk: the root file plus every rank file."""
+        files = [self.root_path] + [self.path / rank_file_name(r) for r in self.learners]
+        return sum(p.stat().st_size for p in files if p.exists())
+
+    def scopes(self, spec: str = "model") -> list[Scope]:
+        return resolve_scopes(self.layers, spec)
+
+    def describe(self) -> dict:
+        """A JSON-ready summary (what ``gradstat info --json`` prints)."""
+        losses = self.losses[np.isfinite(self.losses)] if self.losses.size else self.losses
+        return {
+            "path": str(self.path),
+            "workload": self.workload,
+            "status": self.status,
+            "learners": len(self.learners),
+            "world_size": self.world_size,
+            "backend": self.meta.get("backend"),
+            "dtype": self.dtype,
+            "numel": self.numel,
+            "steps": [int(s) for s in self.steps],
+            "committed_per_learner": self.committed_per_learner,
+            "bytes": self.nbytes,
+            "layers": [
+                {"name": l.name, "offset": l.offset, "numel": l.numel, "shape": list(l.shape)}
+                for l in self.layers
+            ],
+            "loss": {
+                "first": float(self.losses[:, 0].mean()) if self.losses.size else None,
+                "last": float(self.losses[:, -1].mean()) if self.losses.size else None,
+                "min": float(losses.min()) if losses.size else None,
+                "max": float(losses.max()) if losses.size else None,
+            },
+            "created": self.meta.get("created"),
+            "command": self.meta.get("command"),
+            "versions": json.loads(self.meta["versions"]) if "versions" in self.meta else None,
+        }
+
+    # --- data -------------------------------------------------------------------------
+    def _learner_list(self, learners: Sequence[int] | None) -> list[int]:
+        if learners is None:
+            return self.learners
+        for learner in learners:
+            if learner not in range(self.world_size):
+                raise UsageError(
+                    f"learner {learner} is not in the capture (0..{self.world_size - 1})"
+                )
+        return list(learners)
+
+    def read_step(self, step: int, learners: Sequence[int] | None = None) -> torch.Tensor:
+        """Gradients of one recorded training step: float32 tensor ``(learners, numel)``."""
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        chosen = self._learner_list(learners)
+        out = np.empty((len(chosen), self.numel), dtype=np.float32)
+        for i, learner in enumerate(chosen):
+            dataset = self._files[learner]["grad"]
+            if dataset.dtype == np.float32:
+                dataset.read_direct(out, np.s_[row], np.s_[i])
+            else:
+                out[i] = dataset[row]
+        return torch.from_numpy(out)
+
+    def iter_steps(
+        self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(step, grads[learners, numel])`` one step at a time."""
+        for step in self.steps if steps is None else steps:
+            yield int(step), self.read_step(int(step), learners)
+
+    def close(self) -> None:
+        for f in self._files:
+            if f.id.valid:
+                f.close()
+        self._files = []
+
+    def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Capture({str(self.path)!r}, learners={self.world_size}, steps={len(self.steps)}, "
+            f"numel={self.numel}, status={self.status!r})"
+        )
+
+
+def open_capture(path: str | os.PathLike) -> Capture:
+    """Open a capture folder (or its ``capture.h5``) for reading."""
+    return Capture(path)

@@ -1,0 +1,181 @@
+"""Writing captures: one SWMR rank file per learner plus the root ``capture.h5``.
+
+Crash safety follows DESIGN.md: each rank file is opened in SWMR mode, every row is
+flushed before the ``committed`` attribute is raised, so a reader (or a SIGKILL) sees
+either the old or the new committed count, never a half-written row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from gradstat.errors import UsageError
+from gradstat.store.schema import (
+    FORMAT_NAME,
+    MAX_CHUNK_BYTES,
+    ROOT_FILE,
+    SCHEMA_VERSION,
+    SUPPORTED_DTYPES,
+    Layer,
+    rank_file_name,
+)
+
+
+def _check_dtype(dtype: str) -> np.dtype:
+    if dtype not in SUPPORTED_DTYPES:
+        raise UsageError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype!r}")
+    return np.dtype(dtype)
+
+
+class RankFileWriter:
+    """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row)."""
+
+    def __init__(self, path: Path, rank: int, numel: int, dtype: str = "float32") -> None:
+        np_dtype = _check_dtype(dtype)
+        if numel <= 0:
+            raise UsageError("cannot record an empty gradient (no parameters selected)")
+        self.path = Path(path)
+        self.numel = numel
+        self.rows = 0
+        self._file = h5py.File(self.path, "w", libver="latest")
+        chunk_cols = max(1, min(numel, MAX_CHUNK_BYTES // np_dtype.itemsize))
+        self._grad = self._file.create_dataset(
+            "grad", (0, numel), maxshape=(None, numel), dtype=np_dtype, chunks=(1, chunk_cols)
+        )
+        self._step = self._file.create_dataset(
+            "step", (0,), maxshape=(None,), dtype="int64", chunks=(1024,)
+        )
+        self._loss = self._file.create_dataset(
+            "loss", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
+        )
+        attrs = self._file.attrs
+        attrs["format"] = FORMAT_NAME
+        attrs["schema"] = SCHEMA_VERSION
+        attrs["rank"] = rank
+        attrs["hostname"] = socket.gethostname()
+        attrs["writer_pid"] = os.getpid()
+        attrs["committed"] = np.int64(0)
+        attrs["closed"] = False
+        self._file.swmr_mode = True
+
+    def append(self, step: int, loss: float, row: np.ndarray) -> None:
+        """Write one row, flush it, then raise ``committed`` (the commit point)."""
+        n = self.rows + 1
+        for dataset in (self._grad, self._step, self._loss):
+            dataset.resize(n, axis=0)
+        self._grad[n - 1] = row
+        self._step[n - 1] = step
+        self._loss[n - 1] = loss
+        for dataset in (self._grad, self._step, self._loss):
+            dataset.flush()
+        self._file.attrs["committed"] = np.int64(n)
+        self._file.flush()
+        self.rows = n
+
+    def close(self) -> None:
+        if self._file.id.valid:
+            self._file.attrs["closed"] = True
+            self._file.close()
+
+
+def write_root(
+    run_dir: Path, layers: Sequence[Layer], world_size: int, dtype: str, meta: Mapping
+) -> Path:
+    """Create ``capture.h5`` with the metadata and layer table (status ``running``)."""
+    _check_dtype(dtype)
+    path = Path(run_dir) / ROOT_FILE
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = FORMAT_NAME
+        f.attrs["schema"] = SCHEMA_VERSION
+        f.attrs["world_size"] = world_size
+        f.attrs["dtype"] = dtype
+        f.attrs["status"] = "running"
+        f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        for key, value in meta.items():
+            f.attrs[key] = value if isinstance(value, (int, float, str)) else json.dumps(value)
+        group = f.create_group("layers")
+        group.create_dataset(
+            "name", data=[layer.name for layer in layers], dtype=h5py.string_dtype()
+        )
+        group.create_dataset("offset", data=np.array([l.offset for l in layers], dtype=np.int64))
+        group.create_dataset("numel", data=np.array([l.numel for l in layers], dtype=np.int64))
+        shapes = group.create_dataset("shape", (len(layers),), dtype=h5py.vlen_dtype(np.int64))
+        for i, layer in enumerate(layers):
+            shapes[i] = np.array(layer.shape, dtype=np.int64)
+    return path
+
+
+def finalize_root(run_dir: Path, status: str = "complete") -> None:
+    """Mark the capture closed and (re)write the virtual datasets over the rank files.
+
+    Virtual datasets are a convenience for other tools (h5ls, HDFView); gradstat itself
+    reads the rank files. They cover the rows committed on every rank:
+    ``/grad (learners, steps, numel)``, ``/step (learners, steps)``, ``/loss``.
+    """
+    run_dir = Path(run_dir)
+    with h5py.File(run_dir / ROOT_FILE, "r+") as root:
+        world = int(root.attrs["world_size"])
+        sources = []
+        for rank in range(world):
+            with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
+                sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
+        rows = min(committed for committed, _, _ in sources)
+        numel, dtype = sources[0][1], sources[0][2]
+        for name in ("grad", "step", "loss"):
+            if name in root:
+                del root[name]
+        for name, shape, dt in (
+            ("grad", (rows, numel), dtype),
+            ("step", (rows,), np.int64),
+            ("loss", (rows,), np.float64),
+        ):
+            layout = h5py.VirtualLayout(shape=(world, *shape), dtype=dt)
+            for rank in range(world):
+                layout[rank] = h5py.VirtualSource(
+                    rank_file_name(rank), name, shape=(rows, *shape[1:])
+                )[:rows]
+            root.create_virtual_dataset(name, layout)
+        root.attrs["status"] = status
+        root.attrs["committed"] = rows
+
+
+def write_capture(
+    run_dir: Path,
+    grads: np.ndarray,
+    layers: Sequence[Layer],
+    steps: Iterable[int] | None = None,
+    losses: np.ndarray | None = None,
+    dtype: str = "float32",
+    meta: Mapping | None = None,
+) -> Path:
+    """Write a complete capture from an array ``grads[learner, step, numel]``.
+
+    For gradients recorded elsewhere, and for tests that need known data.
+    """
+    grads = np.asarray(grads)
+    if grads.ndim != 3:
+        raise UsageError("grads must have shape (learners, steps, numel)")
+    world, n_steps, numel = grads.shape
+    if layers and layers[-1].stop != numel:
+        raise UsageError("the layer table must tile the gradient vector")
+    steps = list(range(n_steps)) if steps is None else [int(s) for s in steps]
+    losses = np.zeros((world, n_steps)) if losses is None else np.asarray(losses)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base_meta = {"workload": "arrays", "backend": "none"}
+    write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})})
+    for rank in range(world):
+        writer = RankFileWriter(run_dir / rank_file_name(rank), rank, numel, dtype)
+        for i, step in enumerate(steps):
+            writer.append(step, float(losses[rank, i]), grads[rank, i])
+        writer.close()
+    finalize_root(run_dir)
+    return run_dir
