@@ -91,4 +91,4 @@ def parse_ratios(spec: str | Sequence[float]) -> list[float]:
 
 def k_for(ratio: float, numel: int) -> int:
     """Number of elements a density keeps: ``max(1, round(ratio * numel))``."""
-    return max(1, int(round(ratio * numel)))
+    return max(1, round(ratio * numel))

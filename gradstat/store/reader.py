@@ -104,7 +104,7 @@ class Capture:
         offsets, numels, shapes = group["offset"][()], group["numel"][()], group["shape"][()]
         return [
             Layer(name, int(o), int(n), tuple(int(s) for s in shape))
-            for name, o, n, shape in zip(names, offsets, numels, shapes)
+            for name, o, n, shape in zip(names, offsets, numels, shapes, strict=True)
         ]
 
     def _open_ranks(self) -> None:
@@ -185,8 +185,13 @@ class Capture:
             "committed_per_learner": self.committed_per_learner,
             "bytes": self.nbytes,
             "layers": [
-                {"name": l.name, "offset": l.offset, "numel": l.numel, "shape": list(l.shape)}
-                for l in self.layers
+                {
+                    "name": layer.name,
+                    "offset": layer.offset,
+                    "numel": layer.numel,
+                    "shape": list(layer.shape),
+                }
+                for layer in self.layers
             ],
             "loss": {
                 "first": float(self.losses[:, 0].mean()) if self.losses.size else None,

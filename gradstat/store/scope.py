@@ -58,7 +58,9 @@ def resolve_scopes(layers: Sequence[Layer], spec: str = "model") -> list[Scope]:
     try:
         pattern = re.compile(spec)
     except re.error as exc:
-        raise UsageError(f"--scope {spec!r} is not 'model', 'layers' or a valid regex: {exc}")
+        raise UsageError(
+            f"--scope {spec!r} is not 'model', 'layers' or a valid regex: {exc}"
+        ) from None
     matched = [layer for layer in layers if pattern.search(layer.name)]
     if not matched:
         names = ", ".join(layer.name for layer in layers[:6])

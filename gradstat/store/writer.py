@@ -105,8 +105,12 @@ def write_root(
         group.create_dataset(
             "name", data=[layer.name for layer in layers], dtype=h5py.string_dtype()
         )
-        group.create_dataset("offset", data=np.array([l.offset for l in layers], dtype=np.int64))
-        group.create_dataset("numel", data=np.array([l.numel for l in layers], dtype=np.int64))
+        group.create_dataset(
+            "offset", data=np.array([layer.offset for layer in layers], dtype=np.int64)
+        )
+        group.create_dataset(
+            "numel", data=np.array([layer.numel for layer in layers], dtype=np.int64)
+        )
         shapes = group.create_dataset("shape", (len(layers),), dtype=h5py.vlen_dtype(np.int64))
         for i, layer in enumerate(layers):
             shapes[i] = np.array(layer.shape, dtype=np.int64)
