@@ -1,0 +1,53 @@
+"""Shared figure style and saving for every gradstat plot.
+
+Plot functions take the tidy DataFrames that analyses return (usable from a notebook)
+and return a matplotlib Figure; ``save_figure`` writes png/pdf/svg by suffix.
+Matplotlib is imported here, never by ``import gradstat``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+
+import matplotlib.pyplot as plt
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from gradstat.errors import UsageError
+
+FORMATS = (".png", ".pdf", ".svg")
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: float = 4.0):
+    """A seaborn-styled figure with a grid of axes (always a 2-D array of axes)."""
+    sns.set_theme(context="paper", style="whitegrid", palette="colorblind")
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, layout="constrained"
+    )
+    return fig, axes
+
+
+def check_plot_path(path: Path | str) -> Path:
+    """Fail early (before any work) when the suffix is not png, pdf or svg."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise UsageError(f"--plot {path}: the suffix must be one of {', '.join(FORMATS)}")
+    if path.parent and not path.parent.exists():
+        raise UsageError(f"--plot {path}: folder {path.parent} does not exist")
+    return path
+
+
+def save_figure(fig: Figure, path: Path | str, dpi: int = 150) -> Path:
+    """Write ``fig`` to ``path`` (format by suffix) and close it."""
+    path = check_plot_path(path)
+    try:
+        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
+    except OSError as exc:
+        raise UsageError(f"--plot {path}: cannot write ({exc.strerror})") from exc
+    finally:
+        plt.close(fig)
+    return path
