@@ -23,3 +23,18 @@ def synthetic_capture(tmp_path):
     grads = (shared + 0.5 * rng.laplace(size=(3, 6, numel))).astype(np.float32)
     path = write_capture(tmp_path / "synthetic", grads, layers, steps=[0, 1, 2, 3, 4, 5])
     return path, grads
+
+
+@pytest.fixture(scope="session")
+def real_capture(tmp_path_factory):
+    """A real capture: 3 gloo learners train the digits CNN for 10 steps (about 10 s).
+
+    Shared by the whole session; tests must only read it.
+    """
+    from gradstat.capture.launch import CaptureOptions, run_capture
+
+    out = tmp_path_factory.mktemp("real") / "digits"
+    options = CaptureOptions(
+        workload="digits", steps=10, nproc_per_node=3, out=out, command="tests"
+    )
+    return run_capture(options)

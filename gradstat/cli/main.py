@@ -13,6 +13,7 @@ import warnings
 import typer
 
 from gradstat import __version__
+from gradstat.cli.capture import capture_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
 from gradstat.errors import GradstatError
@@ -31,6 +32,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+app.command("capture")(capture_command)
 app.command("info")(info_command)
 
 

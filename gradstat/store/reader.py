@@ -50,6 +50,7 @@ def _root_path(path: Path) -> Path:
 
 
 def _process_alive(hostname: str, pid: int) -> bool:
+    """Whether the writer process still runs (same host only; zombies count as dead)."""
     if hostname != socket.gethostname():
         return False
     try:
@@ -58,7 +59,11 @@ def _process_alive(hostname: str, pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 class Capture:

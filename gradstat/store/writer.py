@@ -117,7 +117,7 @@ def write_root(
     return path
 
 
-def finalize_root(run_dir: Path, status: str = "complete") -> None:
+def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True) -> None:
     """Mark the capture closed and (re)write the virtual datasets over the rank files.
 
     Virtual datasets are a convenience for other tools (h5ls, HDFView); gradstat itself
@@ -127,6 +127,9 @@ def finalize_root(run_dir: Path, status: str = "complete") -> None:
     run_dir = Path(run_dir)
     with h5py.File(run_dir / ROOT_FILE, "r+") as root:
         world = int(root.attrs["world_size"])
+        root.attrs["status"] = status
+        if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in range(world)):
+            return  # a failed writer, or multi-node without a shared folder
         sources = []
         for rank in range(world):
             with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
@@ -147,7 +150,6 @@ def finalize_root(run_dir: Path, status: str = "complete") -> None:
                     rank_file_name(rank), name, shape=(rows, *shape[1:])
                 )[:rows]
             root.create_virtual_dataset(name, layout)
-        root.attrs["status"] = status
         root.attrs["committed"] = rows
 
 

@@ -1,0 +1,257 @@
+"""Launching a built-in capture the way users launch training: ``torch.distributed.run``.
+
+The launcher validates every option before any process starts, runs torchrun with one
+worker per learner, follows rank 0's progress lines, keeps all other output in
+``<run>/capture.log``, and turns a failed worker into one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gradstat.capture.worker import PROGRESS_PREFIX
+from gradstat.capture.workloads import SIZES, workload_names
+from gradstat.errors import DataError, UsageError
+from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
+
+LOG_FILE = "capture.log"
+BACKENDS = ("auto", "gloo", "nccl")
+COMM_HOOKS = ("allreduce", "fp16", "powersgd")
+RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
+EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
+
+
+@dataclass
+class CaptureOptions:
+    """Everything ``gradstat capture`` needs; validated by :meth:`check`."""
+
+    workload: str = "charlm"
+    steps: int = 100
+    out: Path | None = None
+    every: int = 1
+    start: int = 0
+    layers: str | None = None
+    dtype: str = "float32"
+    batch_size: int = 32
+    lr: float = 0.05
+    seed: int = 0
+    size: str = "small"
+    data: Path | None = None
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    backend: str = "auto"
+    comm_hook: str = "allreduce"
+    command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
+
+    def check(self) -> None:
+        positive = {
+            "--steps": self.steps,
+            "--every": self.every,
+            "--batch-size": self.batch_size,
+            "--nproc-per-node": self.nproc_per_node,
+            "--nnodes": self.nnodes,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.start < 0:
+            raise UsageError(f"--start must be at least 0, got {self.start}")
+        if self.start >= self.steps:
+            raise UsageError(
+                f"--start {self.start} is past the last step ({self.steps - 1}): "
+                "nothing would be recorded"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if not self.lr > 0:
+            raise UsageError(f"--lr must be positive, got {self.lr}")
+        if self.workload not in workload_names():
+            raise UsageError(
+                f"unknown workload {self.workload!r}; choose one of {', '.join(workload_names())}"
+            )
+        if self.size not in SIZES:
+            raise UsageError(f"unknown --size {self.size!r}; choose one of {', '.join(SIZES)}")
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise UsageError(
+                f"--dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise UsageError(
+                f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+            )
+        if self.comm_hook not in COMM_HOOKS:
+            raise UsageError(
+                f"--comm-hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}"
+            )
+        if self.backend == "nccl" and not torch.cuda.is_available():
+            raise UsageError("--backend nccl needs CUDA GPUs; none is visible (use gloo)")
+        if self.backend == "nccl" and self.nproc_per_node > torch.cuda.device_count():
+            raise UsageError(
+                f"--nproc-per-node {self.nproc_per_node} exceeds the "
+                f"{torch.cuda.device_count()} visible GPUs"
+            )
+        if self.data is not None:
+            if self.workload != "charlm":
+                raise UsageError("--data applies to the charlm workload only")
+            if not Path(self.data).is_file():
+                raise UsageError(f"--data {self.data}: no such file")
+        if self.nnodes > 1 and not (self.master_addr and self.master_port):
+            raise UsageError("multi-node runs need --master-addr and --master-port")
+        if self.layers:
+            try:
+                re.compile(self.layers)
+            except re.error as exc:
+                raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return (
+            "nccl"
+            if torch.cuda.is_available() and torch.cuda.device_count() >= self.nproc_per_node
+            else "gloo"
+        )
+
+    def run_dir(self) -> Path:
+        if self.out is not None:
+            return Path(self.out)
+        return Path("captures") / f"{self.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    @property
+    def recorded_steps(self) -> int:
+        return len(range(self.start, self.steps, self.every))
+
+
+def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
+    """The ``python -m torch.distributed.run ... -m gradstat.capture.worker ...`` command."""
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(options.nproc_per_node),
+    ]
+    if options.nnodes == 1 and not options.master_addr:
+        argv.append("--standalone")
+    else:
+        argv += [
+            "--nnodes",
+            str(options.nnodes),
+            "--node-rank",
+            str(options.node_rank),
+            "--master-addr",
+            str(options.master_addr),
+            "--master-port",
+            str(options.master_port),
+        ]
+    config = {
+        "workload": options.workload,
+        "size": options.size,
+        "data": str(Path(options.data).resolve()) if options.data is not None else None,
+        "out": str(run_dir),
+        "steps": options.steps,
+        "every": options.every,
+        "start": options.start,
+        "layers": options.layers,
+        "dtype": options.dtype,
+        "batch_size": options.batch_size,
+        "lr": options.lr,
+        "seed": options.seed,
+        "backend": options.resolved_backend,
+        "comm_hook": options.comm_hook,
+        "command": options.command,
+    }
+    argv += ["-m", "gradstat.capture.worker", "--config", json.dumps(config)]
+    return argv
+
+
+def _worker_env(options: CaptureOptions) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = max(1, (os.cpu_count() or 1) // options.nproc_per_node)
+    env.setdefault("OMP_NUM_THREADS", str(threads))  # also silences torchrun's warning
+    env.setdefault("GRADSTAT_THREADS", env["OMP_NUM_THREADS"])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _failure_reason(lines: deque[str]) -> str:
+    """The worker's own ``Error:`` line, else the last exception line a learner printed."""
+    texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
+    worker_lines = [t for line, t in zip(lines, texts, strict=True) if RANK_PREFIX.match(line)]
+    for text in reversed(texts):
+        if text.startswith("Error:"):
+            return text[len("Error:") :].strip()
+    for text in reversed(worker_lines or texts):
+        if EXCEPTION_LINE.match(text):
+            return text
+    return "a learner failed"
+
+
+def run_capture(
+    options: CaptureOptions,
+    on_progress: Callable[[dict], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> Path:
+    """Run the capture; returns the run folder. Raises ``DataError`` if training fails."""
+    options.check()
+    run_dir = options.run_dir()
+    if (run_dir / ROOT_FILE).exists() or (run_dir.exists() and any(run_dir.iterdir())):
+        raise UsageError(
+            f"{run_dir} already exists and is not empty; choose another --out or remove it"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / LOG_FILE
+    argv = torchrun_argv(options, run_dir)
+    seen_warnings: set[str] = set()
+    tail: deque[str] = deque(maxlen=200)
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(argv) + "\n")
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_worker_env(options),
+            start_new_session=True,
+        )
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                if line.startswith(PROGRESS_PREFIX):
+                    if on_progress is not None:
+                        on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+                    continue
+                log.write(line)
+                tail.append(line)
+                if line.startswith("Warning:") and on_warning is not None:
+                    message = line[len("Warning:") :].strip()
+                    if message not in seen_warnings:
+                        seen_warnings.add(message)
+                        on_warning(message)
+            code = process.wait()
+        except BaseException:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    if code != 0:
+        raise DataError(f"capture failed: {_failure_reason(tail)} (full log: {log_path})")
+    return run_dir

@@ -1,0 +1,146 @@
+"""One learner of a built-in capture run; started by ``torch.distributed.run``.
+
+``gradstat capture`` launches one of these per learner. Rank 0 reports progress to the
+launcher as ``gradstat-progress`` lines on stdout; warnings go to stderr as
+``Warning: ...`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gradstat.capture.hook import GradientCapture
+from gradstat.capture.workloads import build_workload
+from gradstat.errors import GradstatError
+
+PROGRESS_PREFIX = "gradstat-progress "
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The worker takes one ``--config JSON`` argument (written by the launcher).
+
+    A single argument keeps torchrun's own option parsing (which matches abbreviations
+    such as ``--start`` for ``--start-method``) away from the worker's options.
+    """
+    parser = argparse.ArgumentParser(prog="gradstat-worker")
+    parser.add_argument("--config", required=True, help="JSON object of worker settings")
+    config = json.loads(parser.parse_args(argv).config)
+    config["out"] = Path(config["out"])
+    config["data"] = Path(config["data"]) if config.get("data") else None
+    return argparse.Namespace(**config)
+
+
+def _inner_hook(name: str, process_group):
+    """The user-facing ``--comm-hook`` choices: PyTorch's own hooks."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "allreduce":
+        return default_hooks.allreduce_hook, None
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook, process_group
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=process_group, matrix_approximation_rank=2, start_powerSGD_iter=2
+        )
+        return powerSGD_hook.powerSGD_hook, state
+    raise GradstatError(f"unknown comm hook {name!r}")
+
+
+def train(args: argparse.Namespace) -> None:
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them too)
+    workload = build_workload(args.workload, args.size, args.data)
+    model = workload.model.to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    hook, hook_state = _inner_hook(args.comm_hook, None)
+    meta = {
+        "workload": args.workload,
+        "workload_description": workload.description,
+        "size": args.size,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "steps_requested": args.steps,
+        "comm_hook": args.comm_hook,
+        "command": args.command or " ".join(sys.argv),
+    }
+    capture = GradientCapture(
+        ddp,
+        args.out,
+        every=args.every,
+        start=args.start,
+        layers=args.layers,
+        dtype=args.dtype,
+        hook=hook,
+        hook_state=hook_state,
+        meta=meta,
+    )
+    batches = workload.batches(rank, world, args.batch_size, args.seed)
+    started = time.perf_counter()
+    for step in range(args.steps):
+        inputs, targets = next(batches)
+        loss = workload.loss(
+            ddp(inputs.to(device, non_blocking=True)), targets.to(device, non_blocking=True)
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_value = loss.item()
+        capture.step(step, loss_value)
+        if rank == 0:
+            report = {
+                "step": step + 1,
+                "loss": loss_value,
+                "bytes": capture.writer.bytes_written,
+                "rows": capture.writer.rows_written,
+                "elapsed": time.perf_counter() - started,
+            }
+            print(PROGRESS_PREFIX + json.dumps(report), flush=True)
+    capture.close()
+    dist.destroy_process_group()
+    if capture.writer.failed:
+        # HDF5 may crash at interpreter exit while closing a file it failed to extend;
+        # everything committed is already on disk, so leave without that teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"Warning: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    warnings.showwarning = _warning_line
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    args = parse_args(argv)
+    threads = int(os.environ.get("GRADSTAT_THREADS", "0"))
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        train(args)
+    except GradstatError as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The background writer: moves recorded rows from training to the rank file.
+
+Training hands over a filled buffer and goes on; this thread waits for the (possibly
+asynchronous, GPU -> pinned host) copy to finish, appends the row and gives the buffer
+back to the pool. A failing disk never stops training: the first error is reported once,
+recording stops, and the file keeps every row committed before the failure.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import resource
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gradstat.errors import GradstatWarning
+from gradstat.store.writer import RankFileWriter
+
+#: Space kept free beside each row for HDF5 metadata (chunk index, superblock).
+SPACE_MARGIN_BYTES = 16 << 20
+
+
+def space_left(path: Path) -> int:
+    """Bytes this process may still add to ``path``: free disk space, capped by the
+    file-size limit (RLIMIT_FSIZE) when one is set."""
+    stat = os.statvfs(path.parent)
+    free = stat.f_bavail * stat.f_frsize
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        free = min(free, limit - path.stat().st_size)
+    return free
+
+
+@dataclass
+class PendingRow:
+    """One recorded step on its way to disk."""
+
+    step: int
+    loss: float
+    buffer: torch.Tensor
+    ready: torch.cuda.Event | None  # set when the copies were asynchronous (GPU)
+
+
+class BackgroundWriter:
+    """Appends rows to one rank file from a daemon thread (bounded queue, buffer pool)."""
+
+    def __init__(
+        self,
+        path: Path,
+        rank: int,
+        numel: int,
+        dtype: str,
+        release: Callable[[torch.Tensor], None],
+        max_queue: int = 4,
+    ) -> None:
+        self.path = Path(path)
+        self.rows_written = 0
+        self.bytes_written = 0
+        self.error: BaseException | None = None
+        self._release = release
+        self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
+        try:
+            self._file: RankFileWriter | None = RankFileWriter(self.path, rank, numel, dtype)
+        except OSError as exc:
+            self._file = None
+            self._fail(exc)
+        self._thread = threading.Thread(target=self._run, name="gradstat-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def submit(self, row: PendingRow) -> None:
+        """Queue a row (blocks while ``max_queue`` rows wait: memory stays bounded)."""
+        if self.failed:
+            self._release(row.buffer)
+            return
+        self._queue.put(row)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        warnings.warn(
+            f"gradstat stopped recording to {self.path} after {self.rows_written} rows: {exc}. "
+            "Training goes on; the file keeps the rows committed so far.",
+            GradstatWarning,
+            stacklevel=2,
+        )
+
+    def _ensure_space(self, row_bytes: int) -> None:
+        """Stop *before* the disk fills: HDF5 cannot close a file it failed to extend."""
+        if space_left(self.path) < 2 * row_bytes + SPACE_MARGIN_BYTES:
+            raise OSError(errno.ENOSPC, "not enough space left for another row")
+
+    def _run(self) -> None:
+        while (row := self._queue.get()) is not None:
+            try:
+                if not self.failed and self._file is not None:
+                    if row.ready is not None:
+                        row.ready.synchronize()
+                    self._ensure_space(row.buffer.numel() * row.buffer.element_size())
+                    self._file.append(row.step, row.loss, row.buffer.numpy())
+                    self.rows_written += 1
+                    self.bytes_written += row.buffer.numel() * row.buffer.element_size()
+            except Exception as exc:  # disk full, permission, quota: stop, never crash
+                self._fail(exc)
+            finally:
+                self._release(row.buffer)
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread and close the file."""
+        self._queue.put(None)
+        self._thread.join()
+        if self._file is not None:
+            try:
+                self._file.close()
+            except Exception as exc:
+                if not self.failed:
+                    self._fail(exc)
