@@ -16,6 +16,7 @@ from gradstat import __version__
 from gradstat.cli.capture import capture_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
+from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
 
 app = typer.Typer(
@@ -34,6 +35,9 @@ app = typer.Typer(
 
 app.command("capture")(capture_command)
 app.command("info")(info_command)
+app.command("similarity")(similarity_command)
+app.command("buildup")(buildup_command)
+app.command("overlap")(overlap_command)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,90 @@
+"""Error-feedback-corrected vectors: what a top-k compressor with residual memory sees.
+
+Replays residual error feedback (Stich et al. 2018; Karimireddy et al. 2019; METHODS.md
+4) with an exact top-k compressor over consecutive recorded steps: for each learner,
+``p = memory.compensate(g)`` (p = g + m); ``c`` = top-k of ``p``; ``memory.update(p, c)``
+(m = p - c); the analysis then looks at ``p`` (METHODS.md 3, last point).
+
+Each (scope, ratio) pair is its own compressor with its own memory, as a layer-wise or
+model-wise top-k would be. The learners' memories of one compressor are kept as the rows
+of one ``ResidualMemory`` over the stacked ``[learners, numel]`` tensor: its update is
+element-wise, so each row evolves exactly as a separate per-learner memory would.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from gradstat.analysis.selection import k_for
+from gradstat.compressors.memory import ResidualMemory
+from gradstat.errors import GradstatWarning
+from gradstat.stats.topk_sets import topk_indices
+from gradstat.store import Capture, Scope
+
+Progress = Callable[[Iterable], Iterable]
+
+
+def no_progress(items: Iterable) -> Iterable:
+    """The default ``progress``: iterate without showing anything."""
+    return items
+
+
+def topk_sparsify(p: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest-magnitude entries of each row of ``p``, zero the rest."""
+    idx = topk_indices(p, k)
+    return torch.zeros_like(p).scatter_(-1, idx, p.gather(-1, idx))
+
+
+def replay_steps(recorded: Sequence[int], selected: Sequence[int]) -> list[int]:
+    """Recorded steps the replay must walk: from the first recorded to the last selected.
+
+    Warns (``GradstatWarning``) when those training steps are not consecutive, since the
+    memory then misses the gradients of the steps that were not recorded.
+    """
+    recorded = [int(s) for s in recorded]
+    last = max(int(s) for s in selected)
+    walk = [s for s in recorded if s <= last]
+    gaps = np.diff(walk)
+    if gaps.size and (gaps != 1).any():
+        warnings.warn(
+            f"--on ef replays error feedback over recorded steps {walk[0]}..{walk[-1]}, but "
+            f"training steps between them were not recorded (gaps up to {int(gaps.max())}); "
+            "the memory misses those gradients",
+            GradstatWarning,
+            stacklevel=2,
+        )
+    return walk
+
+
+def ef_vectors(
+    cap: Capture,
+    steps: Sequence[int],
+    learners: Sequence[int],
+    scopes: Sequence[Scope],
+    ratios: Sequence[float],
+    progress: Progress = no_progress,
+) -> Iterator[tuple[int, dict[tuple[str, float], torch.Tensor]]]:
+    """Yield ``(step, {(scope name, ratio): p [learners, scope numel]})`` at ``steps``.
+
+    The replay starts at the first recorded step (empty memories) and walks every
+    recorded step up to the last of ``steps``; only the requested steps are yielded.
+    """
+    wanted = {int(s) for s in steps}
+    memories = {(scope.name, ratio): ResidualMemory() for scope in scopes for ratio in ratios}
+    walk = replay_steps(cap.steps, steps)
+    for step in progress(walk):
+        grads = cap.read_step(step, learners)
+        out = {}
+        for scope in scopes:
+            g = scope.take(grads)
+            for ratio in ratios:
+                memory = memories[scope.name, ratio]
+                p = memory.compensate(g)
+                memory.update(p, topk_sparsify(p, k_for(ratio, scope.numel)))
+                out[scope.name, ratio] = p
+        if step in wanted:
+            yield step, out

@@ -1,0 +1,253 @@
+"""Cross-learner similarity of top-k index sets (ScaleCom, arXiv 2104.11125; METHODS.md 3).
+
+Per step and scope: the learner x learner overlap / Jaccard / Hamming of the top-k sets,
+each learner's overlap with the top-k of the mean gradient (the quantity in ScaleCom's
+theory), the energy of the mean gradient that each learner's set captures, ScaleCom's
+contraction check with each learner as the CLT-k leader, and the random baseline k/d.
+
+``scoped_vectors`` is the step walk shared with build-up and temporal overlap: raw
+gradients, or error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from gradstat.analysis.ef_vectors import Progress, ef_vectors, no_progress
+from gradstat.analysis.selection import k_for
+from gradstat.errors import GradstatWarning, UsageError
+from gradstat.stats.topk_sets import random_overlap, random_union, topk_set_metrics
+from gradstat.store import Capture, Scope
+
+ON_CHOICES = ("raw", "ef")
+
+
+def check_learners(learners: Sequence[int], minimum: int, what: str) -> list[int]:
+    """Refuse selections with fewer learners than ``what`` needs, saying why."""
+    learners = list(learners)
+    if len(learners) < minimum:
+        raise UsageError(
+            f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
+            f"the selection has {len(learners)}"
+        )
+    return learners
+
+
+def usable_scopes(scopes: Sequence[Scope], ratios: Sequence[float]) -> list[Scope]:
+    """Scopes in which every ratio keeps fewer than all elements (k < d).
+
+    A single scope where k >= d is an error; with several (``--scope layers``) such scopes
+    are skipped with a warning.
+    """
+    usable, skipped = [], []
+    for scope in scopes:
+        (usable if all(k_for(r, scope.numel) < scope.numel for r in ratios) else skipped).append(
+            scope
+        )
+    if not usable:
+        scope = skipped[0]
+        k = max(k_for(r, scope.numel) for r in ratios)
+        raise UsageError(
+            f"ratio {max(ratios):g} keeps k={k} of the {scope.numel} elements of scope "
+            f"{scope.name!r}: every element would be selected; use a smaller ratio or scope"
+        )
+    if skipped:
+        names = ", ".join(s.name for s in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
+        warnings.warn(
+            f"skipping {len(skipped)} scope(s) too small for ratio {max(ratios):g} (k >= numel): "
+            f"{names}",
+            GradstatWarning,
+            stacklevel=2,
+        )
+    return usable
+
+
+def scoped_vectors(
+    cap: Capture,
+    ratios: Sequence[float],
+    *,
+    scope: str = "model",
+    steps: Sequence[int] | None = None,
+    learners: Sequence[int] | None = None,
+    on: str = "raw",
+    progress: Progress = no_progress,
+) -> Iterator[tuple[int, Scope, float, int, torch.Tensor]]:
+    """Yield ``(step, scope, ratio, k, x [learners, scope numel])`` one step at a time.
+
+    ``on="raw"``: the recorded gradients; ``on="ef"``: g + m from a top-k residual
+    error-feedback replay at that ratio (``ef_vectors``). Warns once per scope and ratio
+    when a vector has fewer than k non-zeros (the set is then partly arbitrary ties).
+    """
+    if on not in ON_CHOICES:
+        raise UsageError(f"--on {on!r}: expected one of {', '.join(ON_CHOICES)}")
+    steps = [int(s) for s in (cap.steps if steps is None else steps)]
+    learners = cap.learners if learners is None else list(learners)
+    scopes = usable_scopes(cap.scopes(scope), ratios)
+    warned: set[tuple[str, float]] = set()
+
+    def checked(step: int, sc: Scope, ratio: float, x: torch.Tensor):
+        k = k_for(ratio, sc.numel)
+        if (sc.name, ratio) not in warned and int((x != 0).sum(dim=1).min()) < k:
+            warned.add((sc.name, ratio))
+            warnings.warn(
+                f"step {step}, scope {sc.name!r}: fewer than k={k} non-zero entries; "
+                "the top-k sets then include arbitrary zeros and overlap is not meaningful",
+                GradstatWarning,
+                stacklevel=3,
+            )
+        return step, sc, ratio, k, x
+
+    if on == "ef":
+        for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios, progress):
+            for sc in scopes:
+                for ratio in ratios:
+                    yield checked(step, sc, ratio, vectors[sc.name, ratio])
+        return
+    for step in progress(steps):
+        grads = cap.read_step(step, learners)
+        for sc in scopes:
+            x = sc.take(grads)
+            for ratio in ratios:
+                yield checked(step, sc, ratio, x)
+
+
+@dataclass(frozen=True)
+class SimilarityResult:
+    """``pairs``: one row per (step, scope, learner_a, learner_b), ``learner_b`` = "mean"
+    for the top-k of the mean gradient; ``steps``: one row per (step, scope)."""
+
+    pairs: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def similarity(
+    cap: Capture,
+    ratio: float,
+    *,
+    scope: str = "model",
+    steps: Sequence[int] | None = None,
+    learners: Sequence[int] | None = None,
+    on: str = "raw",
+    progress: Progress = no_progress,
+) -> SimilarityResult:
+    """Top-k set similarity between learners and with the mean gradient, per step.
+
+    ``pairs`` columns: step, scope, ratio, k, d, learner_a, learner_b, overlap, jaccard,
+    hamming, random_overlap (k/d), energy (E(I_a) of the mean gradient; mean rows only),
+    contraction_ok (ScaleCom's condition with learner_a as leader; mean rows only).
+    ``steps`` columns: step, scope, ratio, k, d, learners, mean_overlap, min_overlap
+    (over learner pairs), mean_overlap_global (learners vs the mean), random_overlap,
+    full_intersection, union, buildup, random_buildup, energy_topk (E(I*)), mean_energy,
+    leader (CLT-k leader: learner at position step mod n), leader_contraction_ok,
+    contraction_breaks (how many learners break the condition as leader).
+    """
+    learners = check_learners(cap.learners if learners is None else learners, 2, "similarity")
+    n = len(learners)
+    pair_rows, step_rows = [], []
+    for step, sc, ratio_, k, x in scoped_vectors(
+        cap, [ratio], scope=scope, steps=steps, learners=learners, on=on, progress=progress
+    ):
+        metrics = topk_set_metrics(x, k)
+        d = sc.numel
+        base = {"step": step, "scope": sc.name, "ratio": ratio_, "k": k, "d": d}
+        over, jac, ham = metrics.overlap, metrics.jaccard, metrics.hamming
+        ok = metrics.contraction_ok
+        baseline = random_overlap(d, k)
+        for a in range(n):
+            for b in range(a + 1, n):
+                pair_rows.append(
+                    {
+                        **base,
+                        "learner_a": learners[a],
+                        "learner_b": learners[b],
+                        "overlap": float(over[a, b]),
+                        "jaccard": float(jac[a, b]),
+                        "hamming": int(ham[a, b]),
+                        "random_overlap": baseline,
+                        "energy": float("nan"),
+                        "contraction_ok": None,
+                    }
+                )
+        for a in range(n):
+            pair_rows.append(
+                {
+                    **base,
+                    "learner_a": learners[a],
+                    "learner_b": "mean",
+                    "overlap": float(over[a, n]),
+                    "jaccard": float(jac[a, n]),
+                    "hamming": int(ham[a, n]),
+                    "random_overlap": baseline,
+                    "energy": float(metrics.energy[a]),
+                    "contraction_ok": bool(ok[a]),
+                }
+            )
+        iu = torch.triu_indices(n, n, offset=1)
+        pair_overlap = over[:n, :n][iu[0], iu[1]]
+        leader = step % n
+        step_rows.append(
+            {
+                **base,
+                "learners": n,
+                "mean_overlap": float(pair_overlap.mean()),
+                "min_overlap": float(pair_overlap.min()),
+                "mean_overlap_global": float(over[:n, n].mean()),
+                "random_overlap": baseline,
+                "full_intersection": metrics.full_intersection,
+                "union": metrics.union,
+                "buildup": metrics.union / k,
+                "random_buildup": float(random_union(d, k, n)) / k,
+                "energy_topk": float(metrics.energy[n]),
+                "mean_energy": float(metrics.energy[:n].mean()),
+                "leader": learners[leader],
+                "leader_contraction_ok": bool(ok[leader]),
+                "contraction_breaks": int((~ok).sum()),
+            }
+        )
+    return SimilarityResult(pd.DataFrame(pair_rows), pd.DataFrame(step_rows))
+
+
+def overlap_matrix(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Mean overlap (over the steps and scopes in ``pairs``) as a symmetric square table.
+
+    Rows and columns are the learners then "mean" (the top-k of the mean gradient); the
+    diagonal is 1.
+    """
+    means = pairs.groupby(["learner_a", "learner_b"], sort=False)["overlap"].mean()
+    learners = list(dict.fromkeys(pairs["learner_a"]))
+    names = [*learners, "mean"]
+    matrix = pd.DataFrame(1.0, index=names, columns=names)
+    for (a, b), value in means.items():
+        matrix.loc[a, b] = matrix.loc[b, a] = value
+    return matrix
+
+
+def similarity_summary(steps: pd.DataFrame) -> pd.DataFrame:
+    """Means over steps per scope and ratio, with the overlap relative to random."""
+    grouped = steps.groupby(["scope", "ratio"], sort=False)
+    summary = grouped.agg(
+        k=("k", "first"),
+        d=("d", "first"),
+        steps=("step", "size"),
+        mean_overlap=("mean_overlap", "mean"),
+        min_overlap=("min_overlap", "min"),
+        mean_overlap_global=("mean_overlap_global", "mean"),
+        random_overlap=("random_overlap", "first"),
+        full_intersection=("full_intersection", "mean"),
+        buildup=("buildup", "mean"),
+        random_buildup=("random_buildup", "first"),
+        energy_topk=("energy_topk", "mean"),
+        mean_energy=("mean_energy", "mean"),
+        leader_breaks=("leader_contraction_ok", lambda ok: int((~ok.astype(bool)).sum())),
+    ).reset_index()
+    summary.insert(
+        summary.columns.get_loc("random_overlap") + 1,
+        "overlap_vs_random",
+        summary["mean_overlap"] / summary["random_overlap"],
+    )
+    return summary

@@ -1,0 +1,205 @@
+"""Top-k index sets of learners' gradients and the cross-learner metrics of METHODS.md 3.
+
+Everything here is O(n d) tensor math per step on index tensors (``torch.topk``, one
+boolean membership mask, ``torch.bincount``); no Python sets. Notation: ``n`` learners,
+``d`` elements in the scope, ``k`` elements kept, ``I_i`` = top-k(|g_i|), ``I*`` =
+top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
+
+* Overlap O(A, B) = |A n B| / k, Hamming |A xor B| = 2 (k - |A n B|), Jaccard
+  |A n B| / |A u B| = |A n B| / (2k - |A n B|); random baseline overlap k / d.
+* Multiplicity c(j) = number of learners whose set holds j; union U = #{j: c(j) > 0};
+  build-up factor B = U / k in [1, n]; full intersection #{j: c(j) = n} / k.
+* Build-up curve B(m), m = 1..n, averaged exactly over every learner order: a random
+  order's first m learners are a uniformly random m-subset, and index j (held by c(j)
+  learners) is missed by it with the hypergeometric probability C(n - c, m) / C(n, m), so
+  E[U(m)] = sum_c h(c) (1 - C(n - c, m) / C(n, m)) with h the histogram of c(j).
+  Random baseline (independent uniform k-subsets): E[U(m)] = d (1 - (1 - k/d)^m).
+* Energy captured E(I) = ||xbar_I||^2 / ||xbar||^2 of the mean gradient xbar; contraction
+  rho = 1 - E(I). ScaleCom's CLT-k needs rho(I_leader) <= d_H/k + (1 - d_H/k) rho(I*) with
+  d_H = k - |I_leader n I*|.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Slack for the contraction check: both sides are float sums of the same squares.
+CONTRACTION_RTOL = 1e-6
+
+
+def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int64, unsorted) of the ``k`` largest ``|x|`` along the last dimension."""
+    if not 0 < k <= x.shape[-1]:
+        raise ValueError(f"k={k} must be in 1..{x.shape[-1]}")
+    return torch.topk(x.abs(), k, dim=-1, sorted=False).indices
+
+
+def membership(indices: torch.Tensor, d: int) -> torch.Tensor:
+    """Boolean mask ``[sets, d]``: row ``i`` is True on the indices of set ``i``."""
+    indices = indices.reshape(-1, indices.shape[-1])
+    mask = torch.zeros(indices.shape[0], d, dtype=torch.bool, device=indices.device)
+    return mask.scatter_(1, indices, True)
+
+
+def intersection_sizes(indices: torch.Tensor, d: int) -> torch.Tensor:
+    """``|I_a n I_b|`` for every pair of rows of ``indices [sets, k]``: int64 ``[sets, sets]``.
+
+    One membership mask (O(sets d)), then each set's indices looked up in every row of it
+    (O(sets^2 k)).
+    """
+    s, k = indices.shape
+    mask = membership(indices, d)
+    hits = mask[:, indices.reshape(-1)].reshape(s, s, k)
+    return hits.sum(dim=-1, dtype=torch.int64)
+
+
+def paired_intersection_sizes(a: torch.Tensor, b: torch.Tensor, d: int) -> torch.Tensor:
+    """``|A_i n B_i|`` for each row ``i`` of two index tensors ``[sets, k]`` (int64 ``[sets]``).
+
+    E.g. the same learner's top-k sets at two steps (temporal stability).
+    """
+    return membership(a, d).gather(1, b.reshape(a.shape[0], -1)).sum(dim=1, dtype=torch.int64)
+
+
+def overlap(intersection: torch.Tensor, k: int) -> torch.Tensor:
+    """O(A, B) = |A n B| / k."""
+    return intersection.double() / k
+
+
+def hamming(intersection: torch.Tensor, k: int) -> torch.Tensor:
+    """|A xor B| = 2 (k - |A n B|) for two k-sets."""
+    return 2 * (k - intersection)
+
+
+def jaccard(intersection: torch.Tensor, k: int) -> torch.Tensor:
+    """|A n B| / |A u B| = |A n B| / (2k - |A n B|) for two k-sets."""
+    inter = intersection.double()
+    return inter / (2 * k - inter)
+
+
+def multiplicity(indices: torch.Tensor, d: int) -> torch.Tensor:
+    """c(j): how many rows of ``indices [n, k]`` (sets of distinct indices) hold ``j``."""
+    return torch.bincount(indices.reshape(-1), minlength=d)
+
+
+def buildup_curve(mult: torch.Tensor, n: int) -> torch.Tensor:
+    """E[U(m)] for m = 1..n, exactly averaged over all learner orders (float64 ``[n]``).
+
+    ``mult`` is the multiplicity c(j) over ``n`` learners. Uses the hypergeometric miss
+    probability C(n - c, m) / C(n, m) (module docstring); ``E[U(n)]`` is the union.
+    """
+    hist = torch.bincount(mult, minlength=n + 1)[1:].double()  # h(c), c = 1..n
+    rest = n - torch.arange(1, n + 1, dtype=torch.float64, device=mult.device)  # n - c
+    m = torch.arange(1, n + 1, dtype=torch.float64, device=mult.device)[:, None]
+    # C(n - c, m) / C(n, m) = (n - c)! (n - m)! / ((n - c - m)! n!), zero when n - c < m
+    log_miss = (
+        torch.lgamma(rest + 1)
+        + torch.lgamma(n - m + 1)
+        - torch.lgamma((rest - m).clamp(min=0) + 1)
+        - torch.lgamma(torch.tensor(n + 1.0, dtype=torch.float64))
+    )
+    miss = torch.where(rest >= m, torch.exp(log_miss), 0.0)
+    return ((1.0 - miss) * hist).sum(dim=1)
+
+
+def random_union(d: int, k: int, m: torch.Tensor | int) -> torch.Tensor:
+    """E[U(m)] = d (1 - (1 - k/d)^m) for m independent uniformly random k-subsets of d."""
+    m = torch.as_tensor(m, dtype=torch.float64)
+    return d * (1.0 - (1.0 - k / d) ** m)
+
+
+def random_overlap(d: int, k: int) -> float:
+    """E[|A n B|] / k = k / d for two independent uniformly random k-subsets of d."""
+    return k / d
+
+
+def energy_captured(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """E(I) = ||x_I||^2 / ||x||^2 of one vector ``x [d]`` for each row of ``indices [s, k]``.
+
+    NaN when ``x`` is all zeros.
+    """
+    sq = x.double().square()
+    return sq[indices].sum(dim=-1) / sq.sum()
+
+
+def contraction_ok(
+    energy_leader: torch.Tensor, energy_topk: torch.Tensor, inter_topk: torch.Tensor, k: int
+) -> torch.Tensor:
+    """ScaleCom's condition rho_CLT <= d_H/k + (1 - d_H/k) rho_topk (METHODS.md 3).
+
+    ``energy_leader``: E(I_leader) per candidate leader; ``energy_topk``: E(I*);
+    ``inter_topk``: |I_leader n I*|. rho = 1 - E, d_H = k - |I_leader n I*|.
+    """
+    rho_clt = 1.0 - energy_leader
+    rho_topk = 1.0 - energy_topk
+    frac = (k - inter_topk).double() / k
+    bound = frac + (1.0 - frac) * rho_topk
+    return rho_clt <= bound + CONTRACTION_RTOL
+
+
+@dataclass(frozen=True)
+class TopkSetMetrics:
+    """All set metrics of one step: ``n`` learners' top-k sets and the mean's (row ``n``).
+
+    ``intersections`` is ``[n + 1, n + 1]`` over the learners then the mean gradient;
+    ``energy`` is E(I) of the mean gradient for each of those ``n + 1`` sets.
+    """
+
+    k: int
+    d: int
+    indices: torch.Tensor
+    intersections: torch.Tensor
+    multiplicity: torch.Tensor
+    energy: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.indices.shape[0] - 1
+
+    @property
+    def overlap(self) -> torch.Tensor:
+        return overlap(self.intersections, self.k)
+
+    @property
+    def jaccard(self) -> torch.Tensor:
+        return jaccard(self.intersections, self.k)
+
+    @property
+    def hamming(self) -> torch.Tensor:
+        return hamming(self.intersections, self.k)
+
+    @property
+    def union(self) -> int:
+        return int((self.multiplicity > 0).sum())
+
+    @property
+    def full_intersection(self) -> float:
+        """|n_i I_i| / k."""
+        return int((self.multiplicity == self.n).sum()) / self.k
+
+    @property
+    def contraction_ok(self) -> torch.Tensor:
+        """ScaleCom's condition with each learner as the CLT-k leader (bool ``[n]``)."""
+        n = self.n
+        return contraction_ok(self.energy[:n], self.energy[n], self.intersections[:n, n], self.k)
+
+    def buildup_curve(self) -> torch.Tensor:
+        """E[U(m)] for m = 1..n, over all learner orders."""
+        return buildup_curve(self.multiplicity, self.n)
+
+
+def topk_set_metrics(x: torch.Tensor, k: int) -> TopkSetMetrics:
+    """Top-k sets of the rows of ``x [n, d]`` and of their mean, and their set metrics."""
+    n, d = x.shape
+    mean = x.mean(dim=0)
+    indices = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
+    return TopkSetMetrics(
+        k=k,
+        d=d,
+        indices=indices,
+        intersections=intersection_sizes(indices, d),
+        multiplicity=multiplicity(indices[:n], d),
+        energy=energy_captured(mean, indices),
+    )

@@ -1,0 +1,194 @@
+"""Top-k set metrics against brute force (numpy set routines) and constructed cases."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from functools import reduce
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import hypergeom
+
+from gradstat.analysis.ef_vectors import replay_steps, topk_sparsify
+from gradstat.errors import GradstatWarning
+from gradstat.stats.topk_sets import (
+    buildup_curve,
+    contraction_ok,
+    energy_captured,
+    intersection_sizes,
+    membership,
+    multiplicity,
+    paired_intersection_sizes,
+    random_overlap,
+    random_union,
+    topk_indices,
+    topk_set_metrics,
+)
+
+
+def _random_grads(n: int, d: int, seed: int, shared: float = 1.0) -> torch.Tensor:
+    """Learners = shared Laplace component + own noise (continuous: no ties)."""
+    rng = np.random.default_rng(seed)
+    common = rng.laplace(size=(1, d))
+    return torch.from_numpy(shared * common + rng.laplace(size=(n, d)))
+
+
+def _brute_topk(x: np.ndarray, k: int) -> np.ndarray:
+    return np.sort(np.argsort(-np.abs(x), kind="stable")[:k])
+
+
+@pytest.mark.parametrize(("n", "d", "k"), [(4, 300, 17), (6, 1000, 100), (3, 50, 1)])
+def test_pairwise_metrics_match_numpy_sets(n, d, k):
+    x = _random_grads(n, d, seed=d + k)
+    metrics = topk_set_metrics(x, k)
+    sets = [_brute_topk(row, k) for row in x.numpy()]
+    sets.append(_brute_topk(x.numpy().mean(axis=0), k))
+    for i, j in itertools.product(range(n + 1), repeat=2):
+        inter = np.intersect1d(sets[i], sets[j]).size
+        union = np.union1d(sets[i], sets[j]).size
+        xor = np.setxor1d(sets[i], sets[j]).size
+        assert int(metrics.intersections[i, j]) == inter
+        assert float(metrics.overlap[i, j]) == pytest.approx(inter / k)
+        assert float(metrics.jaccard[i, j]) == pytest.approx(inter / union)
+        assert int(metrics.hamming[i, j]) == xor
+    assert np.array_equal(np.sort(metrics.indices.numpy(), axis=1), np.stack(sets))
+    assert metrics.union == reduce(np.union1d, sets[:n]).size
+    full = reduce(np.intersect1d, sets[:n]).size
+    assert metrics.full_intersection == pytest.approx(full / k)
+    counts = np.zeros(d, dtype=np.int64)
+    for s in sets[:n]:
+        counts[s] += 1
+    assert np.array_equal(metrics.multiplicity.numpy(), counts)
+    mean = x.numpy().mean(axis=0)
+    energy = [np.sum(mean[s] ** 2) / np.sum(mean**2) for s in sets]
+    np.testing.assert_allclose(metrics.energy.numpy(), energy, rtol=1e-10)
+
+
+def test_buildup_curve_is_the_mean_over_all_subsets_and_all_orders():
+    n, d, k = 5, 400, 30
+    x = _random_grads(n, d, seed=3, shared=0.7)
+    idx = topk_indices(x, k)
+    curve = buildup_curve(multiplicity(idx, d), n).numpy()
+    sets = [row.numpy() for row in idx]
+    by_subsets = [
+        np.mean(
+            [
+                reduce(np.union1d, [sets[i] for i in c]).size
+                for c in itertools.combinations(range(n), m)
+            ]
+        )
+        for m in range(1, n + 1)
+    ]
+    np.testing.assert_allclose(curve, by_subsets, rtol=1e-12)
+    prefix_unions = np.array(
+        [
+            [reduce(np.union1d, [sets[i] for i in order[:m]]).size for m in range(1, n + 1)]
+            for order in itertools.permutations(range(n))
+        ]
+    )
+    np.testing.assert_allclose(curve, prefix_unions.mean(axis=0), rtol=1e-12)
+    assert curve[0] == pytest.approx(k)
+    assert curve[-1] == pytest.approx(reduce(np.union1d, sets).size)
+
+
+def test_buildup_curve_matches_hypergeometric_reference():
+    n, d = 7, 50
+    mult = torch.from_numpy(np.random.default_rng(1).integers(0, n + 1, size=d))
+    curve = buildup_curve(mult, n).numpy()
+    c = mult.numpy()
+    expected = [np.sum((c > 0) * (1 - hypergeom(n, c, m).pmf(0))) for m in range(1, n + 1)]
+    np.testing.assert_allclose(curve, expected, rtol=1e-10)
+
+
+def test_identical_learners_overlap_one_and_no_buildup():
+    row = _random_grads(1, 500, seed=5)
+    x = row.repeat(4, 1)
+    metrics = topk_set_metrics(x, 25)
+    assert torch.all(metrics.overlap == 1.0)
+    assert torch.all(metrics.jaccard == 1.0)
+    assert torch.all(metrics.hamming == 0)
+    assert metrics.union == 25
+    assert metrics.full_intersection == 1.0
+    np.testing.assert_allclose(metrics.buildup_curve().numpy() / 25, np.ones(4))
+    assert bool(metrics.contraction_ok.all())
+
+
+def test_disjoint_supports_build_up_to_n():
+    n, block, k = 4, 50, 10
+    x = torch.zeros(n, n * block)
+    rng = np.random.default_rng(2)
+    for i in range(n):
+        x[i, i * block : (i + 1) * block] = torch.from_numpy(rng.normal(size=block) + 5.0)
+    metrics = topk_set_metrics(x, k)
+    off_diagonal = ~torch.eye(n + 1, dtype=torch.bool)
+    off_diagonal[n, :] = off_diagonal[:, n] = False
+    assert torch.all(metrics.intersections[off_diagonal] == 0)
+    assert metrics.union == n * k
+    assert metrics.full_intersection == 0.0
+    np.testing.assert_allclose(metrics.buildup_curve().numpy() / k, np.arange(1, n + 1))
+
+
+def test_random_baselines_match_simulation():
+    d, k, trials, m_max = 200, 20, 4000, 6
+    rng = np.random.default_rng(7)
+    sets = np.argsort(rng.random((trials, m_max, d)), axis=2)[:, :, :k]
+    member = np.zeros((trials, m_max, d), dtype=bool)
+    np.put_along_axis(member, sets, True, axis=2)
+    covered = np.logical_or.accumulate(member, axis=1).sum(axis=2)  # U(m) per trial
+    simulated = covered.mean(axis=0)
+    stderr = covered.std(axis=0, ddof=1) / np.sqrt(trials)
+    formula = random_union(d, k, torch.arange(1, m_max + 1)).numpy()
+    assert np.all(np.abs(simulated - formula) < 4 * stderr + 1e-9)
+    inter = (member[:, 0] & member[:, 1]).sum(axis=1) / k
+    assert abs(inter.mean() - random_overlap(d, k)) < 4 * inter.std(ddof=1) / np.sqrt(trials)
+    assert random_overlap(d, k) == k / d
+
+
+def test_energy_and_contraction_check_on_a_constructed_case():
+    # mean = [10, 1, 0, 0]; I* = {0, 1} holds all the energy.
+    g0 = torch.tensor([0.0, 2.0, 5.0, 0.0])  # top-2 {1, 2}: overlap 1/2, E = 1/101
+    g1 = torch.tensor([20.0, 0.0, -5.0, 0.0])  # top-2 {0, 2}: overlap 1/2, E = 100/101
+    metrics = topk_set_metrics(torch.stack([g0, g1]), 2)
+    np.testing.assert_allclose(metrics.energy.numpy(), [1 / 101, 100 / 101, 1.0])
+    # needs E(I_l) >= overlap * E(I*): 1/101 < 1/2 breaks; 100/101 >= 1/2 holds
+    assert metrics.contraction_ok.tolist() == [False, True]
+    ok = contraction_ok(
+        torch.tensor([0.3, 0.7]), torch.tensor(0.8), torch.tensor([5, 5]), k=10
+    )  # bound 1 - (5/10) * 0.8 = 0.6 on rho = 0.7, 0.3
+    assert ok.tolist() == [False, True]
+    assert torch.isnan(energy_captured(torch.zeros(4), torch.tensor([[0, 1]])))[0]
+
+
+def test_paired_intersections_and_membership():
+    a = topk_indices(_random_grads(3, 120, seed=11), 15)
+    b = topk_indices(_random_grads(3, 120, seed=12), 15)
+    got = paired_intersection_sizes(a, b, 120).tolist()
+    assert got == [np.intersect1d(a[i].numpy(), b[i].numpy()).size for i in range(3)]
+    assert membership(a, 120).sum(dim=1).tolist() == [15, 15, 15]
+    assert torch.equal(intersection_sizes(a, 120).diagonal(), torch.full((3,), 15))
+
+
+def test_topk_indices_rejects_bad_k():
+    with pytest.raises(ValueError):
+        topk_indices(torch.ones(5), 6)
+    with pytest.raises(ValueError):
+        topk_indices(torch.ones(5), 0)
+
+
+def test_topk_sparsify_keeps_the_k_largest_magnitudes():
+    x = _random_grads(3, 64, seed=13)
+    c = topk_sparsify(x, 5).numpy()
+    for row, sparse in zip(x.numpy(), c, strict=True):
+        keep = _brute_topk(row, 5)
+        assert np.array_equal(np.flatnonzero(sparse), keep)
+        np.testing.assert_array_equal(sparse[keep], row[keep])
+
+
+def test_replay_steps_walks_from_the_first_recorded_step_and_warns_on_gaps():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert replay_steps([3, 4, 5, 6], [5]) == [3, 4, 5]
+    with pytest.warns(GradstatWarning, match="gaps up to 10"):
+        assert replay_steps([0, 10, 20, 30], [10, 20]) == [0, 10, 20]
