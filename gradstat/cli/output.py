@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.table import Table
 
 from gradstat.errors import UsageError
+from gradstat.formatting import format_cell
 
 console = Console()
 err_console = Console(stderr=True)
@@ -66,18 +67,6 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     except OSError as exc:
         raise UsageError(f"--csv {path}: cannot write ({exc.strerror})") from exc
     err_console.print(f"[dim]wrote {path}[/dim]")
-
-
-def format_cell(value) -> str:
-    if isinstance(value, (float, np.floating)):
-        if not math.isfinite(value):
-            return str(value)
-        if value == 0 or 1e-3 <= abs(value) < 1e5:
-            return f"{value:.4g}"
-        return f"{value:.3e}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={format_cell(v)}" for k, v in value.items())
-    return str(value)
 
 
 def df_table(df: pd.DataFrame, title: str, columns: Sequence[str] | None = None) -> Table:
