@@ -29,9 +29,10 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
-from scipy.special import gammainccinv, ndtri
+from scipy.special import ndtri
 
 from gradstat.errors import DataError, UsageError
+from gradstat.stats.distributions import Exponential, Gamma, GenPareto
 
 ESTIMATORS: tuple[str, ...] = (
     "topk",
@@ -164,33 +165,23 @@ def _nonzeros(values: torch.Tensor) -> int:
 # --- closed-form upper quantiles of SIDCo's fits (METHODS.md 1) ---------------------------
 def exponential_quantile(stats: _Stats, density: float) -> float:
     """Exponential MLE beta = mean; eta = -beta ln(density)."""
-    return -stats.mean * math.log(density)
+    return float(Exponential.from_mean(stats.mean).isf(density))
 
 
 def gpd_quantile(stats: _Stats, density: float) -> float:
-    """GPD by moments: xi = (1 - m^2/v)/2, sigma = m (m^2/v + 1)/2;
-    eta = (sigma/xi)(density^-xi - 1), -sigma ln(density) as xi -> 0."""
+    """GPD by moments; eta = (sigma/xi)(density^-xi - 1), -sigma ln(density) as xi -> 0.
+    Values without spread (var = 0) give their common level."""
     if stats.var <= 0.0:
-        return stats.mean  # all values equal: no spread to fit, the mean is the only level
-    ratio = stats.mean * stats.mean / stats.var
-    xi = (1.0 - ratio) / 2.0
-    sigma = stats.mean * (ratio + 1.0) / 2.0
-    log_density = math.log(density)
-    if abs(xi) < 1e-12:
-        return -sigma * log_density
-    return sigma * math.expm1(-xi * log_density) / xi
+        return stats.mean
+    return float(GenPareto.from_moments(stats.mean, stats.var).isf(density))
 
 
 def gamma_quantile(stats: _Stats, density: float) -> float:
-    """Gamma by SIDCo's closed form: s = ln(mean) - mean(ln x),
-    alpha = (3 - s + sqrt((s-3)^2 + 24 s)) / (12 s), beta = mean/alpha;
-    eta = beta * Q^-1(alpha, density) (upper regularised incomplete gamma inverse)."""
-    s = math.log(stats.mean) - stats.mean_log
-    if s <= 0.0:
-        return stats.mean  # all values equal (s = 0 by Jensen): no spread to fit
-    alpha = (3.0 - s + math.sqrt((s - 3.0) ** 2 + 24.0 * s)) / (12.0 * s)
-    beta = stats.mean / alpha
-    return beta * float(gammainccinv(alpha, density))
+    """SIDCo's closed-form gamma; eta = scale * Q^-1(a, density) (upper regularised
+    incomplete gamma inverse). Values without spread give their common level."""
+    if not math.log(stats.mean) - stats.mean_log > 0.0:
+        return stats.mean
+    return float(Gamma.from_log_moments(stats.mean, stats.mean_log).isf(density))
 
 
 _QUANTILES = {"exp": exponential_quantile, "gpd": gpd_quantile, "gamma": gamma_quantile}

@@ -1,0 +1,55 @@
+"""Goodness of fit without p-values (METHODS.md 1).
+
+With millions of gradient values every p-value is ~0, so gradstat reports statistics:
+Kolmogorov-Smirnov D, Anderson-Darling A^2, the relative error of the fitted upper
+quantile against the empirical one at each target density, and AIC/BIC. KS and AD need
+sorted data; :func:`subsample` draws a uniform subset without replacement when asked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from gradstat.stats.distributions import Distribution
+
+
+def subsample(x: torch.Tensor, size: int | None, seed: int = 0) -> torch.Tensor:
+    """Up to ``size`` elements of ``x`` drawn uniformly without replacement (all if None)."""
+    if size is None or x.numel() <= size:
+        return x
+    index = np.random.default_rng(seed).choice(x.numel(), size=size, replace=False)
+    return x[torch.from_numpy(np.sort(index))]
+
+
+def ks_statistic(x: torch.Tensor, dist: Distribution) -> float:
+    """Kolmogorov-Smirnov D = sup |F_n - F| (as scipy.stats.kstest computes it)."""
+    sorted_x = torch.sort(x.reshape(-1).double()).values
+    n = sorted_x.numel()
+    cdf = dist.cdf(sorted_x)
+    i = torch.arange(1, n + 1, dtype=torch.float64)
+    return float(torch.maximum((i / n - cdf).amax(), (cdf - (i - 1) / n).amax()))
+
+
+def ad_statistic(x: torch.Tensor, dist: Distribution) -> float:
+    """Anderson-Darling A^2 = -n - (1/n) sum (2i - 1)[ln F(x_(i)) + ln S(x_(n+1-i))]
+    (Anderson & Darling 1954), with log-CDF and log-SF for accuracy in the tails;
+    +inf when a value lies outside the fitted support."""
+    sorted_x = torch.sort(x.reshape(-1).double()).values
+    n = sorted_x.numel()
+    weights = torch.arange(1, 2 * n, 2, dtype=torch.float64)
+    terms = dist.logcdf(sorted_x) + dist.logsf(sorted_x).flip(0)
+    value = -n - float((weights * terms).sum()) / n
+    return value if not math.isnan(value) else math.inf
+
+
+def quantile_error(fitted: float, empirical: float) -> float:
+    """Relative error of a fitted upper quantile: (fitted - empirical) / empirical."""
+    return (fitted - empirical) / empirical
+
+
+def information_criteria(loglik: float, n_params: int, n: int) -> tuple[float, float]:
+    """(AIC, BIC) = (2p - 2 ln L, p ln n - 2 ln L)."""
+    return 2.0 * n_params - 2.0 * loglik, n_params * math.log(n) - 2.0 * loglik
