@@ -16,6 +16,7 @@ from gradstat import __version__
 from gradstat.cli.capture import capture_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
+from gradstat.cli.replay import recommend_command, replay_command
 from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
 
@@ -35,6 +36,8 @@ app = typer.Typer(
 
 app.command("capture")(capture_command)
 app.command("info")(info_command)
+app.command("replay")(replay_command)
+app.command("recommend")(recommend_command)
 app.command("similarity")(similarity_command)
 app.command("buildup")(buildup_command)
 app.command("overlap")(overlap_command)

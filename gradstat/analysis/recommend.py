@@ -1,0 +1,232 @@
+"""Recommend a compressor and rate from a replay: the fastest within an error budget.
+
+Every candidate (compressor, ratio) is replayed over the capture
+(:mod:`gradstat.analysis.replay`); its predicted time per step is the alpha-beta
+communication time (METHODS.md 5, for ``cost_learners`` learners) plus the measured
+compression time per learner. Among the candidates whose mean relative error
+``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the fastest wins; it is
+judged against the dense ring all-reduce in fp32 or fp16 (METHODS.md 5: compression
+pays only if it beats the exposed dense communication, judge against 16-bit too).
+Errors and build-up are those measured with the capture's learners; only the cost model
+is extrapolated to ``cost_learners``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gradstat.analysis.replay import Progress, Replay, dense_seconds, no_progress, summarize_replay
+from gradstat.compressors.cost import Link
+from gradstat.compressors.registry import REGISTRY, CompressorSpec
+from gradstat.errors import UsageError
+from gradstat.store import Capture
+
+#: Every registered compressor except the dense baseline.
+DEFAULT_CANDIDATES = ",".join(name for name in REGISTRY if name != "none")
+DEFAULT_RATIOS = "0.1,0.01,0.001"
+BASELINE_BYTES = {"fp32": 4, "fp16": 2}
+
+
+@dataclass
+class Recommendation:
+    """The outcome: ``winner`` (a ranking row) or ``None`` when no candidate fits the budget.
+
+    ``ranking`` has one row per candidate: within budget first, fastest first; then the
+    others, smallest error first. ``settings`` are the winner's concrete settings.
+    """
+
+    error_budget: float
+    baseline: str
+    baseline_seconds: float
+    learners: int
+    cost_learners: int
+    link: Link
+    ranking: pd.DataFrame
+    winner: dict | None
+    settings: dict[str, float]
+
+    @property
+    def pays_off(self) -> bool:
+        """Whether the winner beats the dense baseline."""
+        return self.winner is not None and self.winner["seconds"] < self.baseline_seconds
+
+    @property
+    def closest(self) -> dict:
+        """The candidate with the smallest mean error (what to show when none fits)."""
+        return self.ranking.sort_values("rel_error").iloc[0].to_dict()
+
+    def explanation(self) -> list[str]:
+        """Why the winner won and what came next, in sentences."""
+        if self.winner is None:
+            c = self.closest
+            return [
+                f"No candidate keeps the mean relative error within {self.error_budget:g}; "
+                f"the closest is {_name(c)} with {c['rel_error']:.3g}."
+            ]
+        w = self.winner
+        lines = [
+            f"{_name(w)}: predicted {_ms(w['seconds'])} per step "
+            f"({_ms(w['comm_seconds'])} communication + {_ms(w['compress_seconds'])} "
+            f"compression) for {self.cost_learners} learners, against "
+            f"{_ms(self.baseline_seconds)} for the dense {self.baseline} all-reduce "
+            f"({self.baseline_seconds / w['seconds']:.3g}x); mean relative error "
+            f"{w['rel_error']:.3g} within the budget {self.error_budget:g}."
+        ]
+        if not self.pays_off:
+            lines.append(
+                f"It does not beat the dense {self.baseline} all-reduce: keep dense "
+                "communication unless the network is slower than assumed."
+            )
+        fitting = self.ranking[self.ranking["within_budget"]]
+        if len(fitting) > 1:
+            r = fitting.iloc[1].to_dict()
+            lines.append(f"Next: {_name(r)} at {_ms(r['seconds'])} (error {r['rel_error']:.3g}).")
+        faster = self.ranking[
+            ~self.ranking["within_budget"] & (self.ranking["seconds"] < w["seconds"])
+        ]
+        if len(faster):
+            f = faster.sort_values("seconds").iloc[0].to_dict()
+            lines.append(
+                f"Faster but over budget: {_name(f)} at {_ms(f['seconds'])} "
+                f"(error {f['rel_error']:.3g})."
+            )
+        if self.cost_learners != self.learners:
+            lines.append(
+                f"Errors and build-up were measured with {self.learners} learners; only the "
+                f"cost model is extrapolated to {self.cost_learners}."
+            )
+        return lines
+
+    def to_dict(self) -> dict:
+        """A JSON-ready document (what ``--json`` prints and ``--out`` writes)."""
+        winner = None
+        if self.winner is not None:
+            winner = {
+                "compressor": self.winner["compressor"],
+                "ratio": _ratio(self.winner["ratio"]),
+                "settings": self.settings,
+                **{key: self.winner[key] for key in _KEYS},
+            }
+        return {
+            "recommendation": winner,
+            "pays_off": self.pays_off,
+            "error_budget": self.error_budget,
+            "baseline": self.baseline,
+            "baseline_seconds": self.baseline_seconds,
+            "learners": self.learners,
+            "cost_learners": self.cost_learners,
+            "bandwidth_bytes_per_second": self.link.bandwidth,
+            "latency_seconds": self.link.latency,
+            "explanation": self.explanation(),
+            "candidates": [
+                {
+                    "compressor": row["compressor"],
+                    "ratio": _ratio(row["ratio"]),
+                    **{key: row[key] for key in _KEYS},
+                    "within_budget": bool(row["within_budget"]),
+                }
+                for row in self.ranking.to_dict(orient="records")
+            ],
+        }
+
+
+_KEYS = (
+    "rel_error",
+    "cosine",
+    "density",
+    "buildup",
+    "bytes_per_learner",
+    "comm_seconds",
+    "compress_seconds",
+    "seconds",
+    "speedup",
+)
+
+
+def _ratio(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def _name(row: dict) -> str:
+    ratio = _ratio(row["ratio"])
+    return row["compressor"] if ratio is None else f"{row['compressor']} at ratio {ratio:g}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def recommend(
+    capture: Capture,
+    *,
+    error_budget: float,
+    link: Link,
+    cost_learners: int | None = None,
+    baseline: str = "fp32",
+    compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES,
+    ratios: str | Sequence[float] = DEFAULT_RATIOS,
+    steps: str | None = None,
+    seed: int = 0,
+    progress: Progress = no_progress,
+) -> Recommendation:
+    """Replay the candidates over the whole model and pick the fastest within budget.
+
+    Ratios a sparsifier cannot honour on this capture are skipped with a warning.
+    """
+    if not (error_budget > 0 and math.isfinite(error_budget)):
+        raise UsageError(f"--error-budget must be a positive number, got {error_budget}")
+    if baseline not in BASELINE_BYTES:
+        raise UsageError(f"--baseline {baseline!r}: choose fp32 or fp16")
+    if cost_learners is not None and cost_learners < 2:
+        raise UsageError(f"--learners {cost_learners}: a cluster needs at least 2 learners")
+    run = Replay(
+        capture,
+        compressors,
+        ratios,
+        link=link,
+        cost_learners=cost_learners,
+        seed=seed,
+        skip_unfit=True,
+    )
+    records = run.run(progress)
+    n = run.cost_learners
+    ranking = summarize_replay(records, link, n)
+    ranking["within_budget"] = ranking["rel_error"] <= error_budget
+    ranking = pd.concat(
+        [
+            ranking[ranking["within_budget"]].sort_values("seconds", kind="stable"),
+            ranking[~ranking["within_budget"]].sort_values("rel_error", kind="stable"),
+        ],
+        ignore_index=True,
+    )
+    base = dense_seconds(capture.numel, n, link, BASELINE_BYTES[baseline])
+    ranking["speedup"] = base / ranking["seconds"]
+    winner = ranking.iloc[0].to_dict() if bool(ranking["within_budget"].iloc[0]) else None
+    settings: dict[str, float] = {}
+    if winner is not None:
+        label, ratio = winner["compressor"], _ratio(winner["ratio"])
+        scheme = next(
+            s for _, s in run.schemes if s.spec.label == label and _ratio(s.ratio) == ratio
+        )
+        settings = scheme.settings()
+        threshold = records.loc[
+            (records["compressor"] == label) & (records["ratio"].fillna(-1) == (ratio or -1)),
+            "threshold",
+        ].mean()
+        if math.isfinite(threshold) and "threshold" not in settings:
+            settings["mean_threshold"] = float(threshold)
+    return Recommendation(
+        error_budget=error_budget,
+        baseline=baseline,
+        baseline_seconds=base,
+        learners=len(run.learners),
+        cost_learners=n,
+        link=link,
+        ranking=ranking,
+        winner=winner,
+        settings=settings,
+    )

@@ -1,0 +1,265 @@
+"""``gradstat replay`` and ``gradstat recommend``: compressors with error feedback replayed
+over a capture, and the fastest compressor and rate within an error budget
+(METHODS.md sections 4 and 5)."""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from pathlib import Path
+
+import pandas as pd
+import typer
+from rich.panel import Panel
+
+from gradstat.analysis.recommend import DEFAULT_CANDIDATES, DEFAULT_RATIOS, recommend
+from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
+from gradstat.cli.options import (
+    CaptureArg,
+    CsvOpt,
+    DpiOpt,
+    JsonOpt,
+    LearnersOpt,
+    PlotOpt,
+    ScopeOpt,
+    StepsOpt,
+)
+from gradstat.cli.output import df_table, emit, err_console, progress, to_json
+from gradstat.compressors.cost import Link, parse_link
+from gradstat.compressors.registry import parse_compressors
+from gradstat.errors import DataError, UsageError
+from gradstat.store import open_capture
+
+
+class Baseline(str, Enum):
+    """The dense all-reduce a compressor must beat."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"
+
+
+BandwidthOpt = typer.Option(
+    "10Gbit/s", "--bandwidth", help="Link bandwidth, e.g. 10Gbit/s, 25Gbps or 1.25GB/s."
+)
+LatencyOpt = typer.Option("5us", "--latency", help="Per-message latency, e.g. 5us or 0.2ms.")
+RankOpt = typer.Option(4, "--rank", min=1, help="PowerSGD rank r (powersgd:rank=R overrides).")
+BetaOpt = typer.Option(
+    1.0, "--beta", help="CLT-k low-pass memory factor in (0, 1] (clt-k:beta=B overrides)."
+)
+BaselineOpt = typer.Option(
+    Baseline.fp32, "--baseline", help="Dense all-reduce to beat: fp32 or fp16."
+)
+OutOpt = typer.Option(None, "--out", help="Write the recommendation as JSON (e.g. config.json).")
+SeedOpt = typer.Option(0, "--seed", help="Seed of random-k, DGC sampling, QSGD and TernGrad.")
+
+_TRAFFIC_COLUMNS = {
+    "compressor": "compressor",
+    "ratio": "ratio",
+    "density": "density",
+    "quality": "q",
+    "buildup": "B",
+    "bytes_per_learner": "bytes",
+    "comm_ms": "comm ms",
+    "speedup": "speed-up",
+}
+_ERROR_COLUMNS = {
+    "compressor": "compressor",
+    "ratio": "ratio",
+    "rel_error": "rel error",
+    "cosine": "cosine",
+    "memory_norm": "memory",
+    "compress_ms": "compress ms",
+}
+
+
+def _display(summary: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Columns under short headers, times in ms; fixed-rate compressors show '-' as ratio."""
+    summary = summary.assign(
+        comm_ms=summary["comm_seconds"] * 1e3,
+        compress_ms=summary["compress_seconds"] * 1e3,
+        ms=(summary["comm_seconds"] + summary["compress_seconds"]) * 1e3,
+    )
+    if "within_budget" in summary:
+        summary["fits"] = summary["within_budget"].map({True: "yes", False: "no"})
+    shown = summary[list(columns)].rename(columns=columns)
+    shown["ratio"] = [("-" if math.isnan(r) else f"{r:g}") for r in summary["ratio"]]
+    return shown
+
+
+def _link_text(link: Link) -> str:
+    return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
+
+
+def replay_command(
+    capture: Path = CaptureArg,
+    compressors: str = typer.Option(
+        "topk,dgc,sidco-gpd,clt-k,powersgd",
+        "--compressors",
+        help="Comma-separated NAME[:PARAM=VALUE]; see docs/replay.md for the list.",
+    ),
+    ratios: str = typer.Option(
+        "0.01,0.001", "--ratios", help="Densities k/d of the sparsifiers (others run once)."
+    ),
+    bandwidth: str = BandwidthOpt,
+    latency: str = LatencyOpt,
+    rank: int = RankOpt,
+    beta: float = BetaOpt,
+    scope: str = ScopeOpt,
+    steps: str | None = StepsOpt,
+    learners: str | None = LearnersOpt,
+    seed: int = SeedOpt,
+    as_json: bool = JsonOpt,
+    csv: Path | None = CsvOpt,
+    plot: Path | None = PlotOpt,
+    dpi: int = DpiOpt,
+) -> None:
+    """Replay compressors with error feedback over consecutive recorded steps: density,
+    estimation quality, build-up, bytes, predicted communication time (alpha-beta model),
+    relative error and cosine against the true mean gradient, compression time."""
+    link = parse_link(bandwidth, latency)
+    specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
+    if plot is not None:
+        from gradstat.plots.style import check_plot_path
+
+        check_plot_path(plot)
+    with open_capture(capture) as cap:
+        run = Replay(
+            cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
+        )
+        records = run.run(lambda items: progress(items, "replay", total=len(run.steps)))
+    n = len(run.learners)
+    summary = summarize_replay(records, link, n)
+    dense = ", ".join(
+        f"{scope_name}: {dense_seconds(int(d), n, link) * 1e3:.3g} ms"
+        for scope_name, d in summary.groupby("scope", sort=False)["numel"].first().items()
+    )
+    tables = []
+    for scope_name in summary["scope"].unique():
+        rows = summary[summary["scope"] == scope_name]
+        tables.append(
+            df_table(
+                _display(rows, _TRAFFIC_COLUMNS),
+                f"replay of {n} learners over {len(run.steps)} steps, scope {scope_name}, "
+                f"{_link_text(link)}; means over steps. q = selected/k, B = union/k, bytes "
+                "sent per learner per step, comm = predicted communication, speed-up = "
+                f"dense fp32 all-reduce ({dense}) / (comm + compress)",
+            )
+        )
+        tables.append(
+            df_table(
+                _display(rows, _ERROR_COLUMNS),
+                f"error of the aggregate, scope {scope_name}: rel error = ||ĝ-g||²/||g||² "
+                "and cosine against the mean gradient (DGC: the dense momentum update), "
+                "memory = mean norm after the last step, compress ms = time per learner here",
+            )
+        )
+    emit(
+        records,
+        as_json=as_json,
+        csv=csv,
+        tables=tables,
+        json_document={
+            "learners": n,
+            "bandwidth_bytes_per_second": link.bandwidth,
+            "latency_seconds": link.latency,
+            "records": records.to_dict(orient="records"),
+            "summary": summary.to_dict(orient="records"),
+        },
+    )
+    if plot is not None:
+        from gradstat.plots.replay import plot_replay
+        from gradstat.plots.style import save_figure
+
+        save_figure(plot_replay(records), plot, dpi=dpi)
+
+
+_RANKING_COLUMNS = {
+    "compressor": "compressor",
+    "ratio": "ratio",
+    "rel_error": "rel error",
+    "fits": "fits",
+    "bytes_per_learner": "bytes",
+    "ms": "ms/step",
+    "speedup": "speed-up",
+}
+
+
+def recommend_command(
+    capture: Path = CaptureArg,
+    error_budget: float = typer.Option(
+        ...,
+        "--error-budget",
+        help="Largest acceptable mean relative error ||ĝ-g||²/||g||², e.g. 0.2.",
+    ),
+    bandwidth: str = BandwidthOpt,
+    latency: str = LatencyOpt,
+    cluster: int | None = typer.Option(
+        None,
+        "--learners",
+        help="Cluster size for the cost model (default: the capture's learners).",
+    ),
+    baseline: Baseline = BaselineOpt,
+    compressors: str = typer.Option(
+        DEFAULT_CANDIDATES, "--compressors", help="Candidates, NAME[:PARAM=VALUE], comma-separated."
+    ),
+    ratios: str = typer.Option(DEFAULT_RATIOS, "--ratios", help="Candidate densities k/d."),
+    rank: int = RankOpt,
+    beta: float = BetaOpt,
+    steps: str | None = StepsOpt,
+    seed: int = SeedOpt,
+    out: Path | None = OutOpt,
+    as_json: bool = JsonOpt,
+    csv: Path | None = CsvOpt,
+) -> None:
+    """The compressor and rate with the lowest predicted time per step (communication +
+    compression) whose mean relative error stays within the budget, against the dense
+    baseline; its concrete settings, why it won and what came next."""
+    link = parse_link(bandwidth, latency)
+    specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
+    if out is not None and not out.parent.exists():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    with open_capture(capture) as cap:
+        result = recommend(
+            cap,
+            error_budget=error_budget,
+            link=link,
+            cost_learners=cluster,
+            baseline=baseline.value,
+            compressors=specs,
+            ratios=ratios,
+            steps=steps,
+            seed=seed,
+            progress=lambda items: progress(items, "recommend"),
+        )
+    document = result.to_dict()
+    ranking = _display(result.ranking, _RANKING_COLUMNS)
+    title = (
+        f"candidates for {result.cost_learners} learners ({_link_text(link)}), budget "
+        f"{error_budget:g}: within budget fastest first, then the rest by error; ms/step = "
+        "predicted communication + compression; speed-up over the dense "
+        f"{result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
+    )
+    text = "\n".join(result.explanation())
+    if result.winner is not None:
+        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items()) or "none"
+        text = f"[bold]{result.winner['compressor']}[/bold] settings: {settings}\n{text}"
+    emit(
+        result.ranking,
+        as_json=as_json,
+        csv=csv,
+        tables=[df_table(ranking, title), Panel(text, title="recommendation")],
+        json_document=document,
+    )
+    if result.winner is None:
+        c = result.closest
+        name = c["compressor"] if math.isnan(c["ratio"]) else f"{c['compressor']} {c['ratio']:g}"
+        raise DataError(
+            f"no candidate keeps the mean relative error within {error_budget:g}; the closest "
+            f"is {name} with {c['rel_error']:.3g} (raise --error-budget or add ratios)"
+        )
+    if out is not None:
+        try:
+            out.write_text(to_json(document) + "\n")
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
+        err_console.print(f"[dim]wrote {out}[/dim]")
