@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from gradstat.stats.distributions import Exponential, GenPareto, Normal
+from gradstat.stats.distributions import Exponential, GenPareto, Laplace, Normal
 from gradstat.stats.goodness import (
     ad_statistic,
     information_criteria,
@@ -84,3 +84,28 @@ def test_subsample(heavy):
     assert np.unique(part.numpy()).size == 1000  # without replacement
     assert torch.equal(part, subsample(heavy, 1000, seed=3))
     assert not torch.equal(part, subsample(heavy, 1000, seed=4))
+
+
+def test_folded_normal_and_laplace_on_magnitudes():
+    normal = Normal(loc=0.3, scale=1.5)
+    folded = normal.magnitudes()
+    ref = stats.foldnorm(c=0.3 / 1.5, scale=1.5)
+    t = np.linspace(0.0, 8.0, 81)
+    np.testing.assert_allclose(folded.cdf(t).numpy(), ref.cdf(t), rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(folded.sf(t).numpy(), ref.sf(t), rtol=1e-9)
+    np.testing.assert_allclose(folded.logpdf(t).numpy(), ref.logpdf(t), rtol=1e-9)
+    x = torch.from_numpy(ref.rvs(2000, random_state=5))
+    assert ks_statistic(x, folded) == pytest.approx(
+        stats.kstest(x.numpy(), ref.cdf).statistic, rel=1e-9
+    )
+    laplace = Laplace(loc=0.0, scale=2.0)  # folded at 0: the exponential
+    expon = stats.expon(scale=2.0)
+    np.testing.assert_allclose(laplace.magnitudes().cdf(t).numpy(), expon.cdf(t), rtol=1e-12)
+    np.testing.assert_allclose(laplace.magnitudes().logpdf(t).numpy(), expon.logpdf(t))
+    assert Exponential(loc=0.0, scale=1.0).magnitudes().params == {"loc": 0.0, "scale": 1.0}
+
+
+def test_folded_log_survival_in_the_far_tail():
+    folded = Normal(loc=0.0, scale=1.0).magnitudes()
+    t = np.array([10.0, 30.0, 40.0])
+    np.testing.assert_allclose(folded.logsf(t).numpy(), np.log(2) + stats.norm.logsf(t), rtol=1e-9)

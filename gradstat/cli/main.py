@@ -14,6 +14,7 @@ import typer
 
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
+from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
 from gradstat.cli.replay import recommend_command, replay_command
@@ -36,6 +37,7 @@ app = typer.Typer(
 
 app.command("capture")(capture_command)
 app.command("info")(info_command)
+app.command("fit")(fit_command)
 app.command("replay")(replay_command)
 app.command("recommend")(recommend_command)
 app.command("similarity")(similarity_command)

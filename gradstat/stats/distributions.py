@@ -165,11 +165,13 @@ class Distribution:
         """Log-likelihood of the data: sum of ``logpdf``."""
         return float(self.logpdf(x).sum())
 
+    def magnitudes(self) -> Distribution | Folded:
+        """The distribution of |G|: itself for magnitude models, folded for signed ones."""
+        return Folded(self) if self.signed else self
+
     def magnitude_sf(self, t: float) -> float:
         """P(|G| > t): the fraction of elements a threshold t on magnitudes keeps."""
-        if not self.signed:
-            return float(self.sf(t))
-        return float(self.sf(t) + self.cdf(-t))
+        return float(self.magnitudes().sf(t))
 
     def magnitude_isf(self, density: float) -> float:
         """The threshold t on |g| with P(|G| > t) = density (the upper quantile)."""
@@ -181,6 +183,42 @@ class Distribution:
         return optimize.brentq(
             lambda t: self.magnitude_sf(t) - density, 0.0, high, xtol=1e-15 * high
         )
+
+
+class Folded:
+    """|G| for a signed distribution G: CDF F(t) - F(-t), density f(t) + f(-t) on t >= 0.
+
+    Puts the normal and Laplace fits on the same footing as the magnitude models, so that
+    KS, AD and log-likelihoods (AIC/BIC) of all seven are computed on the same |g|.
+    """
+
+    def __init__(self, dist: Distribution) -> None:
+        self.dist = dist
+        self.n_params = dist.n_params
+
+    def sf(self, t) -> torch.Tensor:
+        t = _f64(t).clamp_min(0)
+        return self.dist.sf(t) + self.dist.cdf(-t)
+
+    def cdf(self, t) -> torch.Tensor:
+        t = _f64(t).clamp_min(0)
+        return (self.dist.cdf(t) - self.dist.cdf(-t)).clamp_min(0)
+
+    def logsf(self, t) -> torch.Tensor:
+        t = _f64(t).clamp_min(0)
+        return torch.logaddexp(self.dist.logsf(t), self.dist.logcdf(-t))
+
+    def logcdf(self, t) -> torch.Tensor:
+        sf = self.sf(t)
+        return torch.where(sf < 0.5, torch.log1p(-sf), self.cdf(t).log())
+
+    def logpdf(self, t) -> torch.Tensor:
+        t = _f64(t)
+        out = torch.logaddexp(self.dist.logpdf(t), self.dist.logpdf(-t))
+        return torch.where(t >= 0, out, -math.inf)
+
+    def loglik(self, t: torch.Tensor) -> float:
+        return float(self.logpdf(t).sum())
 
 
 class Exponential(Distribution):

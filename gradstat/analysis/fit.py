@@ -1,0 +1,418 @@
+"""``fit``: distribution fits, goodness of fit and threshold estimators over a capture.
+
+For every selected (step, learner, scope) the analysis
+* fits each chosen distribution (METHODS.md 1) to the scope's values, exact zeros and
+  NaN/Inf excluded and counted (NaN/Inf also warned about);
+* scores it on the magnitudes |g| (normal and Laplace folded, see
+  :class:`~gradstat.stats.distributions.Folded`): KS, Anderson-Darling, log-likelihood,
+  AIC/BIC, and at each ratio the fitted upper quantile, what it selects and its relative
+  error against the empirical quantile (the k-th largest |g|);
+* runs the threshold estimators (METHODS.md 2) at each ratio, SIDCo with each fixed stage
+  count or the adaptive rule.
+
+It streams: one step of all selected learners is in memory at a time. MLE fits and the
+KS/AD scores use a uniform subsample of ``sample`` values when the scope is larger;
+moment fits, thresholds and quantile errors always use every value.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
+from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
+from gradstat.stats.distributions import (
+    DISTRIBUTIONS,
+    METHODS,
+    Distribution,
+    SplitValues,
+    get_distribution,
+    split_values,
+)
+from gradstat.stats.goodness import (
+    ad_statistic,
+    information_criteria,
+    ks_statistic,
+    quantile_error,
+    subsample,
+)
+from gradstat.stats.thresholds import (
+    ESTIMATORS,
+    SIDCO_ESTIMATORS,
+    AdaptiveStages,
+    estimate_threshold,
+)
+from gradstat.store import Capture, Scope
+
+Progress = Callable[[Iterable], Iterable]
+
+#: Estimators run by default (``hard`` needs a threshold, so only when one is given).
+DEFAULT_ESTIMATORS: tuple[str, ...] = tuple(e for e in ESTIMATORS if e != "hard")
+#: The distribution a SIDCo estimator fits, for the ``dist`` column of its rows.
+ESTIMATOR_DIST = {
+    "sidco-exp": "exp",
+    "sidco-gpd": "gpd",
+    "sidco-gamma-gpd": "gamma+gpd",
+    "gaussiank": "normal",
+}
+COLUMNS = (
+    "step",
+    "learner",
+    "scope",
+    "kind",
+    "dist",
+    "method",
+    "estimator",
+    "params",
+    "numel",
+    "nonzero",
+    "zeros",
+    "nonfinite",
+    "n_fit",
+    "loglik",
+    "aic",
+    "bic",
+    "ks",
+    "ad",
+    "ratio",
+    "stages",
+    "adaptive",
+    "k",
+    "threshold",
+    "selected",
+    "quality",
+    "empirical",
+    "quantile_error",
+    "error",
+)
+
+
+def no_progress(items: Iterable) -> Iterable:
+    return items
+
+
+def parse_dists(spec: str | Sequence[str]) -> list[str]:
+    """``all``, one name or a comma-separated list of distribution names."""
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [name.strip() for name in names if name.strip()]
+    if names == ["all"]:
+        return list(DISTRIBUTIONS)
+    if not names:
+        raise UsageError("give at least one distribution")
+    for name in names:
+        get_distribution(name)
+    return list(dict.fromkeys(names))
+
+
+def parse_stages(spec: str | Sequence[int]) -> list[int] | None:
+    """``1,2,3`` (fixed stage counts) or ``auto`` (None: the adaptive rule)."""
+    if isinstance(spec, str):
+        if spec.strip() == "auto":
+            return None
+        try:
+            stages = [int(part) for part in spec.split(",")]
+        except ValueError:
+            raise UsageError(f"--stages {spec!r}: expected N,M,... or auto") from None
+    else:
+        stages = list(spec)
+    if not stages or any(s < 1 for s in stages):
+        raise UsageError(f"--stages {spec!r}: stage counts must be >= 1")
+    return list(dict.fromkeys(stages))
+
+
+def parse_estimators(spec: str | Sequence[str]) -> list[str]:
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [name.strip() for name in names if name.strip()]
+    for name in names:
+        if name not in ESTIMATORS:
+            raise UsageError(f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+    return list(dict.fromkeys(names))
+
+
+def _row(base: dict, **values) -> dict:
+    row = dict.fromkeys(COLUMNS)
+    row.update(base)
+    row.update(values)
+    return row
+
+
+class _Scorer:
+    """Fits and scores distributions on one (step, learner, scope) vector."""
+
+    def __init__(self, values: torch.Tensor, split: SplitValues, sample: int | None, seed: int):
+        self.values = values
+        self.split = split
+        self.sample = sample
+        self.seed = seed
+        self._sorted: torch.Tensor | None = None
+        self._signed_sample: torch.Tensor | None = None
+
+    def signed_sample(self) -> torch.Tensor:
+        if self._signed_sample is None:
+            self._signed_sample = subsample(self.split.signed, self.sample, self.seed)
+        return self._signed_sample
+
+    def sorted_magnitudes(self) -> torch.Tensor:
+        if self._sorted is None:
+            self._sorted = torch.sort(self.signed_sample().abs().double()).values
+        return self._sorted
+
+    def fit(self, cls: type[Distribution], method: str) -> Distribution:
+        data = self.split.signed if cls.signed else self.split.magnitudes
+        if method == "mle":
+            data = self.signed_sample() if cls.signed else self.signed_sample().abs()
+        return cls.fit(data, method)
+
+    def scores(self, dist: Distribution) -> dict:
+        magnitudes = dist.magnitudes()
+        x = self.sorted_magnitudes()
+        loglik = magnitudes.loglik(x)
+        aic, bic = information_criteria(loglik, dist.n_params, x.numel())
+        return {
+            "n_fit": x.numel(),
+            "loglik": loglik,
+            "aic": aic,
+            "bic": bic,
+            "ks": ks_statistic(x, magnitudes, presorted=True),
+            "ad": ad_statistic(x, magnitudes, presorted=True),
+        }
+
+
+class Fit:
+    """The fit analysis of one capture; :meth:`run` returns the tidy records.
+
+    One record per (step, learner, scope) and
+    * distribution and ratio (``kind`` = ``fit``, ``stages`` = 1): parameters (scipy names),
+      scores, the fitted upper quantile as a threshold;
+    * estimator, ratio and stage count (``kind`` = ``estimator``).
+    ``quality`` = selected / k with k = ratio * numel; the densities fitted are
+    k / (non-zeros). A record that could not be computed carries its reason in ``error``.
+    """
+
+    def __init__(
+        self,
+        cap: Capture,
+        *,
+        dists: str | Sequence[str] = "gpd",
+        method: str = "moments",
+        scope: str = "model",
+        steps: str | None = None,
+        learners: str | None = None,
+        ratios: str | Sequence[float] = (0.1, 0.01, 0.001),
+        stages: str | Sequence[int] = (1, 2, 3),
+        estimators: str | Sequence[str] = DEFAULT_ESTIMATORS,
+        hard_threshold: float | None = None,
+        sample: int | None = 1_000_000,
+        seed: int = 0,
+    ) -> None:
+        if method not in METHODS:
+            raise UsageError(f"unknown fit method {method!r}; choose from {', '.join(METHODS)}")
+        if sample is not None and sample < 10:
+            raise UsageError(f"--sample {sample}: use at least 10 values (or 0 for all)")
+        self.cap = cap
+        self.dists = parse_dists(dists)
+        self.method = method
+        self.scopes: list[Scope] = cap.scopes(scope)
+        self.steps = select_steps(cap.steps, steps)
+        self.learners = select_learners(cap.world_size, learners)
+        self.ratios = parse_ratios(ratios)
+        self.stages = parse_stages(stages)
+        self.estimators = parse_estimators(estimators)
+        if hard_threshold is not None:
+            self.estimators.append("hard")
+        elif "hard" in self.estimators:
+            raise UsageError("the hard estimator needs a threshold (--hard LAMBDA)")
+        self.hard_threshold = hard_threshold
+        self.sample = sample
+        self.seed = seed
+        self._adaptive: dict[tuple, AdaptiveStages] = {}
+
+    def run(self, progress: Progress = no_progress) -> pd.DataFrame:
+        rows: list[dict] = []
+        for step, grads in progress(self.cap.iter_steps(self.steps, self.learners)):
+            for i, learner in enumerate(self.learners):
+                for scope in self.scopes:
+                    rows.extend(self._one(step, learner, scope, scope.take(grads[i])))
+        records = pd.DataFrame(rows, columns=list(COLUMNS))
+        if records["error"].notna().all():
+            raise DataError(f"nothing could be computed: {records['error'].iloc[0]}")
+        return records
+
+    def _one(self, step: int, learner: int, scope: Scope, values: torch.Tensor) -> list[dict]:
+        split = split_values(values)
+        where = f"step {step}, learner {learner}, scope {scope.name}"
+        if split.nonfinite:
+            warnings.warn(
+                f"{where}: {split.nonfinite} NaN/Inf values excluded", GradstatWarning, stacklevel=2
+            )
+            values = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        base = {
+            "step": step,
+            "learner": learner,
+            "scope": scope.name,
+            "numel": values.numel(),
+            "nonzero": split.signed.numel(),
+            "zeros": split.zeros,
+            "nonfinite": split.nonfinite,
+        }
+        empirical = {}
+        for ratio in self.ratios:
+            try:
+                empirical[ratio] = estimate_threshold(values, ratio, "topk").threshold
+            except GradstatError as exc:
+                empirical[ratio] = str(exc)
+        rows = self._fits(base, values, split, empirical)
+        rows += self._estimators(base, values, empirical)
+        return rows
+
+    def _fits(
+        self, base: dict, values: torch.Tensor, split: SplitValues, empirical: dict
+    ) -> list[dict]:
+        rows = []
+        scorer = _Scorer(values, split, self.sample, self.seed)
+        for name in self.dists:
+            fit_base = {**base, "kind": "fit", "dist": name, "method": self.method, "stages": 1}
+            try:
+                dist = scorer.fit(get_distribution(name), self.method)
+                scores = scorer.scores(dist)
+            except GradstatError as exc:
+                rows += [_row(fit_base, ratio=r, error=str(exc)) for r in self.ratios]
+                continue
+            fit_base.update(params=dist.params, **scores)
+            for ratio in self.ratios:
+                k = k_for(ratio, values.numel())
+                if isinstance(empirical[ratio], str):
+                    rows.append(_row(fit_base, ratio=ratio, k=k, error=empirical[ratio]))
+                    continue
+                threshold = dist.magnitude_isf(k / split.signed.numel())
+                selected = int((split.magnitudes > threshold).sum())
+                rows.append(
+                    _row(
+                        fit_base,
+                        ratio=ratio,
+                        k=k,
+                        threshold=threshold,
+                        selected=selected,
+                        quality=selected / k,
+                        empirical=empirical[ratio],
+                        quantile_error=quantile_error(threshold, empirical[ratio]),
+                    )
+                )
+        return rows
+
+    def _settings(self, estimator: str, base: dict, ratio: float) -> list[tuple[int, bool]]:
+        """(stage count, adaptive) pairs to run for one estimator and ratio."""
+        if estimator not in SIDCO_ESTIMATORS:
+            return [(1, False)]
+        if self.stages is not None:
+            return [(s, False) for s in self.stages]
+        key = (base["learner"], base["scope"], estimator, ratio)
+        adaptive = self._adaptive.setdefault(key, AdaptiveStages())
+        return [(adaptive.stages, True)]
+
+    def _estimators(self, base: dict, values: torch.Tensor, empirical: dict) -> list[dict]:
+        rows = []
+        generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
+        for estimator in self.estimators:
+            for ratio in self.ratios:
+                for stages, adaptive in self._settings(estimator, base, ratio):
+                    row_base = {
+                        **base,
+                        "kind": "estimator",
+                        "dist": ESTIMATOR_DIST.get(estimator),
+                        "estimator": estimator,
+                        "ratio": ratio,
+                        "stages": stages,
+                        "adaptive": adaptive,
+                    }
+                    try:
+                        result = estimate_threshold(
+                            values,
+                            ratio,
+                            estimator,
+                            stages=stages,
+                            threshold=self.hard_threshold,
+                            generator=generator,
+                        )
+                    except GradstatError as exc:
+                        rows.append(_row(row_base, error=str(exc)))
+                        continue
+                    if adaptive:
+                        key = (base["learner"], base["scope"], estimator, ratio)
+                        self._adaptive[key].update(result.quality)
+                    reference = empirical[ratio]
+                    error = (
+                        quantile_error(result.threshold, reference)
+                        if not isinstance(reference, str)
+                        else math.nan
+                    )
+                    rows.append(
+                        _row(
+                            row_base,
+                            stages=result.stages,
+                            k=result.k,
+                            threshold=result.threshold,
+                            selected=result.selected,
+                            quality=result.quality,
+                            empirical=None if isinstance(reference, str) else reference,
+                            quantile_error=error,
+                        )
+                    )
+        return rows
+
+
+def fit(cap: Capture, progress: Progress = no_progress, **options) -> pd.DataFrame:
+    """Run the fit analysis (options as :class:`Fit`) and return its records."""
+    return Fit(cap, **options).run(progress)
+
+
+def rank_distributions(records: pd.DataFrame) -> pd.DataFrame:
+    """Distributions ranked by median KS over (step, learner, scope), with median AD,
+    AIC and tail-quantile error at each ratio."""
+    fits = records[(records["kind"] == "fit") & records["error"].isna()]
+    if fits.empty:
+        return pd.DataFrame(columns=["rank", "dist", "ks", "ad", "aic"])
+    per_fit = fits.drop_duplicates(["step", "learner", "scope", "dist"])
+    ranking = per_fit.groupby("dist", sort=False)[["ks", "ad", "aic"]].median().sort_values("ks")
+    ranking.insert(0, "rank", np.arange(1, len(ranking) + 1))
+    errors = fits.pivot_table(
+        index="dist", columns="ratio", values="quantile_error", aggfunc="median"
+    )
+    errors = errors[sorted(errors.columns, reverse=True)]
+    errors.columns = [f"qerr@{r:g}" for r in errors.columns]
+    ranking = ranking.join(errors).reset_index()
+    return ranking[["rank", "dist", *ranking.columns.drop(["rank", "dist"])]]
+
+
+def quality_summary(records: pd.DataFrame) -> pd.DataFrame:
+    """Median, min and max q per (estimator, ratio, stages); adaptive runs as ``auto``,
+    fitted distributions' own quantiles as estimator ``fit:<dist>``."""
+    done = records[records["error"].isna()].copy()
+    if done.empty:
+        return pd.DataFrame(columns=["estimator", "ratio", "stages", "q median"])
+    done["estimator"] = done["estimator"].where(done["kind"] == "estimator", "fit:" + done["dist"])
+    done["stages"] = [
+        "auto" if adaptive is True else str(int(s))
+        for adaptive, s in zip(done["adaptive"], done["stages"], strict=True)
+    ]
+    grouped = done.groupby(["estimator", "ratio", "stages"], sort=False)["quality"]
+    summary = grouped.agg(["median", "min", "max", "count"]).reset_index()
+    summary.columns = ["estimator", "ratio", "stages", "q median", "q min", "q max", "n"]
+    return summary.sort_values(["ratio", "estimator", "stages"], ascending=[False, True, True])
+
+
+def magnitude_sample(
+    cap: Capture, step: int, learner: int, scope: Scope, size: int | None = 200_000, seed: int = 0
+) -> np.ndarray:
+    """Non-zero finite |g| of one (step, learner, scope), subsampled to ``size``: what
+    the fit plot draws its histogram, Q-Q and CCDF from."""
+    split = split_values(scope.take(cap.read_step(step, [learner])[0]))
+    if split.magnitudes.numel() == 0:
+        raise DataError(f"step {step}, learner {learner}, scope {scope.name}: all values are zero")
+    return subsample(split.magnitudes, size, seed).double().numpy()
