@@ -170,6 +170,28 @@ def test_paired_intersections_and_membership():
     assert torch.equal(intersection_sizes(a, 120).diagonal(), torch.full((3,), 15))
 
 
+@pytest.mark.parametrize(
+    ("d", "k"), [(1 << 16, 1), (1 << 16, 64), (200_003, 12_000), (300_000, 300)]
+)
+def test_prefiltered_topk_is_exact_on_long_rows(d, k):
+    x = _random_grads(3, d, seed=k).float()
+    got = np.sort(topk_indices(x, k).numpy(), axis=1)
+    want = np.stack([_brute_topk(row, k) for row in x.numpy()])
+    assert np.array_equal(got, want)
+
+
+def test_prefiltered_topk_falls_back_when_the_sample_misleads():
+    # every strided sample position is large, so the sampled threshold keeps only ~1.5k/8
+    # candidates: fewer than k, and the row must fall back to a full top-k
+    d, k = 1 << 17, 2000
+    x = torch.rand(2, d, generator=torch.Generator().manual_seed(0))
+    x[:, :: d // (1 << 14)] += 5.0
+    x[1] *= -1
+    got = np.sort(np.abs(x.gather(1, topk_indices(x, k)).numpy()), axis=1)
+    want = np.sort(-np.sort(-np.abs(x.numpy()), axis=1)[:, :k], axis=1)
+    assert np.array_equal(got, want)
+
+
 def test_topk_indices_rejects_bad_k():
     with pytest.raises(ValueError):
         topk_indices(torch.ones(5), 6)

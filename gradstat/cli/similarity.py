@@ -131,7 +131,6 @@ def similarity_command(
                 "scope": "scope",
                 "mean_overlap": "overlap",
                 "mean_overlap_global": "vs mean",
-                "random_overlap": "random",
                 "overlap_vs_random": "x random",
                 "buildup": "B",
                 "random_buildup": "B random",
@@ -250,8 +249,8 @@ def overlap_command(
     summary = overlap_summary(records)
     keys = ["scope", "step", "next_step", "gap"]
     wide = records.pivot_table(index=keys, columns="learner", values="overlap", sort=False)
-    wide.columns = [c if c == "mean" else f"learner {c}" for c in wide.columns]
-    wide = wide.reset_index()
+    wide.columns = [str(c) for c in wide.columns]
+    wide = wide.reset_index().rename(columns={"next_step": "next"})
     gaps = records["gap"]
     gap = f"{gaps.min()}" if gaps.min() == gaps.max() else f"{gaps.min()} to {gaps.max()}"
     note = (
@@ -261,11 +260,12 @@ def overlap_command(
     tables = [
         df_table(
             wide,
-            f"overlap of top-k(t) and top-k(t + lag {lag}), training-step gap {gap} ({note})",
+            f"overlap of top-k(t) and top-k(t + lag {lag}) per learner and for the mean "
+            f"gradient, training-step gap {gap} ({note})",
         ),
         _table(
             summary,
-            "summary over step pairs",
+            "mean over step pairs",
             {
                 "scope": "scope",
                 "learner": "learner",
@@ -273,7 +273,6 @@ def overlap_command(
                 "mean_overlap": "overlap",
                 "min_overlap": "min",
                 "mean_jaccard": "jaccard",
-                "random_overlap": "random",
             },
         ),
     ]

@@ -109,7 +109,7 @@ def plot_overlap(records: pd.DataFrame) -> Figure:
     ax.set_xlabel("training step t")
     ax.set_ylabel("overlap of top-k(t) and top-k(t + gap)")
     ax.set_title(
-        f"temporal overlap, ratio {records['ratio'].iloc[0]:g}, gap {gap} training steps"
+        f"temporal overlap, ratio {records['ratio'].iloc[0]:g}, training-step gap {gap}"
         f"{_scopes_note(records)}"
     )
     ax.legend(fontsize="small")
