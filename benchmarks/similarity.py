@@ -6,14 +6,17 @@ same statistics: each learner's and the mean gradient's top-k set, all pairwise
 intersections (overlap, Jaccard, Hamming), energy captured, union, full intersection and
 the build-up curve B(m) averaged exactly over all learner subsets.
 
-* ours: ``topk_set_metrics`` (torch.topk, one membership mask, bincount) + ``buildup_curve``
+* ours: ``topk_set_metrics`` (``topk_indices``: exact top-k with a sampled-threshold
+  prefilter; one membership mask; holder-count histogram) + ``buildup_curve``
   (hypergeometric average from the multiplicity histogram).
 * baseline: ``np.argpartition`` top-k, ``np.intersect1d`` / ``np.union1d`` for every pair,
   ``reduce(np.union1d)`` / ``reduce(np.intersect1d)``, and the union of every one of the
   2^n - 1 learner subsets (each built from a smaller one with one ``np.union1d``).
 
-Prints medians of a few repeats and their RATIOS (baseline / ours), end to end and split
-into top-k selection and set metrics, with torch on its default threads and on one.
+Prints medians of a few repeats and their RATIOS (baseline / ours), end to end (the sum
+of the baseline's two parts) and split into top-k selection and set metrics, with torch
+on its default threads and on one (numpy is single-threaded; on a shared, loaded machine
+torch's OpenMP threads can lose more to waiting than they gain).
 
 Run: ``.venv/bin/python benchmarks/similarity.py``
 """
@@ -73,18 +76,14 @@ def baseline_metrics(sets: list[np.ndarray], mean: np.ndarray, k: int):
     return pairs, energy, full, sizes[1:] / counts[1:]
 
 
-def baseline(g: np.ndarray, k: int):
-    sets = baseline_sets(g, k)
-    return baseline_metrics(sets, g.mean(axis=0), k)
-
-
-def median_time(fn, *args) -> float:
+def timed(repeats: int, fn, *args):
+    """(median seconds over ``repeats`` calls, the last call's result)."""
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
-        fn(*args)
+        result = fn(*args)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), result
 
 
 def main() -> None:
@@ -92,32 +91,34 @@ def main() -> None:
     g = (rng.laplace(size=(1, D)) + rng.laplace(size=(N, D))).astype(np.float32)
     x = torch.from_numpy(g)
     threads = torch.get_num_threads()
-    print(f"{N} learners x {D:,} elements, median of {REPEATS}; torch threads: {threads}")
+    print(f"{N} learners x {D:,} elements; torch threads: {threads}; medians of {REPEATS}")
     for ratio in (0.001, 0.01):
         k = k_for(ratio, D)
-        full, curve = ours(x, k)
-        _, _, full_ref, curve_ref = baseline(g, k)
+        # the numpy subset unions take ~10 s a run at ratio 0.01: one run there
+        base_repeats = REPEATS if ratio < 0.005 else 1
+        t_ours, (full, curve) = timed(REPEATS, ours, x, k)
+        t_sel_ours, _ = timed(REPEATS, ours_sets, x, k)
+        t_sel_base, sets = timed(REPEATS, baseline_sets, g, k)
+        t_set_base, (_, _, full_ref, curve_ref) = timed(
+            base_repeats, baseline_metrics, sets, g.mean(axis=0), k
+        )
         assert abs(full - full_ref) < 1e-12 and np.allclose(curve, curve_ref), "results differ"
-        sets = baseline_sets(g, k)
-        t_ours = median_time(ours, x, k)
-        t_base = median_time(baseline, g, k)
-        t_sel_ours = median_time(ours_sets, x, k)
-        t_sel_base = median_time(baseline_sets, g, k)
-        t_set_base = median_time(baseline_metrics, sets, g.mean(axis=0), k)
+        t_base = t_sel_base + t_set_base
         t_set_ours = t_ours - t_sel_ours  # ours does both in one call: subtract selection
         torch.set_num_threads(1)
-        t_ours_1 = median_time(ours, x, k)
+        t_ours_1, _ = timed(REPEATS, ours, x, k)
         torch.set_num_threads(threads)
         print(
             f"ratio {ratio:g} (k={k:,}): baseline / ours = {t_base / t_ours:.1f}x end to end "
-            f"(ours {t_ours * 1e3:.0f} ms, baseline {t_base * 1e3:.0f} ms); "
-            f"with torch on 1 thread {t_base / t_ours_1:.1f}x"
+            f"(ours {t_ours * 1e3:.0f} ms, baseline {t_base * 1e3:.0f} ms"
+            f"{'' if base_repeats > 1 else ', set part 1 run'}); "
+            f"with torch on 1 thread {t_base / t_ours_1:.1f}x (ours {t_ours_1 * 1e3:.0f} ms)"
         )
         print(
-            f"    top-k selection {t_sel_base / t_sel_ours:.1f}x "
-            f"(argpartition {t_sel_base * 1e3:.0f} ms vs torch.topk {t_sel_ours * 1e3:.0f} ms); "
-            f"set metrics given the sets {t_set_base / t_set_ours:.1f}x "
-            f"(numpy sets {t_set_base * 1e3:.0f} ms vs ours {t_set_ours * 1e3:.0f} ms)"
+            f"    top-k selection {t_sel_base / t_sel_ours:.1f}x (argpartition "
+            f"{t_sel_base * 1e3:.0f} ms vs ours {t_sel_ours * 1e3:.0f} ms); set metrics given "
+            f"the sets {t_set_base / t_set_ours:.1f}x (numpy sets {t_set_base * 1e3:.0f} ms "
+            f"vs ours {t_set_ours * 1e3:.0f} ms)"
         )
 
 

@@ -17,12 +17,12 @@ from gradstat.stats.topk_sets import (
     buildup_curve,
     contraction_ok,
     energy_captured,
-    intersection_sizes,
     membership,
-    multiplicity,
+    multiplicity_histogram,
     paired_intersection_sizes,
     random_overlap,
     random_union,
+    set_overlaps,
     topk_indices,
     topk_set_metrics,
 )
@@ -60,7 +60,9 @@ def test_pairwise_metrics_match_numpy_sets(n, d, k):
     counts = np.zeros(d, dtype=np.int64)
     for s in sets[:n]:
         counts[s] += 1
-    assert np.array_equal(metrics.multiplicity.numpy(), counts)
+    assert np.array_equal(metrics.histogram.numpy(), np.bincount(counts, minlength=n + 1)[1:])
+    _, holders = set_overlaps(metrics.indices, d, n)
+    assert np.array_equal(holders.numpy(), counts[metrics.indices[:n].numpy()])
     mean = x.numpy().mean(axis=0)
     energy = [np.sum(mean[s] ** 2) / np.sum(mean**2) for s in sets]
     np.testing.assert_allclose(metrics.energy.numpy(), energy, rtol=1e-10)
@@ -70,7 +72,7 @@ def test_buildup_curve_is_the_mean_over_all_subsets_and_all_orders():
     n, d, k = 5, 400, 30
     x = _random_grads(n, d, seed=3, shared=0.7)
     idx = topk_indices(x, k)
-    curve = buildup_curve(multiplicity(idx, d), n).numpy()
+    curve = buildup_curve(multiplicity_histogram(set_overlaps(idx, d, n)[1], n), n).numpy()
     sets = [row.numpy() for row in idx]
     by_subsets = [
         np.mean(
@@ -95,9 +97,8 @@ def test_buildup_curve_is_the_mean_over_all_subsets_and_all_orders():
 
 def test_buildup_curve_matches_hypergeometric_reference():
     n, d = 7, 50
-    mult = torch.from_numpy(np.random.default_rng(1).integers(0, n + 1, size=d))
-    curve = buildup_curve(mult, n).numpy()
-    c = mult.numpy()
+    c = np.random.default_rng(1).integers(0, n + 1, size=d)  # multiplicity c(j)
+    curve = buildup_curve(torch.from_numpy(np.bincount(c, minlength=n + 1)[1:]), n).numpy()
     expected = [np.sum((c > 0) * (1 - hypergeom(n, c, m).pmf(0))) for m in range(1, n + 1)]
     np.testing.assert_allclose(curve, expected, rtol=1e-10)
 
@@ -167,7 +168,7 @@ def test_paired_intersections_and_membership():
     got = paired_intersection_sizes(a, b, 120).tolist()
     assert got == [np.intersect1d(a[i].numpy(), b[i].numpy()).size for i in range(3)]
     assert membership(a, 120).sum(dim=1).tolist() == [15, 15, 15]
-    assert torch.equal(intersection_sizes(a, 120).diagonal(), torch.full((3,), 15))
+    assert torch.equal(set_overlaps(a, 120, 3)[0].diagonal(), torch.full((3,), 15))
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,13 @@ import torch
 
 from gradstat.analysis.ef_vectors import Progress, no_progress
 from gradstat.analysis.similarity import check_learners, scoped_vectors
-from gradstat.stats.topk_sets import buildup_curve, multiplicity, random_union, topk_indices
+from gradstat.stats.topk_sets import (
+    buildup_curve,
+    multiplicity_histogram,
+    random_union,
+    set_overlaps,
+    topk_indices,
+)
 from gradstat.store import Capture
 
 #: Bytes per index and per value of the sparse pairs and of dense values (int32, float32).
@@ -51,7 +57,8 @@ def buildup(
         cap, ratios, scope=scope, steps=steps, learners=learners, on=on, progress=progress
     ):
         d = sc.numel
-        union = buildup_curve(multiplicity(topk_indices(x, k), d), n)
+        _, holders = set_overlaps(topk_indices(x, k), d, n)
+        union = buildup_curve(multiplicity_histogram(holders, n), n)
         rand = random_union(d, k, m)
         traffic = m.double() * k * (INDEX_BYTES + VALUE_BYTES) / (2 * d * VALUE_BYTES)
         for i in range(n):

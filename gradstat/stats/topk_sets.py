@@ -1,14 +1,15 @@
 """Top-k index sets of learners' gradients and the cross-learner metrics of METHODS.md 3.
 
 Everything here is O(n d) tensor math per step on index tensors (``torch.topk``, one
-boolean membership mask, ``torch.bincount``); no Python sets. Notation: ``n`` learners,
+boolean membership mask looked up at the sets' indices, ``torch.bincount`` of the
+per-index holder counts); no Python sets. Notation: ``n`` learners,
 ``d`` elements in the scope, ``k`` elements kept, ``I_i`` = top-k(|g_i|), ``I*`` =
 top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
 
 * Overlap O(A, B) = |A n B| / k, Hamming |A xor B| = 2 (k - |A n B|), Jaccard
   |A n B| / |A u B| = |A n B| / (2k - |A n B|); random baseline overlap k / d.
-* Multiplicity c(j) = number of learners whose set holds j; union U = #{j: c(j) > 0};
-  build-up factor B = U / k in [1, n]; full intersection #{j: c(j) = n} / k.
+* Multiplicity c(j) = number of learners whose set holds j, h(c) = #{j: c(j) = c}; union
+  U = sum_c h(c); build-up factor B = U / k in [1, n]; full intersection h(n) / k.
 * Build-up curve B(m), m = 1..n, averaged exactly over every learner order: a random
   order's first m learners are a uniformly random m-subset, and index j (held by c(j)
   learners) is missed by it with the hypergeometric probability C(n - c, m) / C(n, m), so
@@ -57,7 +58,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     thresholds = torch.topk(sample, rank, dim=1, sorted=False).values.amin(dim=1)
     out = torch.empty(rows.shape[0], k, dtype=torch.int64, device=x.device)
     for i, (row, t) in enumerate(zip(rows, thresholds, strict=True)):
-        candidates = ((row >= t) | (row <= -t)).nonzero().squeeze(1)
+        candidates = (row.abs() >= t).nonzero().squeeze(1)
         if candidates.numel() >= k:
             out[i] = candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
         else:
@@ -72,16 +73,36 @@ def membership(indices: torch.Tensor, d: int) -> torch.Tensor:
     return mask.scatter_(1, indices, True)
 
 
-def intersection_sizes(indices: torch.Tensor, d: int) -> torch.Tensor:
-    """``|I_a n I_b|`` for every pair of rows of ``indices [sets, k]``: int64 ``[sets, sets]``.
+def set_overlaps(indices: torch.Tensor, d: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairwise intersections of the sets ``indices [s, k]`` and the holder counts.
 
-    One membership mask (O(sets d)), then each set's indices looked up in every row of it
-    (O(sets^2 k)).
+    Returns ``(inter, holders)``: ``inter[a, b] = |I_a n I_b|`` (int64 ``[s, s]``) and
+    ``holders[i, j]`` = how many of the first ``n`` sets hold ``indices[i, j]`` (int64
+    ``[n, k]``), i.e. the multiplicity c of each of their indices. One membership mask
+    (O(s d)) in which every set's indices are looked up (O(s^2 k)); no Python sets.
     """
     s, k = indices.shape
     mask = membership(indices, d)
-    hits = mask[:, indices.reshape(-1)].reshape(s, s, k)
-    return hits.sum(dim=-1, dtype=torch.int64)
+    flat = indices.reshape(-1)
+    inter = torch.empty(s, s, dtype=torch.int64, device=indices.device)
+    holders = torch.zeros(n * k, dtype=torch.int64, device=indices.device)
+    for a in range(s):
+        hits = mask[a, flat]  # which of every set's indices set a holds
+        inter[a] = hits.reshape(s, k).sum(dim=1)
+        if a < n:
+            holders += hits[: n * k]
+    return inter, holders.reshape(n, k)
+
+
+def multiplicity_histogram(holders: torch.Tensor, n: int) -> torch.Tensor:
+    """h(c) for c = 1..n: how many indices are held by exactly c of the ``n`` sets.
+
+    ``holders [n, k]`` is c(j) at every position of the n sets (``set_overlaps``); an
+    index held by c sets appears at c positions, so h(c) = #{positions with c} / c.
+    Union U = sum h, full intersection = h(n).
+    """
+    positions = torch.bincount(holders.reshape(-1), minlength=n + 1)[1:]
+    return positions // torch.arange(1, n + 1, device=holders.device)
 
 
 def paired_intersection_sizes(a: torch.Tensor, b: torch.Tensor, d: int) -> torch.Tensor:
@@ -108,20 +129,16 @@ def jaccard(intersection: torch.Tensor, k: int) -> torch.Tensor:
     return inter / (2 * k - inter)
 
 
-def multiplicity(indices: torch.Tensor, d: int) -> torch.Tensor:
-    """c(j): how many rows of ``indices [n, k]`` (sets of distinct indices) hold ``j``."""
-    return torch.bincount(indices.reshape(-1), minlength=d)
-
-
-def buildup_curve(mult: torch.Tensor, n: int) -> torch.Tensor:
+def buildup_curve(hist: torch.Tensor, n: int) -> torch.Tensor:
     """E[U(m)] for m = 1..n, exactly averaged over all learner orders (float64 ``[n]``).
 
-    ``mult`` is the multiplicity c(j) over ``n`` learners. Uses the hypergeometric miss
-    probability C(n - c, m) / C(n, m) (module docstring); ``E[U(n)]`` is the union.
+    ``hist`` is h(c), c = 1..n (``multiplicity_histogram``) over ``n`` learners. Uses the
+    hypergeometric miss probability C(n - c, m) / C(n, m) (module docstring); ``E[U(n)]``
+    is the union.
     """
-    hist = torch.bincount(mult, minlength=n + 1)[1:].double()  # h(c), c = 1..n
-    rest = n - torch.arange(1, n + 1, dtype=torch.float64, device=mult.device)  # n - c
-    m = torch.arange(1, n + 1, dtype=torch.float64, device=mult.device)[:, None]
+    hist = hist.double()
+    rest = n - torch.arange(1, n + 1, dtype=torch.float64, device=hist.device)  # n - c
+    m = torch.arange(1, n + 1, dtype=torch.float64, device=hist.device)[:, None]
     # C(n - c, m) / C(n, m) = (n - c)! (n - m)! / ((n - c - m)! n!), zero when n - c < m
     log_miss = (
         torch.lgamma(rest + 1)
@@ -173,14 +190,15 @@ class TopkSetMetrics:
     """All set metrics of one step: ``n`` learners' top-k sets and the mean's (row ``n``).
 
     ``intersections`` is ``[n + 1, n + 1]`` over the learners then the mean gradient;
-    ``energy`` is E(I) of the mean gradient for each of those ``n + 1`` sets.
+    ``histogram`` is h(c), c = 1..n, over the learners' sets; ``energy`` is E(I) of the
+    mean gradient for each of the ``n + 1`` sets.
     """
 
     k: int
     d: int
     indices: torch.Tensor
     intersections: torch.Tensor
-    multiplicity: torch.Tensor
+    histogram: torch.Tensor
     energy: torch.Tensor
 
     @property
@@ -201,12 +219,12 @@ class TopkSetMetrics:
 
     @property
     def union(self) -> int:
-        return int((self.multiplicity > 0).sum())
+        return int(self.histogram.sum())
 
     @property
     def full_intersection(self) -> float:
         """|n_i I_i| / k."""
-        return int((self.multiplicity == self.n).sum()) / self.k
+        return int(self.histogram[-1]) / self.k
 
     @property
     def contraction_ok(self) -> torch.Tensor:
@@ -216,7 +234,7 @@ class TopkSetMetrics:
 
     def buildup_curve(self) -> torch.Tensor:
         """E[U(m)] for m = 1..n, over all learner orders."""
-        return buildup_curve(self.multiplicity, self.n)
+        return buildup_curve(self.histogram, self.n)
 
 
 def topk_set_metrics(x: torch.Tensor, k: int) -> TopkSetMetrics:
@@ -224,11 +242,12 @@ def topk_set_metrics(x: torch.Tensor, k: int) -> TopkSetMetrics:
     n, d = x.shape
     mean = x.mean(dim=0)
     indices = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
+    intersections, holders = set_overlaps(indices, d, n)
     return TopkSetMetrics(
         k=k,
         d=d,
         indices=indices,
-        intersections=intersection_sizes(indices, d),
-        multiplicity=multiplicity(indices[:n], d),
+        intersections=intersections,
+        histogram=multiplicity_histogram(holders, n),
         energy=energy_captured(mean, indices),
     )
