@@ -85,13 +85,12 @@ class ThresholdResult:
 
 @dataclass(frozen=True)
 class _Stats:
-    """Count, mean, variance, mean log and minimum of a set of magnitudes."""
+    """Count, mean, variance and mean log of a set of magnitudes."""
 
     n: int
     mean: float
     var: float
     mean_log: float
-    minimum: float
 
 
 def _chunks(values: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -103,14 +102,12 @@ def _stats(
 ) -> _Stats:
     """Statistics of ``|values| - shift``, exact zeros of ``|values|`` excluded if asked.
 
-    One chunked pass; per-chunk float32 sums, float64 across chunks. Zeros are counted
-    only when the minimum is 0 (one cheap extra reduction), and the log sum skips them
-    by clamping to the smallest normal float and removing their contribution.
+    One chunked pass; per-chunk float32 sums, float64 across chunks. The log sum skips
+    zeros by clamping them to the smallest normal float and removing their contribution.
     """
-    sums, squares, logs, minima, zeros = [], [], [], [], []
+    sums, squares, logs, zeros = [], [], [], []
     for chunk in _chunks(values):
         a = chunk.abs()
-        minima.append(a.amin())
         if shift:
             a = a - shift
         sums.append(a.sum())
@@ -131,10 +128,9 @@ def _stats(
     if log:
         s_log = float(torch.stack(logs).double().sum()) - (total - n) * math.log(_TINY)
         mean_log = s_log / n
-    minimum = float(torch.stack(minima).amin())
     if not (math.isfinite(mean) and math.isfinite(var)):
         raise DataError("the values contain NaN or Inf; drop them before estimating")
-    return _Stats(n, mean, var, mean_log, minimum)
+    return _Stats(n, mean, var, mean_log)
 
 
 def _exceed(values: torch.Tensor, threshold: float, inclusive: bool = False) -> torch.Tensor:
