@@ -5,10 +5,13 @@ over a capture, and the fastest compressor and rate within an error budget
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
 import pandas as pd
+import torch
 import typer
 from rich.panel import Panel
 
@@ -50,6 +53,12 @@ BaselineOpt = typer.Option(
     Baseline.fp32, "--baseline", help="Dense all-reduce to beat: fp32 or fp16."
 )
 OutOpt = typer.Option(None, "--out", help="Write the recommendation as JSON (e.g. config.json).")
+ThreadsOpt = typer.Option(
+    1,
+    "--threads",
+    min=1,
+    help="Torch CPU threads while replaying; compress times are per learner on this many.",
+)
 SeedOpt = typer.Option(0, "--seed", help="Seed of random-k, DGC sampling, QSGD and TernGrad.")
 
 _TRAFFIC_COLUMNS = {
@@ -81,9 +90,26 @@ def _display(summary: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     )
     if "within_budget" in summary:
         summary["fits"] = summary["within_budget"].map({True: "yes", False: "no"})
+    summary["bytes_per_learner"] = summary["bytes_per_learner"].round().astype(int)
     shown = summary[list(columns)].rename(columns=columns)
     shown["ratio"] = [("-" if math.isnan(r) else f"{r:g}") for r in summary["ratio"]]
     return shown
+
+
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """Run with ``threads`` torch CPU threads, then restore the previous count.
+
+    Compression times are measured per learner, one learner after the other: one thread
+    by default keeps them reproducible and close to a learner's own cost, where several
+    threads on a busy machine mostly measure contention.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _link_text(link: Link) -> str:
@@ -108,6 +134,7 @@ def replay_command(
     steps: str | None = StepsOpt,
     learners: str | None = LearnersOpt,
     seed: int = SeedOpt,
+    threads: int = ThreadsOpt,
     as_json: bool = JsonOpt,
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
@@ -122,7 +149,7 @@ def replay_command(
         from gradstat.plots.style import check_plot_path
 
         check_plot_path(plot)
-    with open_capture(capture) as cap:
+    with open_capture(capture) as cap, _torch_threads(threads):
         run = Replay(
             cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
         )
@@ -207,6 +234,7 @@ def recommend_command(
     beta: float = BetaOpt,
     steps: str | None = StepsOpt,
     seed: int = SeedOpt,
+    threads: int = ThreadsOpt,
     out: Path | None = OutOpt,
     as_json: bool = JsonOpt,
     csv: Path | None = CsvOpt,
@@ -218,7 +246,7 @@ def recommend_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
-    with open_capture(capture) as cap:
+    with open_capture(capture) as cap, _torch_threads(threads):
         result = recommend(
             cap,
             error_budget=error_budget,
@@ -240,8 +268,8 @@ def recommend_command(
         f"{result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
     )
     text = "\n".join(result.explanation())
-    if result.winner is not None:
-        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items()) or "none"
+    if result.winner is not None and result.settings:
+        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
         text = f"[bold]{result.winner['compressor']}[/bold] settings: {settings}\n{text}"
     emit(
         result.ranking,
