@@ -65,7 +65,7 @@ def test_pairwise_metrics_match_numpy_sets(n, d, k):
     assert np.array_equal(holders.numpy(), counts[metrics.indices[:n].numpy()])
     mean = x.numpy().mean(axis=0)
     energy = [np.sum(mean[s] ** 2) / np.sum(mean**2) for s in sets]
-    np.testing.assert_allclose(metrics.energy.numpy(), energy, rtol=1e-10)
+    np.testing.assert_allclose(metrics.energy.numpy(), energy, rtol=1e-6)  # float32 norm
 
 
 def test_buildup_curve_is_the_mean_over_all_subsets_and_all_orders():
@@ -172,7 +172,7 @@ def test_paired_intersections_and_membership():
 
 
 @pytest.mark.parametrize(
-    ("d", "k"), [(1 << 16, 1), (1 << 16, 64), (200_003, 12_000), (300_000, 300)]
+    ("d", "k"), [(1 << 16, 1), (1 << 16, 64), (200_003, 12_000), (300_000, 300), (786_437, 2_000)]
 )
 def test_prefiltered_topk_is_exact_on_long_rows(d, k):
     x = _random_grads(3, d, seed=k).float()
