@@ -48,7 +48,7 @@ ESTIMATORS: tuple[str, ...] = (
 SIDCO_ESTIMATORS: tuple[str, ...] = ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd")
 #: SIDCo's first-stage density when more than one stage is used (METHODS.md 2).
 FIRST_STAGE_DENSITY = 0.25
-_CHUNK = 1 << 18  # 1 MiB of float32: abs + compare + compact stay in cache
+_CHUNK = 1 << 20  # 4 MiB of float32: few parallel regions, temporaries stay in L2/L3
 _TINY = torch.finfo(torch.float32).tiny
 
 
