@@ -200,6 +200,8 @@ def replay_command(
         save_figure(plot_replay(records), plot, dpi=dpi)
 
 
+#: Over-budget candidates the recommend table shows (closest first); --json has all.
+_OVER_BUDGET_SHOWN = 5
 _RANKING_COLUMNS = {
     "compressor": "compressor",
     "ratio": "ratio",
@@ -260,12 +262,16 @@ def recommend_command(
             progress=lambda items: progress(items, "recommend"),
         )
     document = result.to_dict()
-    ranking = _display(result.ranking, _RANKING_COLUMNS)
+    fits = int(result.ranking["within_budget"].sum())
+    shown = result.ranking.iloc[: fits + _OVER_BUDGET_SHOWN]
+    hidden = len(result.ranking) - len(shown)
+    ranking = _display(shown, _RANKING_COLUMNS)
     title = (
         f"candidates for {result.cost_learners} learners ({_link_text(link)}), budget "
         f"{error_budget:g}: within budget fastest first, then the rest by error; ms/step = "
         "predicted communication + compression; speed-up over the dense "
         f"{result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
+        + (f"; {hidden} more over budget in --json / --csv" if hidden else "")
     )
     text = "\n".join(result.explanation())
     if result.winner is not None and result.settings:
