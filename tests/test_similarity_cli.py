@@ -228,6 +228,28 @@ def test_ef_with_gaps_warns(tmp_path, capsys):
     assert "Warning:" in err and "gaps up to 5" in err
 
 
+def test_ef_with_several_ratios_replays_each_ratio_separately(synthetic_capture):
+    path, _ = synthetic_capture
+    with open_capture(path) as cap:
+        both = buildup(cap, [0.05, 0.2], on="ef")
+        for ratio in (0.05, 0.2):
+            alone = buildup(cap, [ratio], on="ef")
+            pd.testing.assert_frame_equal(
+                both[both["ratio"] == ratio].reset_index(drop=True), alone
+            )
+        raw = buildup(cap, [0.05])
+    assert not np.allclose(raw["union"], both[both["ratio"] == 0.05]["union"])
+
+
+def test_too_sparse_vectors_warn(tmp_path, capsys):
+    grads = np.zeros((2, 2, D))
+    grads[:, :, 204:209] = np.random.default_rng(4).normal(size=(2, 2, 5))  # 5 non-zeros
+    path = _capture(tmp_path, grads)
+    code, _, err = run(capsys, "similarity", path, "--scope", "b.weight", "--ratio", "0.1")
+    assert code == 0, err
+    assert "Warning:" in err and "fewer than k=30 non-zero" in err
+
+
 def test_analyses_import_no_cli_or_plotting():
     code = (
         "import sys, gradstat.analysis.similarity, gradstat.analysis.buildup, "

@@ -90,30 +90,35 @@ def scoped_vectors(
     scopes = usable_scopes(cap.scopes(scope), ratios)
     warned: set[tuple[str, float]] = set()
 
-    def checked(step: int, sc: Scope, ratio: float, x: torch.Tensor):
-        k = k_for(ratio, sc.numel)
-        if (sc.name, ratio) not in warned and int((x != 0).sum(dim=1).min()) < k:
-            warned.add((sc.name, ratio))
-            warnings.warn(
-                f"step {step}, scope {sc.name!r}: fewer than k={k} non-zero entries; "
-                "the top-k sets then include arbitrary zeros and overlap is not meaningful",
-                GradstatWarning,
-                stacklevel=3,
-            )
-        return step, sc, ratio, k, x
+    def checked(step: int, sc: Scope, x: torch.Tensor, for_ratios: Sequence[float]):
+        """Yield ``(step, scope, ratio, k, x)`` per ratio; warn once if x is too sparse."""
+        fewest_nonzeros = None
+        for ratio in for_ratios:
+            k = k_for(ratio, sc.numel)
+            if (sc.name, ratio) not in warned:
+                if fewest_nonzeros is None:
+                    fewest_nonzeros = int((x != 0).sum(dim=1).min())
+                if fewest_nonzeros < k:
+                    warned.add((sc.name, ratio))
+                    warnings.warn(
+                        f"step {step}, scope {sc.name!r}: fewer than k={k} non-zero entries; "
+                        "the top-k sets then include arbitrary zeros and overlap is not "
+                        "meaningful",
+                        GradstatWarning,
+                        stacklevel=3,
+                    )
+            yield step, sc, ratio, k, x
 
     if on == "ef":
         for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios, progress):
             for sc in scopes:
                 for ratio in ratios:
-                    yield checked(step, sc, ratio, vectors[sc.name, ratio])
+                    yield from checked(step, sc, vectors[sc.name, ratio], [ratio])
         return
     for step in progress(steps):
         grads = cap.read_step(step, learners)
         for sc in scopes:
-            x = sc.take(grads)
-            for ratio in ratios:
-                yield checked(step, sc, ratio, x)
+            yield from checked(step, sc, sc.take(grads), ratios)
 
 
 @dataclass(frozen=True)
