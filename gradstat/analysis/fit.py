@@ -240,6 +240,8 @@ class Fit:
                 for scope in self.scopes:
                     rows.extend(self._one(step, learner, scope, scope.take(grads[i])))
         records = pd.DataFrame(rows, columns=list(COLUMNS))
+        counts = ("n_fit", "stages", "k", "selected")
+        records = records.astype(dict.fromkeys(counts, "Int64"))
         if records["error"].notna().all():
             raise DataError(f"nothing could be computed: {records['error'].iloc[0]}")
         return records
