@@ -240,6 +240,7 @@ def test_recommend_keeps_dense_when_the_network_is_fast(capsys, sparse_capture):
     assert result.code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["pays_off"] is False and doc["baseline"] == "fp16"
+    assert doc["steps"] == [0, 1, 2, 3, 4]
     assert any("does not beat" in line for line in doc["explanation"])
 
 

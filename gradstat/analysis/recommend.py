@@ -42,6 +42,7 @@ class Recommendation:
     error_budget: float
     baseline: str
     baseline_seconds: float
+    steps: list[int]
     learners: int
     cost_learners: int
     link: Link
@@ -117,6 +118,7 @@ class Recommendation:
             "error_budget": self.error_budget,
             "baseline": self.baseline,
             "baseline_seconds": self.baseline_seconds,
+            "steps": self.steps,
             "learners": self.learners,
             "cost_learners": self.cost_learners,
             "bandwidth_bytes_per_second": self.link.bandwidth,
@@ -188,6 +190,7 @@ def recommend(
         compressors,
         ratios,
         link=link,
+        steps=steps,
         cost_learners=cost_learners,
         seed=seed,
         skip_unfit=True,
@@ -223,6 +226,7 @@ def recommend(
         error_budget=error_budget,
         baseline=baseline,
         baseline_seconds=base,
+        steps=run.steps,
         learners=len(run.learners),
         cost_learners=n,
         link=link,
