@@ -68,6 +68,20 @@ def test_pairwise_metrics_match_numpy_sets(n, d, k):
     np.testing.assert_allclose(metrics.energy.numpy(), energy, rtol=1e-6)  # float32 norm
 
 
+@pytest.mark.parametrize("s", [15, 16, 31, 40, 63, 70])  # int16 / int32 / int64 / two words
+def test_set_overlaps_for_many_sets_match_numpy(s):
+    d, k, n = 300, 25, s - 1
+    rng = np.random.default_rng(s)
+    sets = [rng.choice(d, size=k, replace=False) for _ in range(s)]
+    inter, holders = set_overlaps(torch.from_numpy(np.stack(sets)), d, n)
+    want = [[np.intersect1d(a, b).size for b in sets] for a in sets]
+    assert np.array_equal(inter.numpy(), want)
+    counts = np.zeros(d, dtype=np.int64)
+    for held in sets[:n]:
+        counts[held] += 1
+    assert np.array_equal(holders.numpy(), counts[np.stack(sets[:n])])
+
+
 def test_buildup_curve_is_the_mean_over_all_subsets_and_all_orders():
     n, d, k = 5, 400, 30
     x = _random_grads(n, d, seed=3, shared=0.7)

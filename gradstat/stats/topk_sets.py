@@ -1,7 +1,7 @@
 """Top-k index sets of learners' gradients and the cross-learner metrics of METHODS.md 3.
 
 Everything here is O(n d) tensor math per step on index tensors (``torch.topk``, one
-boolean membership mask looked up at the sets' indices, ``torch.bincount`` of the
+bit-packed membership mask looked up at the sets' indices, ``torch.bincount`` of the
 per-index holder counts); no Python sets. Notation: ``n`` learners,
 ``d`` elements in the scope, ``k`` elements kept, ``I_i`` = top-k(|g_i|), ``I*`` =
 top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
@@ -37,6 +37,9 @@ PREFILTER_SAMPLE = 1 << 14
 #: 32768 = torch's parallel grain size: each chunk's ops run inline on one thread, with no
 #: thread hand-off per chunk (which costs far more than it gains on a busy machine).
 PREFILTER_CHUNK = 1 << 15
+#: Sets per word of the bit-packed membership mask of ``set_overlaps`` (int64, sign bit
+#: unused).
+OWNER_BITS = 63
 
 
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -87,19 +90,30 @@ def set_overlaps(indices: torch.Tensor, d: int, n: int) -> tuple[torch.Tensor, t
 
     Returns ``(inter, holders)``: ``inter[a, b] = |I_a n I_b|`` (int64 ``[s, s]``) and
     ``holders[i, j]`` = how many of the first ``n`` sets hold ``indices[i, j]`` (int64
-    ``[n, k]``), i.e. the multiplicity c of each of their indices. One membership mask
-    (O(s d)) in which every set's indices are looked up (O(s^2 k)); no Python sets.
+    ``[n, k]``), i.e. the multiplicity c of each of their indices.
+
+    A bit-packed membership mask: ``owners[j]`` has bit ``a`` set when set ``a`` holds
+    ``j`` (int16 / int32 / int64 words for up to 15 / 31 / 63 sets, one word array per 63
+    sets), so the mask costs 2-8 bytes per element whatever s; every set's indices are
+    then looked up in it once (O(s^2 k)); no Python sets.
     """
     s, k = indices.shape
-    mask = membership(indices, d)
     flat = indices.reshape(-1)
     inter = torch.empty(s, s, dtype=torch.int64, device=indices.device)
     holders = torch.zeros(n * k, dtype=torch.int64, device=indices.device)
-    for a in range(s):
-        hits = mask[a, flat]  # which of every set's indices set a holds
-        inter[a] = hits.reshape(s, k).sum(dim=1)
-        if a < n:
-            holders += hits[: n * k]
+    for first in range(0, s, OWNER_BITS):
+        group = range(first, min(s, first + OWNER_BITS))
+        width = len(group)
+        dtype = torch.int16 if width <= 15 else torch.int32 if width <= 31 else torch.int64
+        owners = torch.zeros(d, dtype=dtype, device=indices.device)
+        for a in group:
+            owners[indices[a]] |= 1 << (a - first)
+        looked_up = owners[flat].long()  # the owner bits of every set's every index
+        for a in group:
+            hits = (looked_up >> (a - first)) & 1  # which of every set's indices a holds
+            inter[a] = hits.reshape(s, k).sum(dim=1)
+            if a < n:
+                holders += hits[: n * k]
     return inter, holders.reshape(n, k)
 
 
