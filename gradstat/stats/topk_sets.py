@@ -160,16 +160,11 @@ def buildup_curve(hist: torch.Tensor, n: int) -> torch.Tensor:
     is the union.
     """
     hist = hist.double()
-    rest = n - torch.arange(1, n + 1, dtype=torch.float64, device=hist.device)  # n - c
-    m = torch.arange(1, n + 1, dtype=torch.float64, device=hist.device)[:, None]
-    # C(n - c, m) / C(n, m) = (n - c)! (n - m)! / ((n - c - m)! n!), zero when n - c < m
-    log_miss = (
-        torch.lgamma(rest + 1)
-        + torch.lgamma(n - m + 1)
-        - torch.lgamma((rest - m).clamp(min=0) + 1)
-        - torch.lgamma(torch.tensor(n + 1.0, dtype=torch.float64))
-    )
-    miss = torch.where(rest >= m, torch.exp(log_miss), 0.0)
+    c = torch.arange(1, n + 1, dtype=torch.float64, device=hist.device)[None, :]
+    i = torch.arange(n, dtype=torch.float64, device=hist.device)[:, None]
+    # C(n - c, m) / C(n, m) = prod_{i < m} (n - c - i) / (n - i): a running product over m,
+    # zero once fewer than m learners lack the index
+    miss = ((n - c - i) / (n - i)).clamp(min=0.0).cumprod(dim=0)
     return ((1.0 - miss) * hist).sum(dim=1)
 
 
