@@ -145,8 +145,7 @@ def _row(base: dict, **values) -> dict:
 class _Scorer:
     """Fits and scores distributions on one (step, learner, scope) vector."""
 
-    def __init__(self, values: torch.Tensor, split: SplitValues, sample: int | None, seed: int):
-        self.values = values
+    def __init__(self, split: SplitValues, sample: int | None, seed: int):
         self.split = split
         self.sample = sample
         self.seed = seed
@@ -277,7 +276,7 @@ class Fit:
         self, base: dict, values: torch.Tensor, split: SplitValues, empirical: dict
     ) -> list[dict]:
         rows = []
-        scorer = _Scorer(values, split, self.sample, self.seed)
+        scorer = _Scorer(split, self.sample, self.seed)
         for name in self.dists:
             fit_base = {**base, "kind": "fit", "dist": name, "method": self.method, "stages": 1}
             try:

@@ -284,10 +284,16 @@ def _redsync(values: torch.Tensor, k: int, max_iterations: int = 40) -> Threshol
     """RedSync: binary search of t in [0, 1] for eta = mean + t (max - mean) of |x| until
     k < count < 2k. Counts run on a shrinking pool of candidates above the lower bound."""
     flat = values.reshape(-1)
-    stats = _stats(flat, exclude_zeros=False)
     _check_k(k, _nonzeros(flat))
-    top = float(flat.abs().amax())
-    mean = stats.mean
+    sums, maxima = [], []
+    for chunk in _chunks(flat):
+        a = chunk.abs()
+        sums.append(a.sum())
+        maxima.append(a.amax())
+    mean = float(torch.stack(sums).double().sum()) / flat.numel()
+    top = float(torch.stack(maxima).amax())
+    if not math.isfinite(mean):
+        raise DataError("the values contain NaN or Inf; drop them before estimating")
     low, high = 0.0, 1.0
     pool = flat
     threshold, selected = mean, _count(flat, mean)
