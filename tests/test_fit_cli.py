@@ -136,6 +136,17 @@ def test_layers_scope_and_mle(synthetic_capture):
     assert ours >= stats.genpareto.logpdf(fc, c, loc, scale).sum() - 1e-6
 
 
+def test_hard_threshold(synthetic_capture, capsys):
+    path, grads = synthetic_capture
+    records = _records(
+        capsys, path, "--estimators", "hard", "--hard", "2.5", "--steps", "2", "--ratios", "0.1"
+    )
+    hard = records[records["estimator"] == "hard"]
+    assert len(hard) == 3
+    for row in hard.itertuples(index=False):
+        assert row.selected == (np.abs(grads[row.learner, 2]) >= 2.5).sum()
+
+
 def test_adaptive_stages(synthetic_capture, capsys):
     path, _ = synthetic_capture
     records = _records(

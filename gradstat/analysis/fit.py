@@ -223,10 +223,10 @@ class Fit:
         self.ratios = parse_ratios(ratios)
         self.stages = parse_stages(stages)
         self.estimators = parse_estimators(estimators)
-        if hard_threshold is not None:
-            self.estimators.append("hard")
-        elif "hard" in self.estimators:
+        if "hard" in self.estimators and hard_threshold is None:
             raise UsageError("the hard estimator needs a threshold (--hard LAMBDA)")
+        if hard_threshold is not None and "hard" not in self.estimators:
+            self.estimators.append("hard")
         self.hard_threshold = hard_threshold
         self.sample = sample
         self.seed = seed
