@@ -29,7 +29,7 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import df_table, emit, err_console, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
-from gradstat.compressors.registry import parse_compressors
+from gradstat.compressors.registry import REGISTRY, parse_compressors
 from gradstat.errors import DataError, UsageError
 from gradstat.store import open_capture
 
@@ -121,7 +121,7 @@ def replay_command(
     compressors: str = typer.Option(
         "topk,dgc,sidco-gpd,clt-k,powersgd",
         "--compressors",
-        help="Comma-separated NAME[:PARAM=VALUE]; see docs/replay.md for the list.",
+        help=f"Comma-separated NAME[:PARAM=VALUE] of {', '.join(REGISTRY)} (docs/replay.md).",
     ),
     ratios: str = typer.Option(
         "0.01,0.001", "--ratios", help="Densities k/d of the sparsifiers (others run once)."
