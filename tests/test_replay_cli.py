@@ -277,3 +277,15 @@ def test_recommend_bad_input(capsys, synthetic_capture, args, message):
     result = run_cli(capsys, "recommend", path, "--compressors", "topk", *args)
     assert_clean_error(result, 2)
     assert message in result.stderr
+
+
+def test_replay_selected_learners_set_the_cost_model(capsys, synthetic_capture):
+    path, grads = synthetic_capture
+    d = grads.shape[2]
+    doc = replay_json(capsys, path, "--compressors", "fp16", "--learners", "0,2", "--steps", "3")
+    (record,) = doc["records"]
+    assert doc["learners"] == 2 and record["step"] == 3
+    assert record["comm_seconds"] == pytest.approx(allreduce_seconds(2 * d, 2, LINK))
+    mean = grads[[0, 2], 3].astype(np.float64).mean(0)
+    half = grads[[0, 2], 3].astype(np.float16).astype(np.float64).mean(0)
+    assert record["rel_error"] == pytest.approx(np.sum((half - mean) ** 2) / np.sum(mean**2))
