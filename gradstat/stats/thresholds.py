@@ -97,27 +97,22 @@ def _chunks(values: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return values.reshape(-1).split(_CHUNK)
 
 
-def _stats(
-    values: torch.Tensor, *, shift: float = 0.0, exclude_zeros: bool = True, log: bool = False
-) -> _Stats:
-    """Statistics of ``|values| - shift``, exact zeros of ``|values|`` excluded if asked.
+def _stats(values: torch.Tensor, *, log: bool = False) -> _Stats:
+    """Statistics of the non-zero ``|values|`` (exact zeros excluded and counted).
 
     One chunked pass; per-chunk float32 sums, float64 across chunks. The log sum skips
     zeros by clamping them to the smallest normal float and removing their contribution.
     """
-    sums, squares, logs, zeros = [], [], [], []
+    sums, squares, logs, nonzeros = [], [], [], []
     for chunk in _chunks(values):
         a = chunk.abs()
-        if shift:
-            a = a - shift
         sums.append(a.sum())
         squares.append(a.square().sum())
         if log:
             logs.append(a.clamp_min(_TINY).log().sum())
-        if exclude_zeros:
-            zeros.append(a.numel() - torch.count_nonzero(a))
+        nonzeros.append(torch.count_nonzero(a))
     total = values.numel()
-    n = total - int(torch.stack(zeros).sum()) if exclude_zeros else total
+    n = int(torch.stack(nonzeros).sum())
     if n == 0:
         raise DataError("all values are exactly zero: nothing to fit")
     s1 = float(torch.stack(sums).double().sum())
@@ -131,6 +126,16 @@ def _stats(
     if not (math.isfinite(mean) and math.isfinite(var)):
         raise DataError("the values contain NaN or Inf; drop them before estimating")
     return _Stats(n, mean, var, mean_log)
+
+
+def _excess_stats(exceed: torch.Tensor, minimum: float) -> _Stats:
+    """Mean and variance of the excesses ``exceed - minimum`` (a later SIDCo stage), from
+    float32 sums of the exceedances themselves: no shifted copy. The spread of a tail is
+    comparable to its level, so E[y^2] - E[y]^2 keeps ~6 digits."""
+    n = exceed.numel()
+    mean = float(exceed.sum()) / n
+    var = max(float(exceed.square().sum()) / n - mean * mean, 0.0)
+    return _Stats(n, mean - minimum, var, math.nan)
 
 
 def _exceed(values: torch.Tensor, threshold: float, inclusive: bool = False) -> torch.Tensor:
@@ -204,20 +209,20 @@ def _sidco(values: torch.Tensor, k: int, estimator: str, stages: int) -> Thresho
     densities = stage_densities(k / stats.n, stages)
     eta = _QUANTILES[first](stats, densities[0])
     thresholds = [eta]
-    current = values
+    current = values  # the full signed vector, then each stage's exceedances (magnitudes)
     for density in densities[1:]:
-        exceed = _exceed(current, eta)
+        exceed = _exceed(values, eta) if current is values else current[current > eta]
         if exceed.numel() < 2:
             break  # nothing left to fit: keep the previous stage's threshold
         minimum = float(exceed.amin())
-        tail = _stats(exceed, shift=minimum, exclude_zeros=False)
-        eta = minimum + _QUANTILES[later](tail, density)
+        eta = minimum + _QUANTILES[later](_excess_stats(exceed, minimum), density)
         thresholds.append(eta)
         current = exceed
     used = len(thresholds)
+    selected = _count(values, eta) if current is values else int(torch.count_nonzero(current > eta))
     return ThresholdResult(
         threshold=eta,
-        selected=_count(current, eta),
+        selected=selected,
         k=k,
         stages=used,
         estimator=estimator,
