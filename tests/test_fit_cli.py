@@ -147,6 +147,22 @@ def test_hard_threshold(synthetic_capture, capsys):
         assert row.selected == (np.abs(grads[row.learner, 2]) >= 2.5).sum()
 
 
+def test_mle_is_at_least_as_likely_as_moments(synthetic_capture):
+    path, _ = synthetic_capture
+    options = {"dists": "all", "steps": "4", "ratios": (0.01,), "estimators": (), "sample": None}
+    with open_capture(path) as cap:
+        moments = fit(cap, method="moments", **options)
+        mle = fit(cap, method="mle", **options)
+    assert moments["error"].isna().all() and mle["error"].isna().all()
+    keys = ["learner", "dist", "loglik"]
+    both = moments[keys].merge(mle[keys], on=["learner", "dist"], suffixes=("", "_mle"))
+    # magnitude models are fitted and scored on |g|: the MLE cannot be less likely
+    magnitude = both[both["dist"].isin(["exp", "gamma", "gpd", "lognormal", "weibull"])]
+    assert len(magnitude) == 15
+    assert (magnitude["loglik_mle"] >= magnitude["loglik"] - 1e-6).all()
+    assert (magnitude["loglik_mle"] > magnitude["loglik"] + 1.0).any()
+
+
 def test_adaptive_stages(synthetic_capture, capsys):
     path, _ = synthetic_capture
     records = _records(
@@ -183,6 +199,9 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
     assert zero["error"].notna().all() and zero["threshold"].isna().all()
     sparse = records[(records["scope"] == "sparse") & (records["kind"] == "estimator")]
     assert sparse["error"].str.contains("larger than the 5 non-zero").all()
+    # the sparse layer's fits use its 5 non-zeros only (95 exact zeros excluded, counted)
+    sparse_fit = records[(records["scope"] == "sparse") & (records["kind"] == "fit")]
+    assert (sparse_fit["zeros"] == 95).all() and (sparse_fit["nonzero"] == 5).all()
     dense = records[records["scope"] == "dense"]
     assert dense["error"].isna().all()
     nan_rows = dense[(dense["learner"] == 1) & (dense["step"] == 0)]
