@@ -127,6 +127,7 @@ def parse_stages(spec: str | Sequence[int]) -> list[int] | None:
 
 
 def parse_estimators(spec: str | Sequence[str]) -> list[str]:
+    """A comma-separated list of threshold estimators (empty: none)."""
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [name.strip() for name in names if name.strip()]
     for name in names:
