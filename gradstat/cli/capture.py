@@ -16,7 +16,8 @@ def capture_command(
         "charlm",
         "--workload",
         "-w",
-        help="Built-in workload: charlm (byte-level transformer on the Python stdlib's sources, or --data FILE) or digits (CNN on scikit-learn's handwritten digits).",
+        help="Built-in workload: charlm (byte-level transformer on the Python stdlib's "
+        "sources, or --data FILE) or digits (CNN on scikit-learn's handwritten digits).",
     ),
     steps: int = typer.Option(100, "--steps", help="Training steps to run."),
     every: int = typer.Option(1, "--every", help="Record every N-th step."),
@@ -100,7 +101,8 @@ def capture_command(
             )
 
         run_capture(options, on_progress=on_progress, on_warning=warn)
+    learners = nproc_per_node * nnodes
     console.print(
-        f"captured {options.recorded_steps} steps x {nproc_per_node * nnodes} learners to [bold]{run_dir}[/bold]"
+        f"captured {options.recorded_steps} steps x {learners} learners to [bold]{run_dir}[/bold]"
     )
     console.print(f"next: gradstat info {run_dir}")

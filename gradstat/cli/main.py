@@ -18,6 +18,7 @@ from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
 from gradstat.cli.replay import recommend_command, replay_command
+from gradstat.cli.report import report_command
 from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
 
@@ -43,6 +44,7 @@ app.command("recommend")(recommend_command)
 app.command("similarity")(similarity_command)
 app.command("buildup")(buildup_command)
 app.command("overlap")(overlap_command)
+app.command("report")(report_command)
 
 
 def _version(value: bool) -> None:

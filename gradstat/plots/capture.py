@@ -1,0 +1,31 @@
+"""Figures of a capture itself: the learners' loss curves."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from gradstat.plots.style import new_figure
+
+
+def plot_loss(steps: np.ndarray, losses: np.ndarray, title: str = "training loss") -> Figure:
+    """Each learner's loss (thin) and their mean (bold) over the recorded steps.
+
+    ``losses`` is ``(learners, steps)`` as in ``Capture.losses``.
+    """
+    fig, axes = new_figure(1, 1, width=6.0, height=3.6)
+    ax = axes[0, 0]
+    for learner, row in enumerate(losses):
+        ax.plot(
+            steps,
+            row,
+            linewidth=0.8,
+            alpha=0.5,
+            label=f"learner {learner}" if len(losses) <= 8 else None,
+        )
+    ax.plot(steps, np.nanmean(losses, axis=0), color="black", linewidth=2, label="mean")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss (each learner's own batch)")
+    ax.set_title(title)
+    ax.legend(fontsize="small", ncols=2)
+    return fig
