@@ -14,3 +14,26 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "capture: 4 gloo learners train the charlm transformer for 100 steps"
 "$GRADSTAT" capture --workload charlm --nproc-per-node 4 --steps 100 --out "$RUN"
 "$GRADSTAT" info "$RUN"
+
+step "fit: which distribution do |g| follow, and how close do threshold estimators get to k?"
+"$GRADSTAT" fit "$RUN" --dist all --ratios 0.01,0.001 --stages 1,2,3 --steps ::10 --plot "$FIG/fit.png"
+
+step "similarity: do learners pick the same top-k indices?"
+"$GRADSTAT" similarity "$RUN" --ratio 0.001 --plot "$FIG/similarity.png"
+
+step "buildup: how large is the union of the learners' top-k sets?"
+"$GRADSTAT" buildup "$RUN" --ratios 0.01,0.001 --plot "$FIG/buildup.png"
+
+step "overlap: are top-k sets stable from one step to the next?"
+"$GRADSTAT" overlap "$RUN" --ratio 0.001 --lag 1 --plot "$FIG/overlap.png"
+
+step "replay: compressors with error feedback over the recorded steps"
+"$GRADSTAT" replay "$RUN" --compressors topk,dgc,sidco-gpd,clt-k,powersgd --ratios 0.01,0.001 \
+  --bandwidth 10Gbit/s --latency 5us --plot "$FIG/replay.png"
+
+step "recommend: the fastest compressor within an error budget, extrapolated to 64 learners"
+"$GRADSTAT" recommend "$RUN" --error-budget 0.5 --bandwidth 10Gbit/s --learners 64 --out "$OUT/recommendation.json"
+
+step "report"
+"$GRADSTAT" report "$RUN" -o "$OUT/report.html"
+printf '\nfigures in %s, the report is %s\n' "$FIG" "$OUT/report.html"

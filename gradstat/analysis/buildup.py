@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from gradstat.analysis.ef_vectors import Progress, no_progress
+from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.similarity import check_learners, scoped_vectors
 from gradstat.stats.topk_sets import (
     buildup_curve,

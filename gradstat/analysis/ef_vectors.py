@@ -14,23 +14,17 @@ element-wise, so each row evolves exactly as a separate per-learner memory would
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
+from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for
 from gradstat.compressors.memory import ResidualMemory
 from gradstat.errors import GradstatWarning
 from gradstat.stats.topk_sets import topk_indices
 from gradstat.store import Capture, Scope
-
-Progress = Callable[[Iterable], Iterable]
-
-
-def no_progress(items: Iterable) -> Iterable:
-    """The default ``progress``: iterate without showing anything."""
-    return items
 
 
 def topk_sparsify(p: torch.Tensor, k: int) -> torch.Tensor:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
 from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
 from gradstat.stats.distributions import (
@@ -49,8 +50,6 @@ from gradstat.stats.thresholds import (
     estimate_threshold,
 )
 from gradstat.store import Capture, Scope
-
-Progress = Callable[[Iterable], Iterable]
 
 #: Estimators run by default (``hard`` needs a threshold, so only when one is given).
 DEFAULT_ESTIMATORS: tuple[str, ...] = tuple(e for e in ESTIMATORS if e != "hard")
@@ -91,10 +90,6 @@ COLUMNS = (
     "quantile_error",
     "error",
 )
-
-
-def no_progress(items: Iterable) -> Iterable:
-    return items
 
 
 def parse_dists(spec: str | Sequence[str]) -> list[str]:

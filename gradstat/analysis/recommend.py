@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gradstat.analysis.replay import Progress, Replay, dense_seconds, no_progress, summarize_replay
+from gradstat.analysis.progress import Progress, no_progress
+from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.errors import UsageError
@@ -162,6 +163,16 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def check_options(error_budget: float, baseline: str, cost_learners: int | None) -> None:
+    """Refuse a bad budget, baseline or cluster size before any replay starts."""
+    if not (error_budget > 0 and math.isfinite(error_budget)):
+        raise UsageError(f"--error-budget must be a positive number, got {error_budget}")
+    if baseline not in BASELINE_BYTES:
+        raise UsageError(f"--baseline {baseline!r}: choose fp32 or fp16")
+    if cost_learners is not None and cost_learners < 2:
+        raise UsageError(f"--learners {cost_learners}: a cluster needs at least 2 learners")
+
+
 def recommend(
     capture: Capture,
     *,
@@ -179,12 +190,7 @@ def recommend(
 
     Ratios a sparsifier cannot honour on this capture are skipped with a warning.
     """
-    if not (error_budget > 0 and math.isfinite(error_budget)):
-        raise UsageError(f"--error-budget must be a positive number, got {error_budget}")
-    if baseline not in BASELINE_BYTES:
-        raise UsageError(f"--baseline {baseline!r}: choose fp32 or fp16")
-    if cost_learners is not None and cost_learners < 2:
-        raise UsageError(f"--learners {cost_learners}: a cluster needs at least 2 learners")
+    check_options(error_budget, baseline, cost_learners)
     run = Replay(
         capture,
         compressors,
@@ -195,8 +201,16 @@ def recommend(
         seed=seed,
         skip_unfit=True,
     )
-    records = run.run(progress)
-    n = run.cost_learners
+    return choose(run, run.run(progress), error_budget=error_budget, baseline=baseline)
+
+
+def choose(
+    run: Replay, records: pd.DataFrame, *, error_budget: float, baseline: str = "fp32"
+) -> Recommendation:
+    """Rank the candidates of a finished replay (``run`` produced ``records``) and pick
+    the fastest whose mean relative error is within ``error_budget``."""
+    check_options(error_budget, baseline, None)
+    link, n = run.link, run.cost_learners
     ranking = summarize_replay(records, link, n)
     ranking["within_budget"] = ranking["rel_error"] <= error_budget
     ranking = pd.concat(
@@ -206,7 +220,7 @@ def recommend(
         ],
         ignore_index=True,
     )
-    base = dense_seconds(capture.numel, n, link, BASELINE_BYTES[baseline])
+    base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
     ranking["speedup"] = base / ranking["seconds"]
     winner = ranking.iloc[0].to_dict() if bool(ranking["within_budget"].iloc[0]) else None
     settings: dict[str, float] = {}

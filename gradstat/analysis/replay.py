@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
@@ -36,8 +37,6 @@ from gradstat.compressors.registry import (
 )
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store import Capture, Layer, Scope
-
-Progress = Callable[[Iterable], Iterable]
 
 #: Columns of the per-step records, in order.
 COLUMNS = (
@@ -63,10 +62,6 @@ COLUMNS = (
     "threshold",
     "stages",
 )
-
-
-def no_progress(items: Iterable) -> Iterable:
-    return items
 
 
 def scope_shapes(layers: Sequence[Layer], scope: Scope) -> list[tuple[int, ...]]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from gradstat.analysis.ef_vectors import Progress, ef_vectors, no_progress
+from gradstat.analysis.ef_vectors import ef_vectors
+from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.stats.topk_sets import random_overlap, random_union, topk_set_metrics

@@ -24,7 +24,7 @@ def report_command(
         "0.01,0.001", "--ratios", help="Densities k/d for fits, build-up and replay."
     ),
     compressors: str = typer.Option(
-        "topk,dgc,sidco-gpd,clt-k,powersgd",
+        ReportSettings.compressors,
         "--compressors",
         help="Compressors of the replay section.",
     ),

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 
 from gradstat.analysis.buildup import buildup, buildup_summary
-from gradstat.analysis.ef_vectors import Progress
 from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
 from gradstat.analysis.overlap import overlap_summary, temporal_overlap
-from gradstat.analysis.recommend import recommend
-from gradstat.analysis.replay import replay, summarize_replay
+from gradstat.analysis.progress import Progress, no_progress
+from gradstat.analysis.recommend import choose
+from gradstat.analysis.replay import Replay, summarize_replay
 from gradstat.analysis.similarity import similarity, similarity_summary
 from gradstat.compressors.cost import Link
 from gradstat.errors import GradstatError
@@ -39,7 +39,7 @@ class ReportSettings:
     """What the report computes; the defaults are the demo's."""
 
     ratios: Sequence[float] = (0.01, 0.001)
-    compressors: str = "topk,dgc,sidco-gpd,clt-k,powersgd"
+    compressors: str = "fp16,topk,dgc,sidco-gpd,clt-k,powersgd"
     error_budget: float = 0.5
     link: Link = field(default_factory=lambda: Link(10e9 / 8, 5e-6))
     cost_learners: int | None = None
@@ -72,7 +72,7 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
         state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
     reading = (
         f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
-        f"training; {state}"
+        f"training. {state}"
     )
     figures = []
     if len(steps):
@@ -186,9 +186,8 @@ def _overlap(cap: Capture, settings: ReportSettings, progress: Progress) -> Sect
     mean_row = summary[summary["learner"].astype(str) == "mean"].iloc[0]
     learners = summary[summary["learner"].astype(str) != "mean"]
     reading = (
-        f"Between consecutive recorded steps (gap {int(mean_row['gap_min'])}"
-        + (f"..{int(mean_row['gap_max'])}" if mean_row["gap_max"] != mean_row["gap_min"] else "")
-        + f" training steps) a learner keeps {learners['mean_overlap'].mean():.1%} of its "
+        f"Between consecutive recorded steps ({_gap(mean_row)} apart) a learner keeps "
+        f"{learners['mean_overlap'].mean():.1%} of its "
         f"top-k indices at density {ratio:g}, and the mean gradient keeps "
         f"{mean_row['mean_overlap']:.1%} (random sets: {mean_row['random_overlap']:.2%}). "
         "High temporal overlap means indices chosen at one step stay good for the next, "
@@ -199,28 +198,40 @@ def _overlap(cap: Capture, settings: ReportSettings, progress: Progress) -> Sect
     )
 
 
-def _replay(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    n = settings.cost_learners or cap.world_size
-    records = replay(
+@dataclass
+class _ReplayRun:
+    """One replay shared by the replay and recommendation sections."""
+
+    run: Replay
+    records: pd.DataFrame
+
+
+def _replay_run(cap: Capture, settings: ReportSettings, progress: Progress) -> _ReplayRun:
+    run = Replay(
         cap,
         settings.compressors,
         settings.ratios,
         link=settings.link,
         cost_learners=settings.cost_learners,
-        progress=progress,
+        skip_unfit=True,
     )
+    return _ReplayRun(run, run.run(progress))
+
+
+def _replay(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Section:
+    records, n = shared.records, shared.run.cost_learners
     summary = summarize_replay(records, settings.link, n)
     best = summary.sort_values("rel_error").iloc[0]
     fastest = summary.sort_values("seconds").iloc[0]
     reading = (
         f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps. The smallest mean relative error is {best['compressor']}"
-        + (f" at {best['ratio']:g}" if pd.notna(best["ratio"]) else "")
-        + f" ({best['rel_error']:.3g}); the fastest predicted step is {fastest['compressor']}"
-        + (f" at {fastest['ratio']:g}" if pd.notna(fastest["ratio"]) else "")
-        + f" ({fastest['seconds'] * 1e3:.3g} ms for {n} learners on the modelled link). "
-        "Replay is open-loop: it follows the recorded (uncompressed) trajectory, so it "
-        "measures error and traffic, not final accuracy."
+        f"recorded steps. The smallest mean relative error is {_label(best)} "
+        f"({best['rel_error']:.3g}); the fastest predicted step is {_label(fastest)} "
+        f"({fastest['seconds'] * 1e3:.3g} ms for {n} learners on the modelled link). "
+        "Relative errors above 1 are normal with error feedback: what is sent at a step "
+        "includes residuals of earlier steps. Replay is open-loop: it follows the "
+        "recorded (uncompressed) trajectory, so it measures error and traffic, not final "
+        "accuracy."
     )
     columns = [
         "compressor",
@@ -236,23 +247,15 @@ def _replay(cap: Capture, settings: ReportSettings, progress: Progress) -> Secti
     ]
     return Section(
         "replay",
-        "Compressor replay",
+        TITLES["replay"],
         reading,
         [plot_replay(records)],
         [("mean over steps", summary[columns])],
     )
 
 
-def _recommend(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    result = recommend(
-        cap,
-        error_budget=settings.error_budget,
-        link=settings.link,
-        cost_learners=settings.cost_learners,
-        compressors=settings.compressors,
-        ratios=settings.ratios,
-        progress=progress,
-    )
+def _recommend(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Section:
+    result = choose(shared.run, shared.records, error_budget=settings.error_budget)
     reading = " ".join(result.explanation())
     if result.winner is not None and result.settings:
         reading += (
@@ -260,8 +263,18 @@ def _recommend(cap: Capture, settings: ReportSettings, progress: Progress) -> Se
         )
     columns = ["compressor", "ratio", "rel_error", "seconds", "speedup", "within_budget"]
     return Section(
-        "recommend", "Recommendation", reading, [], [("candidates", result.ranking[columns])]
+        "recommend", TITLES["recommend"], reading, [], [("candidates", result.ranking[columns])]
     )
+
+
+def _gap(row: pd.Series) -> str:
+    low, high = int(row["gap_min"]), int(row["gap_max"])
+    steps = f"{low}" if low == high else f"{low} to {high}"
+    return f"{steps} training step" + ("" if high == 1 else "s")
+
+
+def _label(row: pd.Series) -> str:
+    return row["compressor"] + (f" at {row['ratio']:g}" if pd.notna(row["ratio"]) else "")
 
 
 BUILDERS = {
@@ -270,8 +283,6 @@ BUILDERS = {
     "similarity": _similarity,
     "buildup": _buildup,
     "overlap": _overlap,
-    "replay": _replay,
-    "recommend": _recommend,
 }
 TITLES = {
     "overview": "Capture",
@@ -284,6 +295,14 @@ TITLES = {
 }
 
 
+def _guarded(key: str, builder: Callable[..., Section], *args) -> Section:
+    """The section, or one that says why it could not be made."""
+    try:
+        return builder(*args)
+    except GradstatError as exc:
+        return Section(key, TITLES[key], error=str(exc))
+
+
 def build_report(
     cap: Capture,
     settings: ReportSettings | None = None,
@@ -294,13 +313,17 @@ def build_report(
     ``progress(section)`` returns the step-progress wrapper to use for that section.
     """
     settings = settings or ReportSettings()
-    sections = []
-    for key in SECTIONS:
-        wrap = progress(key) if progress is not None else (lambda items: items)
-        try:
-            sections.append(BUILDERS[key](cap, settings, wrap))
-        except GradstatError as exc:
-            sections.append(Section(key, TITLES[key], error=str(exc)))
+    wrap = progress or (lambda key: no_progress)
+    sections = [
+        _guarded(key, builder, cap, settings, wrap(key)) for key, builder in BUILDERS.items()
+    ]
+    try:
+        shared = _replay_run(cap, settings, wrap("replay"))
+    except GradstatError as exc:
+        sections += [Section(key, TITLES[key], error=str(exc)) for key in ("replay", "recommend")]
+    else:
+        sections.append(_guarded("replay", _replay, cap, settings, shared))
+        sections.append(_guarded("recommend", _recommend, cap, settings, shared))
     subtitle = (
         f"{cap.path} · {cap.world_size} learners · {len(cap.steps)} recorded steps · "
         f"status {cap.status} · made {time.strftime('%Y-%m-%d %H:%M')}"
