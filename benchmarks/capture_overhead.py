@@ -32,6 +32,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from gradstat import GradientCapture
+    from gradstat.capture.worker import exit_without_teardown
     from gradstat.capture.workloads import build_workload
 
     dist.init_process_group("gloo")
@@ -72,6 +73,7 @@ def worker(args: argparse.Namespace) -> None:
         medians = {name: statistics.median(v[3]) for name, v in variants.items()}
         print("RESULT " + json.dumps(medians), flush=True)
     dist.destroy_process_group()
+    exit_without_teardown()
 
 
 def training_overhead(args: argparse.Namespace) -> dict[str, float]:

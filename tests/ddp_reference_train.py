@@ -15,6 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from gradstat import GradientCapture
+from gradstat.capture.worker import exit_without_teardown
 from gradstat.capture.workloads import build_workload
 
 
@@ -76,6 +77,7 @@ def main() -> None:
     weights = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()]).numpy()
     np.save(args.out / f"weights-rank{rank}.npy", weights)
     dist.destroy_process_group()
+    exit_without_teardown()  # gloo may abort in static destructors at exit
 
 
 if __name__ == "__main__":

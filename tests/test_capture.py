@@ -162,9 +162,13 @@ def test_sigkill_leaves_a_readable_capture(tmp_path, capsys):
                     pass
         assert committed >= 3, "the capture did not start"
     finally:
-        os.killpg(process.pid, signal.SIGKILL)  # launcher, torchrun and every learner
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher and torchrun
         process.wait()
-    time.sleep(0.5)
+    deadline = time.time() + 30  # learners die with torchrun (parent-death signal)
+    while time.time() < deadline and run_cli(capsys, "info", out, "--json").stdout.count(
+        '"status": "running"'
+    ):
+        time.sleep(0.2)
     result = run_cli(capsys, "info", out, "--json")
     assert result.code == 0, result
     import json

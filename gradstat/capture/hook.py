@@ -234,7 +234,10 @@ class GradientCapture:
         self._iteration += 1
 
     def close(self) -> None:
-        """Flush the writer; rank 0 marks the capture complete once every rank is done."""
+        """Flush the writer; rank 0 marks the capture complete once every rank is done.
+
+        Collective: call it on every rank.
+        """
         if self._closed:
             return
         self._closed = True
@@ -253,6 +256,9 @@ class GradientCapture:
                     GradstatWarning,
                     stacklevel=2,
                 )
+        # every rank returns once the capture is final, and no rank tears down its
+        # process group while another still talks to it
+        dist.barrier(group=self.process_group)
 
     def __enter__(self) -> "GradientCapture":
         return self

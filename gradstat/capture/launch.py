@@ -7,10 +7,12 @@ worker per learner, follows rank 0's progress lines, keeps all other output in
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from gradstat.errors import DataError, UsageError
 from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
 
 LOG_FILE = "capture.log"
+PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
@@ -190,6 +193,14 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
     return env
 
 
+def _stop_with_parent() -> None:
+    """Have torchrun receive SIGTERM if the launcher dies, even by SIGKILL (Linux), so
+    that no learner keeps training unobserved; torchrun then stops its workers."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _failure_reason(lines: deque[str]) -> str:
     """The worker's own ``Error:`` line, else the last exception line a learner printed."""
     texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
@@ -228,7 +239,7 @@ def run_capture(
             stderr=subprocess.STDOUT,
             text=True,
             env=_worker_env(options),
-            start_new_session=True,
+            preexec_fn=_stop_with_parent,
         )
         try:
             assert process.stdout is not None
