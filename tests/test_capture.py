@@ -251,3 +251,15 @@ def test_capture_refuses_to_overwrite(tmp_path, capsys, synthetic_capture):
     assert "already exists" in result.stderr
     with open_capture(path) as cap:
         assert len(cap.steps) == 6
+
+
+def test_progress_lines_that_interleaved_are_logged_not_fatal():
+    """Regression: two learners' output once merged into one progress line."""
+    from gradstat.capture.launch import _progress_report
+    from gradstat.capture.worker import PROGRESS_PREFIX
+
+    good = PROGRESS_PREFIX + '{"step": 3, "loss": 1.5, "bytes": 10, "rows": 3, "elapsed": 1.0}\n'
+    assert _progress_report(good)["step"] == 3
+    merged = good.rstrip("\n") + "Warning: gradstat stopped recording\n"
+    assert _progress_report(merged) is None
+    assert _progress_report("W1129 some torchrun log line\n") is None

@@ -189,8 +189,18 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
     threads = max(1, (os.cpu_count() or 1) // options.nproc_per_node)
     env.setdefault("OMP_NUM_THREADS", str(threads))  # also silences torchrun's warning
     env.setdefault("GRADSTAT_THREADS", env["OMP_NUM_THREADS"])
-    env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _progress_report(line: str) -> dict | None:
+    """Rank 0's progress report, or None for any other line (kept in the log)."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        report = json.loads(line[len(PROGRESS_PREFIX) :])
+    except json.JSONDecodeError:
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def _stop_with_parent() -> None:
@@ -244,9 +254,10 @@ def run_capture(
         try:
             assert process.stdout is not None
             for line in process.stdout:
-                if line.startswith(PROGRESS_PREFIX):
+                report = _progress_report(line)
+                if report is not None:
                     if on_progress is not None:
-                        on_progress(json.loads(line[len(PROGRESS_PREFIX) :]))
+                        on_progress(report)
                     continue
                 log.write(line)
                 tail.append(line)

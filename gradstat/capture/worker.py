@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -116,7 +117,7 @@ def train(args: argparse.Namespace) -> None:
                 "rows": capture.writer.rows_written,
                 "elapsed": time.perf_counter() - started,
             }
-            print(PROGRESS_PREFIX + json.dumps(report), flush=True)
+            emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))
     capture.close()
     dist.destroy_process_group()
     exit_without_teardown()
@@ -135,8 +136,15 @@ def exit_without_teardown(code: int = 0) -> None:
     os._exit(code)
 
 
+def emit_line(stream: TextIO, text: str) -> None:
+    """Write one whole line in a single write: all learners share torchrun's output pipe,
+    and a line written in pieces could interleave with another learner's."""
+    stream.write(text.replace("\n", " ") + "\n")
+    stream.flush()
+
+
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"Warning: {message}", file=sys.stderr, flush=True)
+    emit_line(sys.stderr, f"Warning: {message}")
 
 
 def _die_with_launcher() -> None:
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(args)
     except GradstatError as exc:
-        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        emit_line(sys.stderr, f"Error: {exc}")
         sys.exit(1)
 
 

@@ -1,0 +1,50 @@
+"""Every analysis command's --plot writes a real figure in the requested format."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.helpers import assert_clean_error, run_cli
+
+MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".pdf": b"%PDF-", ".svg": b"<?xml"}
+
+# command arguments -> axes the figure must have (colour bars count as axes)
+CASES = {
+    "fit": (["fit", "--dist", "gpd,exp", "--ratios", "0.05", "--steps", "0"], 4),
+    "similarity": (["similarity", "--ratio", "0.05"], 3),
+    "buildup": (["buildup", "--ratios", "0.05,0.01"], 1),
+    "overlap": (["overlap", "--ratio", "0.05"], 1),
+    "replay": (["replay", "--compressors", "topk,clt-k", "--ratios", "0.05"], 3),
+}
+
+
+def _drawn_axes(svg: str) -> int:
+    """Axes drawn with at least one axis (axes switched off draw none)."""
+    chunks = re.split(r'<g id="axes_\d+">', svg)[1:]
+    return sum("matplotlib.axis" in chunk for chunk in chunks)
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+@pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
+def test_plot_formats_and_axes(synthetic_capture, tmp_path, capsys, command, suffix):
+    path, _ = synthetic_capture
+    args, axes = CASES[command]
+    out = tmp_path / f"figure{suffix}"
+    result = run_cli(capsys, args[0], path, *args[1:], "--plot", out, "--dpi", "60")
+    assert result.code == 0, result
+    data = out.read_bytes()
+    assert data.startswith(MAGIC[suffix]) and len(data) > 2000
+    if suffix == ".svg":
+        assert _drawn_axes(data.decode()) == axes
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_bad_plot_suffix_fails_before_any_work(synthetic_capture, tmp_path, capsys, command):
+    path, _ = synthetic_capture
+    args, _ = CASES[command]
+    result = run_cli(capsys, args[0], path, *args[1:], "--plot", tmp_path / "figure.jpg")
+    assert_clean_error(result, code=2)
+    assert "suffix" in result.stderr
+    assert not (tmp_path / "figure.jpg").exists()
