@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
@@ -178,6 +179,7 @@ class Replay:
         n = len(self.learners)
         records = []
         for step, grads in progress(self.capture.iter_steps(self.steps, self.learners)):
+            require_finite(step, grads, self.learners, "replay")
             for sc, scheme in self.schemes:
                 records.append(self._step(step, sc.name, sc.take(grads), scheme, n))
         return pd.DataFrame.from_records(records, columns=list(COLUMNS))

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.ef_vectors import ef_vectors
+from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for
 from gradstat.errors import GradstatWarning, UsageError
@@ -93,6 +94,7 @@ def scoped_vectors(
 
     def checked(step: int, sc: Scope, x: torch.Tensor, for_ratios: Sequence[float]):
         """Yield ``(step, scope, ratio, k, x)`` per ratio; warn once if x is too sparse."""
+        require_finite(step, x, learners, "a top-k set analysis")
         fewest_nonzeros = None
         for ratio in for_ratios:
             k = k_for(ratio, sc.numel)

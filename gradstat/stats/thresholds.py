@@ -234,6 +234,8 @@ def _sidco(values: torch.Tensor, k: int, estimator: str, stages: int) -> Thresho
 def _topk(values: torch.Tensor, k: int) -> ThresholdResult:
     _check_k(k, _nonzeros(values))
     kth = float(torch.topk(values.reshape(-1).abs(), k, sorted=False).values.amin())
+    if math.isnan(kth):
+        raise DataError("the values contain NaN; drop them before estimating")
     return ThresholdResult(kth, k, k, 1, "topk", inclusive=True)
 
 
@@ -250,6 +252,8 @@ def _dgc(values: torch.Tensor, k: int, generator: torch.Generator | None) -> Thr
     sample = flat[index].abs()
     top = max(1, math.ceil(size * density))
     threshold = float(torch.topk(sample, top, sorted=False).values.amin())
+    if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
+        raise DataError("the values contain NaN or Inf; drop them before estimating")
     while True:
         candidates = _exceed(flat, threshold, inclusive=True)
         if candidates.numel() > 1.3 * k:
