@@ -27,6 +27,7 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import df_table, emit, progress, warn
 from gradstat.errors import UsageError
+from gradstat.plots.paths import check_plot_path
 from gradstat.store import open_capture
 
 DistOpt = typer.Option(
@@ -103,10 +104,7 @@ def fit_command(
     """Fit distributions to gradient magnitudes, score them (KS, Anderson-Darling, AIC/BIC,
     tail-quantile error) and compare threshold estimators (SIDCo-E/P/GP with M stages,
     DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k."""
-    if plot is not None:
-        from gradstat.plots.style import check_plot_path
-
-        check_plot_path(plot)
+    check_plot_path(plot)
     with open_capture(capture) as cap:
         analysis = Fit(
             cap,

@@ -31,6 +31,7 @@ from gradstat.cli.output import df_table, emit, err_console, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
 from gradstat.errors import DataError, UsageError
+from gradstat.plots.paths import check_plot_path
 from gradstat.store import open_capture
 
 
@@ -145,10 +146,7 @@ def replay_command(
     relative error and cosine against the true mean gradient, compression time."""
     link = parse_link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    if plot is not None:
-        from gradstat.plots.style import check_plot_path
-
-        check_plot_path(plot)
+    check_plot_path(plot)
     with open_capture(capture) as cap, _torch_threads(threads):
         run = Replay(
             cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed

@@ -25,6 +25,7 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import df_table, emit, progress
 from gradstat.errors import UsageError
+from gradstat.plots.paths import check_plot_path
 from gradstat.store import Capture, open_capture
 
 
@@ -42,13 +43,6 @@ OnOpt = typer.Option(
     help="raw: the recorded gradients; ef: g + memory of a top-k error-feedback replay "
     "over consecutive recorded steps (what the compressor sees).",
 )
-
-
-def _check_plot(plot: Path | None) -> None:
-    if plot is not None:
-        from gradstat.plots.style import check_plot_path
-
-        check_plot_path(plot)
 
 
 def _select(cap: Capture, steps: str | None, learners: str | None, minimum: int, what: str):
@@ -84,7 +78,7 @@ def similarity_command(
     """Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
     the mean gradient; energy captured, ScaleCom's contraction check, random baseline."""
     (ratio,) = parse_ratios([ratio])
-    _check_plot(plot)
+    check_plot_path(plot)
     with open_capture(capture) as cap:
         chosen_steps, chosen = _select(cap, steps, learners, 2, "similarity")
         result = similarity(
@@ -171,7 +165,7 @@ def buildup_command(
     """Gradient build-up B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean
     over learner orders) against random sets, and the all-gather's effective density."""
     chosen_ratios = parse_ratios(ratios)
-    _check_plot(plot)
+    check_plot_path(plot)
     with open_capture(capture) as cap:
         chosen_steps, chosen = _select(cap, steps, learners, 2, "build-up")
         records = buildup(
@@ -233,7 +227,7 @@ def overlap_command(
     """Temporal stability: overlap of top-k sets between recorded step t and t + lag, per
     learner and for the mean gradient; each row states the real training-step gap."""
     (ratio,) = parse_ratios([ratio])
-    _check_plot(plot)
+    check_plot_path(plot)
     with open_capture(capture) as cap:
         chosen_steps, chosen = _select(cap, steps, learners, 1, "overlap")
         records = temporal_overlap(

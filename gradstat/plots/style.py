@@ -18,8 +18,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from gradstat.errors import UsageError
-
-FORMATS = (".png", ".pdf", ".svg")
+from gradstat.plots.paths import check_plot_path
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: float = 4.0):
@@ -29,16 +28,6 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: fl
         nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, layout="constrained"
     )
     return fig, axes
-
-
-def check_plot_path(path: Path | str) -> Path:
-    """Fail early (before any work) when the suffix is not png, pdf or svg."""
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise UsageError(f"--plot {path}: the suffix must be one of {', '.join(FORMATS)}")
-    if path.parent and not path.parent.exists():
-        raise UsageError(f"--plot {path}: folder {path.parent} does not exist")
-    return path
 
 
 def save_figure(fig: Figure, path: Path | str, dpi: int = 150) -> Path:
