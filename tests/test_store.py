@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import h5py
 import numpy as np
 import pytest
@@ -127,3 +130,25 @@ def test_reader_trusts_only_committed_rows(synthetic_capture):
         assert cap.committed_per_learner == [6, 4, 6]
         with pytest.raises(UsageError, match="not a committed step"):
             cap.read_step(5)
+
+
+def _attribute_types(path):
+    with h5py.File(path, "r", swmr=True) as f:
+        return [(name, f.attrs.get_id(name).dtype) for name in f.attrs]
+
+
+def test_attributes_use_types_every_hdf5_tool_reads(synthetic_capture):
+    """Regression: a Python bool attribute became an HDF5 enum that h5dump cannot open."""
+    path, _ = synthetic_capture
+    for file in sorted(path.glob("*.h5")):
+        for name, dtype in _attribute_types(file):
+            assert h5py.check_enum_dtype(dtype) is None, f"{file.name}:{name} is an enum"
+
+
+@pytest.mark.skipif(shutil.which("h5dump") is None, reason="h5dump (hdf5-tools) not installed")
+def test_h5dump_and_h5ls_read_every_file(synthetic_capture):
+    path, _ = synthetic_capture
+    for file in sorted(path.glob("*.h5")):
+        for tool in (["h5dump", "-A"], ["h5ls", "-r"]):
+            result = subprocess.run([*tool, str(file)], capture_output=True, text=True)
+            assert result.returncode == 0 and "error" not in result.stderr.lower(), result

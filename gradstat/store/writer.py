@@ -63,7 +63,7 @@ class RankFileWriter:
         attrs["hostname"] = socket.gethostname()
         attrs["writer_pid"] = os.getpid()
         attrs["committed"] = np.int64(0)
-        attrs["closed"] = False
+        attrs["closed"] = np.int8(0)  # an integer, not an HDF5 enum: every tool reads it
         self._file.swmr_mode = True
 
     def append(self, step: int, loss: float, row: np.ndarray) -> None:
@@ -82,7 +82,7 @@ class RankFileWriter:
 
     def close(self) -> None:
         if self._file.id.valid:
-            self._file.attrs["closed"] = True
+            self._file.attrs["closed"] = np.int8(1)
             self._file.close()
 
 
