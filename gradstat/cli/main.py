@@ -36,14 +36,15 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+# in the order of the work: record, inspect, analyse, replay, decide, report
 app.command("capture")(capture_command)
 app.command("info")(info_command)
 app.command("fit")(fit_command)
-app.command("replay")(replay_command)
-app.command("recommend")(recommend_command)
 app.command("similarity")(similarity_command)
 app.command("buildup")(buildup_command)
 app.command("overlap")(overlap_command)
+app.command("replay")(replay_command)
+app.command("recommend")(recommend_command)
 app.command("report")(report_command)
 
 
