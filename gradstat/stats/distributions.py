@@ -458,7 +458,24 @@ class GenPareto(Distribution):
         return self._s * torch.expm1(-self._c * log_p) / self._c
 
 
-class Normal(Distribution):
+class _GaussianTails:
+    """cdf / sf and their logs through the standard normal of ``self._z(x)``: shared by
+    the normal (z = (x - loc) / scale) and the log-normal (z = ln(x / scale) / s)."""
+
+    def cdf(self, x):
+        return torch.special.log_ndtr(self._z(x)).exp()
+
+    def sf(self, x):
+        return torch.special.log_ndtr(-self._z(x)).exp()
+
+    def logcdf(self, x):
+        return torch.special.log_ndtr(self._z(x))
+
+    def logsf(self, x):
+        return torch.special.log_ndtr(-self._z(x))
+
+
+class Normal(_GaussianTails, Distribution):
     name, scipy_name, free, signed = "normal", "norm", ("loc", "scale"), True
 
     @classmethod
@@ -473,18 +490,6 @@ class Normal(Distribution):
     def logpdf(self, x):
         z = self._z(x)
         return -0.5 * z * z - math.log(self.params["scale"]) - 0.5 * math.log(2.0 * math.pi)
-
-    def cdf(self, x):
-        return torch.special.log_ndtr(self._z(x)).exp()
-
-    def sf(self, x):
-        return torch.special.log_ndtr(-self._z(x)).exp()
-
-    def logcdf(self, x):
-        return torch.special.log_ndtr(self._z(x))
-
-    def logsf(self, x):
-        return torch.special.log_ndtr(-self._z(x))
 
     def ppf(self, q):
         return self.params["loc"] + self.params["scale"] * torch.special.ndtri(_f64(q))
@@ -541,7 +546,7 @@ class Laplace(Distribution):
         return self.isf(1.0 - _f64(q))
 
 
-class LogNormal(Distribution):
+class LogNormal(_GaussianTails, Distribution):
     name, scipy_name, free = "lognormal", "lognorm", ("s", "scale")
 
     @classmethod
@@ -567,18 +572,6 @@ class LogNormal(Distribution):
         z = self._z(x)
         out = -0.5 * z * z - torch.log(x) - math.log(self.params["s"] * math.sqrt(2.0 * math.pi))
         return torch.where(x > 0, out, -math.inf)
-
-    def cdf(self, x):
-        return torch.special.log_ndtr(self._z(x)).exp()
-
-    def sf(self, x):
-        return torch.special.log_ndtr(-self._z(x)).exp()
-
-    def logcdf(self, x):
-        return torch.special.log_ndtr(self._z(x))
-
-    def logsf(self, x):
-        return torch.special.log_ndtr(-self._z(x))
 
     def ppf(self, q):
         return self.params["scale"] * torch.exp(self.params["s"] * torch.special.ndtri(_f64(q)))
