@@ -152,3 +152,16 @@ def test_h5dump_and_h5ls_read_every_file(synthetic_capture):
         for tool in (["h5dump", "-A"], ["h5ls", "-r"]):
             result = subprocess.run([*tool, str(file)], capture_output=True, text=True)
             assert result.returncode == 0 and "error" not in result.stderr.lower(), result
+
+
+def test_info_csv_writes_the_layer_table(synthetic_capture, tmp_path, capsys):
+    import pandas as pd
+
+    path, grads = synthetic_capture
+    out = tmp_path / "layers.csv"
+    result = run_cli(capsys, "info", path, "--csv", out)
+    assert result.code == 0, result
+    table = pd.read_csv(out)
+    assert list(table["name"]) == ["conv.weight", "conv.bias", "fc.weight"]
+    assert list(table["offset"]) == [0, 72, 80]
+    assert int(table["numel"].sum()) == grads.shape[2]

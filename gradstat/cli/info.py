@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 from rich.table import Table
 
-from gradstat.cli.options import CaptureArg, JsonOpt
-from gradstat.cli.output import console, to_json
+from gradstat.cli.options import CaptureArg, CsvOpt, JsonOpt
+from gradstat.cli.output import console, to_json, write_csv
 from gradstat.store import open_capture
 
 
@@ -19,14 +20,18 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def info_command(capture: Path = CaptureArg, as_json: bool = JsonOpt) -> None:
+def info_command(
+    capture: Path = CaptureArg, as_json: bool = JsonOpt, csv: Path | None = CsvOpt
+) -> None:
     """Show a capture's learners, committed steps, status, layers, size and loss.
 
     Works while the capture is still being written and after a crash: only rows that
-    every learner committed are counted.
+    every learner committed are counted. --csv writes the layer table.
     """
     with open_capture(capture) as cap:
         summary = cap.describe()
+    if csv is not None:  # the layer table, one row per parameter
+        write_csv(pd.DataFrame(summary["layers"]), csv)
     if as_json:
         print(to_json(summary))
         return
