@@ -34,9 +34,10 @@ CONTRACTION_RTOL = 1e-6
 PREFILTER_MIN_NUMEL = 1 << 16
 PREFILTER_MAX_DENSITY_INV = 16
 PREFILTER_SAMPLE = 1 << 14
-#: 32768 = torch's parallel grain size: each chunk's ops run inline on one thread, with no
-#: thread hand-off per chunk (which costs far more than it gains on a busy machine).
-PREFILTER_CHUNK = 1 << 15
+#: Elements per chunk of the candidate pass: large enough for torch to spread each op over
+#: its threads (2 MiB of float32, still cache-sized). Measured on 9 rows x 5M, k = 5,000:
+#: with 2 threads 46 ms against 84 ms for 32K chunks (one thread: the same either way).
+PREFILTER_CHUNK = 1 << 19
 #: Sets per word of the bit-packed membership mask of ``set_overlaps`` (int64, sign bit
 #: unused).
 OWNER_BITS = 63
