@@ -16,8 +16,8 @@ from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.overlap import temporal_overlap
 from gradstat.analysis.selection import k_for
 from gradstat.analysis.similarity import overlap_matrix, similarity
-from gradstat.cli.main import main
 from gradstat.store import layer_table, open_capture, write_capture
+from tests.helpers import Result, assert_clean_error, run_cli
 
 LAYERS = layer_table([("a.weight", (20, 10)), ("a.bias", (4,)), ("b.weight", (300,))])
 D = LAYERS[-1].stop
@@ -25,23 +25,14 @@ D = LAYERS[-1].stop
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
     """``gradstat ARGS`` in this process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    result = run_cli(capsys, *args)
+    return result.code, result.stdout, result.stderr
 
 
 def assert_error(result: tuple[int, str, str], *fragments: str) -> None:
-    code, out, err = result
-    assert code != 0
-    assert "Error:" in err
-    assert "Traceback" not in out + err
+    assert_clean_error(Result(*result))
     for fragment in fragments:
-        assert fragment in err
+        assert fragment in result[2]
 
 
 def _topk(x: np.ndarray, k: int) -> np.ndarray:

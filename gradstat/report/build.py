@@ -31,8 +31,6 @@ from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarit
 from gradstat.report.html import Section, render
 from gradstat.store import Capture
 
-SECTIONS = ("overview", "fit", "similarity", "buildup", "overlap", "replay", "recommend")
-
 
 @dataclass
 class ReportSettings:
@@ -293,6 +291,8 @@ TITLES = {
     "replay": "Compressor replay",
     "recommend": "Recommendation",
 }
+#: The report's sections, in page order.
+SECTIONS = tuple(TITLES)
 
 
 def _guarded(key: str, builder: Callable[..., Section], *args) -> Section:
