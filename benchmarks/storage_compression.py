@@ -101,7 +101,8 @@ def main() -> None:
         results = measure(data, dtype, names, args.repeats)
         for name in names:
             r = results[name]
-            print(f"| {dtype} | {name} | {r['ratio']:.3f} | {r['speed']:.2f} ({r['mbps']:.0f} MB/s) |")
+            speed = f"{r['speed']:.2f} ({r['mbps']:.0f} MB/s)"
+            print(f"| {dtype} | {name} | {r['ratio']:.3f} | {speed} |")
         print(f"| {dtype} | raw tofile | 1 | 1 ({results['raw_mbps']:.0f} MB/s) |")
 
 
