@@ -26,7 +26,12 @@ from gradstat.analysis.progress import Progress, no_progress
 from gradstat.parallel import distributed
 from gradstat.parallel.codec import from_typed, to_typed
 from gradstat.parallel.pool import run_pool
-from gradstat.parallel.threads import check_jobs, local_processes, torch_threads, unit_threads
+from gradstat.parallel.threads import (
+    check_jobs,
+    local_processes,
+    torch_threads,
+    unit_threads,
+)
 from gradstat.parallel.units import Task, finish
 from gradstat.store import Capture
 
@@ -34,10 +39,25 @@ from gradstat.store import Capture
 MIN_WORKER_MEMORY = 1 << 20
 
 
-def planned_workers(jobs: int | None = None) -> int:
-    """How many processes would run units at once: ranks x jobs per rank (an analysis
-    may group its work into this many units, e.g. replay's configurations)."""
-    return distributed.world_size() * check_jobs(jobs)
+#: Below this many bytes of selected gradients an analysis runs in one process by
+#: default: starting a worker (a fresh interpreter importing torch) costs about 2 s of CPU.
+PARALLEL_MIN_BYTES = 256 << 20
+
+
+def requested_jobs(cap: Capture, selection: Any, jobs: int | None) -> int | None:
+    """Worker processes per rank: ``jobs`` if given; one for a small selection (under
+    ``PARALLEL_MIN_BYTES``); else ``None``: each rank's share of its CPUs."""
+    if jobs is not None:
+        return check_jobs(jobs)
+    steps = len(getattr(selection, "steps", None) or cap.steps)
+    learners = len(getattr(selection, "learners", None) or cap.learners)
+    return 1 if cap.numel * learners * steps * 4 < PARALLEL_MIN_BYTES else None
+
+
+def planned_workers(cap: Capture, selection: Any, jobs: int | None) -> int:
+    """How many processes will run units at once: ranks x jobs per rank (an analysis may
+    group its work into this many units, as replay does with its configurations)."""
+    return distributed.world_size() * check_jobs(requested_jobs(cap, selection, jobs))
 
 
 def run_units(
@@ -48,11 +68,10 @@ def run_units(
     ``work`` has the unit ``function``, the ``capture`` path, the ``selection`` and the
     ``params`` (``gradstat.analysis.units.Work``); each unit's records are
     ``work.function(cap, selection, params, compute, unit)``. ``compute.jobs`` worker
-    processes per rank (None: this rank's share of the CPUs it may use). ``progress``
-    wraps the completions of this process's units.
+    processes per rank (None: :func:`requested_jobs`). ``progress`` wraps the completions
+    of this process's units.
     """
-    jobs = getattr(compute, "jobs", None)
-    check_jobs(jobs)
+    jobs = requested_jobs(cap, work.selection, getattr(compute, "jobs", None))
     task = Task(work.function, str(work.capture), work.selection, work.params, compute, cap)
     request = {"task": task.to_message(), "units": to_typed(list(units)), "jobs": jobs}
     if distributed.active():
