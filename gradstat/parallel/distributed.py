@@ -65,6 +65,8 @@ def run_command(command: Callable[[], T]) -> T | int:
     if not launched_by_torchrun() or active():
         return command()
     dist.init_process_group("gloo", timeout=TIMEOUT)
+    if torch.cuda.is_available():  # --device cuda: each rank of a node on its own GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     try:
         if dist.get_rank() != 0:
             _silence()
