@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from gradstat.plots.capture import plot_loss
 from gradstat import __version__
+from gradstat.plots.capture import plot_loss
 from gradstat.report.build import SECTIONS
 from tests.helpers import assert_clean_error, run_cli
 

@@ -32,7 +32,7 @@ from gradstat.cli.options import (
     Steps,
     between,
 )
-from gradstat.cli.output import Output, Result, View, progress, show, warn
+from gradstat.cli.output import Output, Result, View, note_sample, progress, show, warn
 from gradstat.errors import UsageError
 from gradstat.report.answers import best_fit, closest_estimators
 from gradstat.store import open_capture
@@ -106,6 +106,7 @@ def fit_command(
     M stages, DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k.
     """
     with open_capture(capture) as cap:
+        note_sample(cap)
         analysis = Fit(
             cap,
             dists=dist,

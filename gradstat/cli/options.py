@@ -140,8 +140,8 @@ ClusterSize = Annotated[
         "--cluster-size",
         metavar="N",
         callback=between(2),
-        help="Learners the cost model assumes (default: the capture's). Errors are always "
-        "measured with the capture's learners.",
+        help="Learners the cost model assumes (default: the run's world size). Errors are "
+        "always measured with the capture's recorded learners.",
         show_default=False,
     ),
 ]

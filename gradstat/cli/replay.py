@@ -53,7 +53,16 @@ from gradstat.cli.options import (
     Steps,
     Threads,
 )
-from gradstat.cli.output import Output, Result, View, err_console, progress, show, to_json
+from gradstat.cli.output import (
+    Output,
+    Result,
+    View,
+    err_console,
+    note_sample,
+    progress,
+    show,
+    to_json,
+)
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import parse_compressors
 from gradstat.defaults import REPLAYED
@@ -131,16 +140,19 @@ def replay_command(
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     with open_capture(capture) as cap, _torch_threads(threads):
+        note_sample(cap)
         run = Replay(
             cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
         )
         records = run.run(lambda items: progress(items, "replay", len(run.steps)))
-    result = replay_result(records, link, len(run.learners))
+    result = replay_result(records, link, len(run.learners), run.cost_learners)
+    result.document["world_size"] = cap.world_size
     result.figure = lambda: _plot_replay(records)
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
-def replay_result(records: pd.DataFrame, link: Link, n: int) -> Result:
+def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> Result:
+    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model."""
     summary = summarize_replay(records, link, n)
     views = []
     for scope, rows in summary.groupby("scope", sort=False):
@@ -148,8 +160,8 @@ def replay_result(records: pd.DataFrame, link: Link, n: int) -> Result:
         shown = _display(rows)
         views.append(
             View(
-                f"replay of {n} learners over {int(rows['steps'].max())} steps, scope {scope}: "
-                "traffic and time",
+                f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
+                f"{scope}: traffic and time (cost model: {n} learners)",
                 shown,
                 {
                     "compressor": "compressor",
@@ -188,7 +200,8 @@ def replay_result(records: pd.DataFrame, link: Link, n: int) -> Result:
         summary=views,
         answer=replay_answer(summary),
         document={
-            "learners": n,
+            "learners": learners,
+            "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
             "latency_seconds": link.latency,
             "records": records.to_dict(orient="records"),
@@ -232,6 +245,7 @@ def recommend_command(
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     with open_capture(capture) as cap, _torch_threads(threads):
+        note_sample(cap)
         total = len(select_steps(cap.steps, steps))
         result = recommend(
             cap,

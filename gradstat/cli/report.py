@@ -22,7 +22,7 @@ from gradstat.cli.options import (
     Latency,
     Ratios,
 )
-from gradstat.cli.output import console, progress
+from gradstat.cli.output import console, note_sample, progress
 from gradstat.compressors.cost import Link
 from gradstat.errors import UsageError
 from gradstat.report.build import ReportSettings, build_report
@@ -65,6 +65,7 @@ def report_command(
         ratios, compressors, error_budget, Link(bandwidth, latency), cluster_size, dpi=dpi
     )
     with open_capture(capture) as cap:
+        note_sample(cap)
         page = build_report(
             cap, settings, lambda key, total: lambda items: progress(items, key, total)
         )

@@ -30,7 +30,7 @@ from gradstat.cli.options import (
     Steps,
     between,
 )
-from gradstat.cli.output import Output, Result, View, progress, show
+from gradstat.cli.output import Output, Result, View, note_sample, progress, show
 from gradstat.errors import UsageError
 from gradstat.report.answers import buildup_answer, overlap_answer, similarity_answer
 from gradstat.store import open_capture
@@ -46,12 +46,12 @@ MATRIX_SHOWN = 8
 
 
 def _selection(cap, steps, learners, minimum: int, what: str):
-    if cap.world_size < minimum:
+    if len(cap.learners) < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
-            f"{cap.path} has {cap.world_size}"
+            f"{cap.path} recorded {len(cap.learners)} of {cap.world_size}"
         )
-    return select_steps(cap.steps, steps), select_learners(cap.world_size, learners, minimum)
+    return select_steps(cap.steps, steps), select_learners(cap.learners, learners, minimum)
 
 
 def _per_ratio(run, ratios, description: str, total: int) -> list:
@@ -81,6 +81,7 @@ def similarity_command(
     the mean gradient; energy captured, ScaleCom's contraction check, random baseline.
     """
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _selection(cap, steps, learners, 2, "similarity")
         results = _per_ratio(
             lambda ratio, bar: similarity(
@@ -184,6 +185,7 @@ def buildup_command(
     orders) against random sets, and the all-gather's effective density.
     """
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _selection(cap, steps, learners, 2, "build-up")
         records = buildup(
             cap,
@@ -247,6 +249,7 @@ def overlap_command(
     mean gradient; each row states the real training-step gap.
     """
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _selection(cap, steps, learners, 1, "overlap")
         records = pd.concat(
             _per_ratio(

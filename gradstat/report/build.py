@@ -100,6 +100,7 @@ class ReportContext:
 
     @property
     def cost_learners(self) -> int:
+        """The cluster size of the cost model: as set, else the run's world size."""
         return self.settings.cost_learners or self.cap.world_size
 
 
@@ -118,7 +119,7 @@ def _overview(ctx: ReportContext) -> Part:
         [
             ("workload", f"{cap.workload} ({cap.meta.get('workload_description', '')})"),
             ("status", cap.status),
-            ("learners", f"{cap.world_size} ({cap.meta.get('backend')})"),
+            ("learners", f"{cap.learners_text()} ({cap.meta.get('backend')})"),
             (
                 "recorded steps",
                 f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if len(steps) else ""),
@@ -134,8 +135,9 @@ def _overview(ctx: ReportContext) -> Part:
     else:
         last = f"step {steps[-1]}" if len(steps) else "before its first step"
         state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
+    recorded = f"; {cap.learners_text()} recorded" if cap.is_sample else ""
     reading = f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
-    reading += f"training. {state}"
+    reading += f"training{recorded}. {state}"
     figures = []
     if len(steps):
         first, last = np.nanmean(cap.losses[:, 0]), np.nanmean(cap.losses[:, -1])
@@ -408,7 +410,7 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
     facts = {
         "link": f"{link} (alpha-beta model of a ring all-reduce / all-gather)",
         "cluster size": f"{ctx.cost_learners} learners for the cost model; errors and "
-        f"build-up measured with the capture's {cap.world_size}",
+        f"build-up measured with the capture's {cap.learners_text()}",
         "target hardware": f"communication: the link above; compression timed on the "
         f"machine that made this report ({machine})",
         "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
@@ -445,7 +447,7 @@ def build_report(
         if part.verdict:
             verdicts.append((spec.title, part.verdict))
     subtitle = (
-        f"{cap.path} · {cap.world_size} learners · {len(cap.steps)} recorded steps · "
+        f"{cap.path} · {cap.learners_text()} · {len(cap.steps)} recorded steps · "
         f"status {cap.status} · gradstat {__version__}"
     )
     return render(
