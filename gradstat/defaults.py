@@ -18,8 +18,9 @@ DPI = 150
 REPORT_DPI = 110
 #: Compressors ``gradstat replay`` runs.
 REPLAYED = "topk,dgc,sidco-gpd,clt-k,powersgd"
-#: Compressors of the report's replay and recommendation (the replayed ones and fp16).
-REPORT_COMPRESSORS = "fp16," + REPLAYED
+#: Compressors of the report's replay and recommendation: the replayed ones and the two
+#: 16-bit casts (the dense baselines a sparsifier must beat).
+REPORT_COMPRESSORS = "fp16,bf16," + REPLAYED
 ERROR_BUDGET = 0.5
 RANK = 4
 BETA = 1.0

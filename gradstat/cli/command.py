@@ -26,9 +26,16 @@ def _tidy(params: list, ctx) -> list:
             param.metavar = ""
         elif isinstance(param, TyperOption) and param.metavar is None:
             param.metavar = METAVARS.get(param.display_type(ctx))
+        if _is_list_text(param.default) and param.show_default in (None, True):
+            # A long comma list has no space to wrap at: help would cut it at 80 columns.
+            param.show_default = param.default.replace(",", ", ")
         elif isinstance(param, TyperArgument) and param.metavar is None:
             param.metavar = param.name.upper()
     return params
+
+
+def _is_list_text(value) -> bool:
+    return isinstance(value, str) and "," in value and " " not in value
 
 
 def _alias(args: list[str], known: set[str]) -> list[str]:

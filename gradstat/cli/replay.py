@@ -74,6 +74,15 @@ Out = Annotated[
     Path | None,
     typer.Option("--out", metavar="PATH", help="Write the recommendation as JSON."),
 ]
+Candidates = Annotated[
+    str,
+    typer.Option(
+        "--compressors",
+        metavar="LIST",
+        show_default="every compressor but none",
+        help="Candidates, comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+    ),
+]
 #: Over-budget candidates the recommend table shows (closest first); --json has all.
 OVER_BUDGET_SHOWN = 5
 
@@ -223,7 +232,7 @@ def recommend_command(
     latency: Latency = LATENCY,
     cluster_size: ClusterSize = None,
     baseline: BaselineOpt = Baseline.fp32,
-    compressors: Compressors = DEFAULT_CANDIDATES,
+    compressors: Candidates = DEFAULT_CANDIDATES,
     ratios: Ratios = DEFAULT_RATIOS,
     rank: Rank = RANK,
     beta: Beta = BETA,
