@@ -24,10 +24,10 @@ def best_fit(ranking: pd.DataFrame) -> str:
     if ranking.empty:
         return "No distribution could be fitted."
     best = ranking.iloc[0]
-    text = f"{best['dist']} fits |g| best (median KS {best['ks']:.2g}"
+    text = f"{best['dist']} fits |g| best (median KS {best['ks']:.3g}"
     if len(ranking) > 1:
         runner = ranking.iloc[1]
-        text += f"; next {runner['dist']}, {runner['ks']:.2g}"
+        text += f"; next {runner['dist']}, {runner['ks']:.3g}"
     return text + ")."
 
 
