@@ -14,6 +14,7 @@ from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.topk_stream import scope_pieces, stream_step_sets
+from gradstat.errors import DataError
 from gradstat.stats.topk_sets import energy_captured, topk_indices
 from gradstat.store import Scope, layer_table, open_capture, write_capture
 
@@ -56,7 +57,9 @@ def test_blocks_equal_whole_rows_equal_stacked_sets(long_capture, scope):
         stacked = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
         for sets in (a, b):
             assert _sorted(sets.indices) == _sorted(stacked)
-            torch.testing.assert_close(sets.energy, energy_captured(mean, stacked), rtol=1e-6, atol=0)
+            torch.testing.assert_close(
+                sets.energy, energy_captured(mean, stacked), rtol=1e-6, atol=0
+            )
 
 
 def _sorted(indices: torch.Tensor) -> list[list[int]]:
@@ -87,6 +90,6 @@ def test_analyses_in_blocks_equal_whole_rows(long_capture, scope):
 def test_nonfinite_value_in_a_block_names_step_and_learner(tmp_path):
     grads = np.random.default_rng(0).normal(size=(2, 2, D)).astype(np.float32)
     grads[1, 1, D - 3] = np.nan
-    with open_capture(write_capture(tmp_path / "nan", grads, LAYERS)) as cap:
-        with pytest.raises(Exception, match="step 1, learner 1: 1 NaN/Inf"):
-            similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=SMALL)
+    path = write_capture(tmp_path / "nan", grads, LAYERS)
+    with open_capture(path) as cap, pytest.raises(DataError, match="step 1, learner 1: 1 NaN"):
+        similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=SMALL)

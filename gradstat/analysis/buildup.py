@@ -19,7 +19,8 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.units import Work
+from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
     random_union,

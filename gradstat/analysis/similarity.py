@@ -26,8 +26,9 @@ from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
 from gradstat.analysis.topk_stream import StepSets, stream_step_sets
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.units import Work
 from gradstat.errors import GradstatWarning, UsageError
+from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
     TopkSetMetrics,
     energy_captured,

@@ -12,12 +12,11 @@ or to other ranks that open the capture from ``work.capture`` themselves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection
 from gradstat.store import Capture
 
@@ -32,17 +31,3 @@ class Work:
     capture: str
     selection: Selection
     params: Any
-
-
-def run_units(
-    cap: Capture,
-    work: Work,
-    units: Sequence,
-    compute: Compute,
-    progress: Progress = no_progress,
-) -> list[dict]:
-    """Run every unit on ``cap`` in this process; the records of all units, in unit order."""
-    records: list[dict] = []
-    for unit in progress(units):
-        records.extend(work.function(cap, work.selection, work.params, compute, unit))
-    return records
