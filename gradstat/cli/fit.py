@@ -22,15 +22,18 @@ from gradstat.cli.options import (
     Capture,
     Csv,
     Detail,
+    Device,
     Dpi,
     Json,
     Learners,
+    Memory,
     Plot,
     Ratios,
     Scope,
     Seed,
     Steps,
     between,
+    compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show, warn
 from gradstat.errors import UsageError
@@ -98,6 +101,8 @@ def fit_command(
     plot: Plot = None,
     plot_step: PlotStep = None,
     dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Which distribution |g| follows, and how close threshold estimators get to k.
 
@@ -109,11 +114,12 @@ def fit_command(
         note_sample(cap)
         analysis = Fit(
             cap,
-            dists=dist,
-            method=method,
             scope=scope,
             steps=steps,
             learners=learners,
+            compute=compute_options(device, memory),
+            dists=dist,
+            method=method,
             ratios=ratios,
             stages=stages,
             estimators=estimators,
@@ -123,8 +129,12 @@ def fit_command(
         )
         if plot_step is not None and plot_step not in analysis.steps:
             raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
-        records = analysis.run(lambda items: progress(items, "fit", len(analysis.steps)))
-        drawn = (plot_step or analysis.steps[0], analysis.learners[0], analysis.scopes[0])
+        records = analysis.run(lambda units: progress(units, "fit"))
+        drawn = (
+            analysis.steps[0] if plot_step is None else plot_step,
+            analysis.learners[0],
+            analysis.scopes[0],
+        )
         sample_drawn = magnitude_sample(cap, *drawn, seed=seed) if plot else None
     for message, group in records.dropna(subset=["error"]).groupby("error", sort=False):
         warn(f"{len(group)} records not computed: {message}")

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from gradstat import defaults
+from gradstat.analysis.compute import Compute, parse_bytes
 from gradstat.analysis.selection import parse_ratios
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
 from gradstat.defaults import ratios_text
@@ -117,6 +118,35 @@ OnVectors = Annotated[
     ),
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every sampling step.")]
+
+# Where and with how much to compute
+Device = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        metavar="DEVICE",
+        help="Where to compute: auto (a CUDA GPU when one is available), cpu or cuda.",
+    ),
+]
+Memory = Annotated[
+    str | None,
+    typer.Option(
+        "--memory",
+        metavar="SIZE",
+        help="Memory for full-length rows, e.g. 2GB (default: a quarter of the available "
+        "memory); a longer row is processed in column blocks.",
+        show_default=False,
+    ),
+]
+
+
+def compute_options(device: str = "auto", memory: str | None = None) -> Compute:
+    """The ``Compute`` of the ``--device`` and ``--memory`` options, checked before any
+    work starts (``--device cuda`` without a GPU is a usage error)."""
+    compute = Compute(device=device, memory=None if memory is None else parse_bytes(memory))
+    compute.torch_device()
+    return compute
+
 
 # Cost model and compressors
 Bandwidth = Annotated[

@@ -221,14 +221,12 @@ def _clock(seconds: float) -> str:
 
 
 def progress_line(description: str, done: int, total: int | None, elapsed: float) -> str:
-    """``fit: 12/40 steps (30%), 0:35 elapsed, about 1:22 left`` (no total: no estimate)."""
+    """``fit: 12/40 (30%), 0:35 elapsed, about 1:22 left`` (no total: no estimate)."""
     if not total:
-        return f"{description}: {done} steps, {_clock(elapsed)} elapsed"
+        return f"{description}: {done} done, {_clock(elapsed)} elapsed"
     left = elapsed / done * (total - done) if done else float("nan")
     eta = f", about {_clock(left)} left" if math.isfinite(left) else ""
-    return (
-        f"{description}: {done}/{total} steps ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
-    )
+    return f"{description}: {done}/{total} ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
 
 
 def _plain_progress(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:

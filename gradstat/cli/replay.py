@@ -18,10 +18,11 @@ from gradstat.analysis.recommend import (
     DEFAULT_CANDIDATES,
     DEFAULT_RATIOS,
     Recommendation,
+    RecommendParams,
     recommend,
 )
-from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
-from gradstat.analysis.selection import select_steps
+from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
     BETA,
@@ -40,11 +41,13 @@ from gradstat.cli.options import (
     Compressors,
     Csv,
     Detail,
+    Device,
     Dpi,
     ErrorBudget,
     Json,
     Latency,
     Learners,
+    Memory,
     Plot,
     Rank,
     Ratios,
@@ -52,6 +55,7 @@ from gradstat.cli.options import (
     Seed,
     Steps,
     Threads,
+    compute_options,
 )
 from gradstat.cli.output import (
     Output,
@@ -139,6 +143,8 @@ def replay_command(
     detail: Detail = False,
     plot: Plot = None,
     dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """What each compressor costs and loses, replayed with error feedback.
 
@@ -148,12 +154,12 @@ def replay_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
+    params = ReplayParams(specs, ratios, link, seed=seed)
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
-        run = Replay(
-            cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
-        )
-        records = run.run(lambda items: progress(items, "replay", len(run.steps)))
+        run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
+        records = run.run(lambda units: progress(units, "replay"))
     result = replay_result(records, link, len(run.learners), run.cost_learners)
     result.document["world_size"] = cap.world_size
     result.figure = lambda: _plot_replay(records)
@@ -242,6 +248,8 @@ def recommend_command(
     out: Out = None,
     as_json: Json = False,
     csv: Csv = None,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """The fastest compressor and rate within an error budget, and its settings.
 
@@ -253,20 +261,16 @@ def recommend_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    params = RecommendParams(error_budget, link, cluster_size, baseline.value, specs, ratios, seed)
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
-        total = len(select_steps(cap.steps, steps))
         result = recommend(
             cap,
-            error_budget=error_budget,
-            link=link,
-            cost_learners=cluster_size,
-            baseline=baseline.value,
-            compressors=specs,
-            ratios=ratios,
-            steps=steps,
-            seed=seed,
-            progress=lambda items: progress(items, "recommend", total),
+            Selection.of(cap, steps),
+            params,
+            compute=compute,
+            progress=lambda units: progress(units, "recommend"),
         )
     show(recommend_result(result), Output(as_json, csv))
     if result.winner is None:

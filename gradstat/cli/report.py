@@ -17,10 +17,13 @@ from gradstat.cli.options import (
     Capture,
     ClusterSize,
     Compressors,
+    Device,
     Dpi,
     ErrorBudget,
     Latency,
+    Memory,
     Ratios,
+    compute_options,
 )
 from gradstat.cli.output import console, note_sample, progress
 from gradstat.compressors.cost import Link
@@ -46,6 +49,8 @@ def report_command(
     latency: Latency = LATENCY,
     cluster_size: ClusterSize = None,
     dpi: Dpi = REPORT_DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
 
@@ -62,7 +67,13 @@ def report_command(
     if not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     settings = ReportSettings(
-        ratios, compressors, error_budget, Link(bandwidth, latency), cluster_size, dpi=dpi
+        ratios,
+        compressors,
+        error_budget,
+        Link(bandwidth, latency),
+        cluster_size,
+        dpi=dpi,
+        compute=compute_options(device, memory),
     )
     with open_capture(capture) as cap:
         note_sample(cap)

@@ -8,10 +8,15 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from gradstat.analysis.buildup import buildup, buildup_summary
-from gradstat.analysis.overlap import overlap_summary, temporal_overlap
-from gradstat.analysis.selection import select_learners, select_steps
-from gradstat.analysis.similarity import overlap_matrix, similarity, similarity_summary
+from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
+from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import (
+    SimilarityParams,
+    overlap_matrix,
+    similarity,
+    similarity_summary,
+)
 from gradstat.cli.options import (
     DPI,
     RATIOS,
@@ -19,9 +24,11 @@ from gradstat.cli.options import (
     Capture,
     Csv,
     Detail,
+    Device,
     Dpi,
     Json,
     Learners,
+    Memory,
     On,
     OnVectors,
     Plot,
@@ -29,6 +36,7 @@ from gradstat.cli.options import (
     Scope,
     Steps,
     between,
+    compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show
 from gradstat.errors import UsageError
@@ -45,19 +53,21 @@ Lag = Annotated[
 MATRIX_SHOWN = 8
 
 
-def _selection(cap, steps, learners, minimum: int, what: str):
+def _selection(cap, steps, learners, scope, minimum: int, what: str) -> Selection:
     if len(cap.learners) < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
             f"{cap.path} recorded {len(cap.learners)} of {cap.world_size}"
         )
-    return select_steps(cap.steps, steps), select_learners(cap.learners, learners, minimum)
+    selection = Selection.of(cap, steps, learners, scope)
+    selection.require_learners(minimum, what)
+    return selection
 
 
-def _per_ratio(run, ratios, description: str, total: int) -> list:
+def _per_ratio(run, ratios, description: str) -> list:
     """Run ``run(ratio, progress)`` for each ratio, with one progress bar per ratio."""
     return [
-        run(ratio, lambda items, r=ratio: progress(items, f"{description} {r:g}", total))
+        run(ratio, lambda units, r=ratio: progress(units, f"{description} {r:g}"))
         for ratio in ratios
     ]
 
@@ -74,6 +84,8 @@ def similarity_command(
     detail: Detail = False,
     plot: Plot = None,
     dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """How similar the learners' top-k sets are, to each other and to the mean's.
 
@@ -82,20 +94,14 @@ def similarity_command(
     """
     with open_capture(capture) as cap:
         note_sample(cap)
-        chosen_steps, chosen = _selection(cap, steps, learners, 2, "similarity")
+        selection = _selection(cap, steps, learners, scope, 2, "similarity")
+        compute = compute_options(device, memory)
         results = _per_ratio(
             lambda ratio, bar: similarity(
-                cap,
-                ratio,
-                scope=scope,
-                steps=chosen_steps,
-                learners=chosen,
-                on=on.value,
-                progress=bar,
+                cap, selection, SimilarityParams(ratio, on.value), compute=compute, progress=bar
             ),
             ratios,
             "similarity",
-            len(chosen_steps),
         )
     pairs = pd.concat([r.pairs for r in results], ignore_index=True)
     per_step = pd.concat([r.steps for r in results], ignore_index=True)
@@ -178,6 +184,8 @@ def buildup_command(
     detail: Detail = False,
     plot: Plot = None,
     dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """How large the union of the learners' top-k sets grows (gradient build-up).
 
@@ -186,15 +194,12 @@ def buildup_command(
     """
     with open_capture(capture) as cap:
         note_sample(cap)
-        chosen_steps, chosen = _selection(cap, steps, learners, 2, "build-up")
         records = buildup(
             cap,
-            ratios,
-            scope=scope,
-            steps=chosen_steps,
-            learners=chosen,
-            on=on.value,
-            progress=lambda items: progress(items, "build-up", len(chosen_steps)),
+            _selection(cap, steps, learners, scope, 2, "build-up"),
+            BuildupParams(ratios, on.value),
+            compute=compute_options(device, memory),
+            progress=lambda units: progress(units, "build-up"),
         )
     summary = buildup_summary(records)
     result = Result(
@@ -242,6 +247,8 @@ def overlap_command(
     detail: Detail = False,
     plot: Plot = None,
     dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """How stable top-k sets are from one recorded step to the next.
 
@@ -250,22 +257,19 @@ def overlap_command(
     """
     with open_capture(capture) as cap:
         note_sample(cap)
-        chosen_steps, chosen = _selection(cap, steps, learners, 1, "overlap")
+        selection = _selection(cap, steps, learners, scope, 1, "overlap")
+        compute = compute_options(device, memory)
         records = pd.concat(
             _per_ratio(
                 lambda ratio, bar: temporal_overlap(
                     cap,
-                    ratio,
-                    lag=lag,
-                    scope=scope,
-                    steps=chosen_steps,
-                    learners=chosen,
-                    on=on.value,
+                    selection,
+                    OverlapParams(ratio, lag, on.value),
+                    compute=compute,
                     progress=bar,
                 ),
                 ratios,
                 "overlap",
-                len(chosen_steps),
             ),
             ignore_index=True,
         )

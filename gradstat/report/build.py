@@ -23,13 +23,15 @@ import pandas as pd
 import torch
 
 from gradstat import __version__, defaults
-from gradstat.analysis.buildup import buildup, buildup_summary
+from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
-from gradstat.analysis.overlap import overlap_summary, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.recommend import Recommendation, choose
-from gradstat.analysis.replay import Replay, summarize_replay
-from gradstat.analysis.similarity import similarity, similarity_summary
+from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import GradstatError
 from gradstat.plots.capture import plot_loss
@@ -56,6 +58,7 @@ class ReportSettings:
     cost_learners: int | None = None
     fit_steps: int = 5
     dpi: int = defaults.REPORT_DPI
+    compute: Compute = field(default_factory=Compute)
 
 
 @dataclass
@@ -73,25 +76,20 @@ class ReportContext:
     """The capture, the settings and what several sections share (the replay, once)."""
 
     def __init__(
-        self, cap: Capture, settings: ReportSettings, progress: Callable[[str, int], Progress]
+        self, cap: Capture, settings: ReportSettings, progress: Callable[[str], Progress]
     ) -> None:
-        self.cap, self.settings, self._progress = cap, settings, progress
-
-    def progress(self, key: str, total: int | None = None) -> Progress:
-        return self._progress(key, len(self.cap.steps) if total is None else total)
+        self.cap, self.settings, self.progress = cap, settings, progress
+        self.selection = Selection.of(cap)  # the whole capture
+        self.compute = settings.compute
 
     @cached_property
     def replay(self) -> tuple[Replay, pd.DataFrame]:
         s = self.settings
-        run = Replay(
-            self.cap,
-            s.compressors,
-            s.ratios,
-            link=s.link,
-            cost_learners=s.cost_learners,
-            skip_unfit=True,
+        params = ReplayParams(
+            s.compressors, s.ratios, s.link, cost_learners=s.cost_learners, skip_unfit=True
         )
-        return run, run.run(self.progress("replay", len(run.steps)))
+        run = Replay(self.cap, self.selection, params, compute=self.compute)
+        return run, run.run(self.progress("replay"))
 
     @cached_property
     def recommendation(self) -> Recommendation:
@@ -178,8 +176,15 @@ def _fit(ctx: ReportContext) -> Part:
     cap, settings = ctx.cap, ctx.settings
     chosen = np.unique(np.linspace(0, len(cap.steps) - 1, settings.fit_steps).round().astype(int))
     steps = ",".join(str(int(cap.steps[i])) for i in chosen) if len(cap.steps) else None
-    analysis = Fit(cap, dists="all", ratios=settings.ratios, steps=steps, sample=200_000)
-    records = analysis.run(ctx.progress("fit", len(analysis.steps)))
+    analysis = Fit(
+        cap,
+        steps=steps,
+        compute=ctx.compute,
+        dists="all",
+        ratios=settings.ratios,
+        sample=200_000,
+    )
+    records = analysis.run(ctx.progress("fit"))
     ranking, quality = rank_distributions(records), quality_summary(records)
     stages = _stages_text(quality, "sidco-gpd")
     reading = (
@@ -213,7 +218,13 @@ def _fit(ctx: ReportContext) -> Part:
 
 def _similarity(ctx: ReportContext) -> Part:
     ratio = min(ctx.settings.ratios)
-    result = similarity(ctx.cap, ratio, progress=ctx.progress("similarity"))
+    result = similarity(
+        ctx.cap,
+        ctx.selection,
+        SimilarityParams(ratio),
+        compute=ctx.compute,
+        progress=ctx.progress("similarity"),
+    )
     summary = similarity_summary(result.steps)
     row = summary.iloc[0]
     reading = (
@@ -234,7 +245,13 @@ def _similarity(ctx: ReportContext) -> Part:
 
 
 def _buildup(ctx: ReportContext) -> Part:
-    records = buildup(ctx.cap, ctx.settings.ratios, progress=ctx.progress("buildup"))
+    records = buildup(
+        ctx.cap,
+        ctx.selection,
+        BuildupParams(ctx.settings.ratios),
+        compute=ctx.compute,
+        progress=ctx.progress("buildup"),
+    )
     summary = buildup_summary(records)
     reading = (
         "Gradient build-up: " + " ".join(answers.buildup_answer(summary)) + " Build-up below "
@@ -252,7 +269,13 @@ def _buildup(ctx: ReportContext) -> Part:
 
 def _overlap(ctx: ReportContext) -> Part:
     ratio = min(ctx.settings.ratios)
-    records = temporal_overlap(ctx.cap, ratio, progress=ctx.progress("overlap"))
+    records = temporal_overlap(
+        ctx.cap,
+        ctx.selection,
+        OverlapParams(ratio),
+        compute=ctx.compute,
+        progress=ctx.progress("overlap"),
+    )
     summary = overlap_summary(records)
     mean_row = summary[summary["learner"].astype(str) == "mean"].iloc[0]
     reading = (
@@ -426,15 +449,13 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
 def build_report(
     cap: Capture,
     settings: ReportSettings | None = None,
-    progress: Callable[[str, int], Progress] | None = None,
+    progress: Callable[[str], Progress] | None = None,
 ) -> str:
     """The report page for ``cap`` as an HTML string.
 
-    ``progress(section, total)`` returns the step-progress wrapper for that section.
+    ``progress(section)`` returns the progress wrapper of that section's work units.
     """
-    ctx = ReportContext(
-        cap, settings or ReportSettings(), progress or (lambda key, total: no_progress)
-    )
+    ctx = ReportContext(cap, settings or ReportSettings(), progress or (lambda key: no_progress))
     sections, verdicts = [], []
     for spec in SECTIONS:
         try:
