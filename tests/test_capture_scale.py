@@ -229,9 +229,17 @@ def test_sizes_parse_and_print():
 def test_capture_refuses_a_capture_over_max_bytes(tmp_path, capsys):
     out = tmp_path / "run"
     result = run_cli(
-        capsys, "capture", "--workload", "digits", "--steps", "50", "--max-bytes", "1M",
-        "--out", out,
-    )  # fmt: skip
+        capsys,
+        "capture",
+        "--workload",
+        "digits",
+        "--steps",
+        "50",
+        "--max-bytes",
+        "1M",
+        "--out",
+        out,
+    )
     assert_clean_error(result, 2)
     message = result.stderr
     assert "more than the limit of 1 MiB" in message

@@ -201,37 +201,44 @@ def buildup_command(
             compute=compute_options(device, memory),
             progress=lambda units: progress(units, "build-up"),
         )
+    result = buildup_result(records, on.value)
+    result.figure = lambda: _plot("plot_buildup", records)
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def _doubling(m: pd.Series) -> pd.Series:
+    """m = 1, 2, 4, 8, ... and the largest m: the rows of a long B(m) table shown first."""
+    top = m.max()
+    return (m == top) | ((m & (m - 1)) == 0)
+
+
+def buildup_result(records: pd.DataFrame, on: str) -> Result:
     summary = buildup_summary(records)
-    result = Result(
+    columns = {
+        "scope": "scope",
+        "ratio": "ratio",
+        "k": "k",
+        "m": "m",
+        "buildup": "B",
+        "buildup_max": "B max",
+        "random_buildup": "B random",
+        "density": "U/d",
+        "allgather_vs_allreduce": "vs dense",
+    }
+    note = "U/d: density after an all-gather; vs dense: its bytes over a dense ring all-reduce's."
+    title = f"build-up B(m) = E[U(m)] / k, mean over {records['step'].nunique()} steps (on {on})"
+    long = summary["m"].max() > MATRIX_SHOWN
+    shown = summary[_doubling(summary["m"])] if long else summary
+    return Result(
         records,
-        summary=[
-            View(
-                f"build-up B(m) = E[U(m)] / k, mean over {records['step'].nunique()} steps "
-                f"(on {on.value})",
-                summary,
-                {
-                    "scope": "scope",
-                    "ratio": "ratio",
-                    "k": "k",
-                    "m": "m",
-                    "buildup": "B",
-                    "buildup_max": "B max",
-                    "random_buildup": "B random",
-                    "density": "U/d",
-                    "allgather_vs_allreduce": "vs dense",
-                },
-                "U/d: density after an all-gather; vs dense: its bytes over a dense ring "
-                "all-reduce's.",
-            )
-        ],
+        summary=[View(title, shown, columns, note + (" m = 1, 2, 4, ... n." if long else ""))],
         answer=buildup_answer(summary),
+        detail=[View(f"{title}, every m", summary, columns)] if long else [],
         document={
             "records": records.to_dict(orient="records"),
             "summary": summary.to_dict(orient="records"),
         },
-        figure=lambda: _plot("plot_buildup", records),
     )
-    show(result, Output(as_json, csv, detail, plot, dpi))
 
 
 def overlap_command(
@@ -278,18 +285,39 @@ def overlap_command(
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
+def _two_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """Many learners: their mean as one row ('learners') and the mean gradient's row."""
+    is_mean = summary["learner"].astype(str) == "mean"
+    keys = ["scope", "ratio"]
+    learners = (
+        summary[~is_mean]
+        .groupby(keys, sort=False)
+        .agg(
+            pairs=("pairs", "first"),
+            gap_max=("gap_max", "max"),
+            mean_overlap=("mean_overlap", "mean"),
+            min_overlap=("min_overlap", "min"),
+            mean_jaccard=("mean_jaccard", "mean"),
+        )
+        .reset_index()
+        .assign(learner="learners")
+    )
+    return pd.concat([learners, summary[is_mean]], ignore_index=True)
+
+
 def overlap_result(records: pd.DataFrame, lag: int, on: str) -> Result:
     summary = overlap_summary(records)
     keys = ["scope", "ratio", "step", "next_step", "gap"]
     wide = records.pivot_table(index=keys, columns="learner", values="overlap", sort=False)
     wide.columns = [str(c) for c in wide.columns]
     wide = wide.reset_index().rename(columns={"next_step": "next"})
+    shown = summary if summary["learner"].nunique() <= MATRIX_SHOWN + 1 else _two_rows(summary)
     return Result(
         records,
         summary=[
             View(
                 f"overlap of top-k(t) and top-k(t + lag {lag}), mean over step pairs (on {on})",
-                summary,
+                shown,
                 {
                     "scope": "scope",
                     "ratio": "ratio",
@@ -304,7 +332,10 @@ def overlap_result(records: pd.DataFrame, lag: int, on: str) -> Result:
             )
         ],
         answer=overlap_answer(summary),
-        detail=[View("overlap per step pair, per learner and for the mean gradient", wide)],
+        detail=[
+            *([] if shown is summary else [View("overlap per learner", summary)]),
+            View("overlap per step pair, per learner and for the mean gradient", wide),
+        ],
         document={
             "records": records.to_dict(orient="records"),
             "summary": summary.to_dict(orient="records"),
