@@ -42,7 +42,7 @@ def closest_estimators(quality: pd.DataFrame) -> list[str]:
         stages = "" if best["stages"] in ("1", 1) else f", {best['stages']} stages"
         lines.append(
             f"At ratio {_ratio_text(ratio)}, {best['estimator']}{stages} comes closest to k "
-            f"without a sort: median q {best['q median']:.3g} "
+            f"(exact top-k aside): median q {best['q median']:.3g} "
             f"(range {best['q min']:.3g} to {best['q max']:.3g})."
         )
     return lines
