@@ -214,12 +214,7 @@ def _fit_table(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def _figure(records: pd.DataFrame, drawn: tuple, magnitudes):
-    from gradstat.plots.fit import plot_fit
+    from gradstat.plots.fit import plot_fit_at
 
     step, learner, scope = drawn
-    chosen = records[
-        (records["step"] == step)
-        & (records["learner"] == learner)
-        & (records["scope"] == scope.name)
-    ]
-    return plot_fit(chosen, magnitudes, f"step {step}, learner {learner}, scope {scope.name}")
+    return plot_fit_at(records, magnitudes, step, learner, scope.name)

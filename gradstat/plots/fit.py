@@ -160,3 +160,15 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
         ax.axis("off")
     fig.suptitle(title)
     return fig
+
+
+def plot_fit_at(
+    records: pd.DataFrame, magnitudes: np.ndarray, step: int, learner: int, scope: str, name=""
+) -> Figure:
+    """:func:`plot_fit` of one (step, learner, scope) of a fit's records, titled by them
+    (after ``name``, e.g. the capture's): what ``fit --plot`` and the report both draw."""
+    chosen = records[
+        (records["step"] == step) & (records["learner"] == learner) & (records["scope"] == scope)
+    ]
+    title = f"step {step}, learner {learner}, scope {scope}"
+    return plot_fit(chosen, magnitudes, f"{name}: {title}" if name else title)

@@ -35,7 +35,7 @@ from gradstat.analysis.similarity import SimilarityParams, similarity, similarit
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import GradstatError
 from gradstat.plots.capture import plot_loss
-from gradstat.plots.fit import plot_fit
+from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
 from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
 from gradstat.report import answers
@@ -195,16 +195,8 @@ def _fit(ctx: ReportContext) -> Part:
         + " ".join(stages + answers.closest_estimators(quality))
     )
     step, learner, scope = analysis.steps[0], analysis.learners[0], analysis.scopes[0]
-    one = records[
-        (records["step"] == step)
-        & (records["learner"] == learner)
-        & (records["scope"] == scope.name)
-    ]
-    figure = plot_fit(
-        one,
-        magnitude_sample(cap, step, learner, scope),
-        f"{cap.path.name}: step {step}, learner {learner}, whole model",
-    )
+    magnitudes = magnitude_sample(cap, step, learner, scope)
+    figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.path.name)
     return Part(
         reading,
         [figure],
