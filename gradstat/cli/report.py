@@ -77,9 +77,7 @@ def report_command(
     )
     with open_capture(capture) as cap:
         note_sample(cap)
-        page = build_report(
-            cap, settings, lambda key, total: lambda items: progress(items, key, total)
-        )
+        page = build_report(cap, settings, lambda key: lambda units: progress(units, key))
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
