@@ -34,17 +34,22 @@ h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
 p.reading { background: #f5f7fa; border-left: 4px solid #4a7ab5; padding: .6em 1em; }
 p.error { background: #fdf0f0; border-left: 4px solid #b54a4a; padding: .6em 1em; }
 .figures { display: flex; flex-wrap: wrap; gap: 1em; }
-.figures img { flex: 1 1 100%; max-width: 100%; height: auto; display: block; margin: .5em 0; }
+.figures img { flex: 0 1 auto; min-width: 0; max-width: 100%; height: auto; margin: .5em 0; }
 .scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
 td { white-space: nowrap; font-variant-numeric: tabular-nums; }
 th { background: #eef; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
-table.facts td { white-space: normal; text-align: left; overflow-wrap: anywhere; }
+table.facts td { white-space: normal; text-align: left; overflow-wrap: break-word; }
 table.facts td:first-child { white-space: nowrap; font-weight: bold; }
-nav a { margin-right: 1em; white-space: nowrap; }
-@media (max-width: 700px) { body { margin: 1em auto; padding: 0 .6em; } h1 { font-size: 1.3em; } }
+nav { display: flex; flex-wrap: wrap; gap: .2em 1em; margin: 1em 0; }
+nav a { white-space: nowrap; }
+@media (max-width: 700px) {
+  body { margin: 1em auto; padding: 0 .6em; } h1 { font-size: 1.3em; }
+  table.facts td { display: block; border: 0; padding: .1em .3em; }
+  table.facts tr { display: block; border-bottom: 1px solid #ddd; padding: .3em 0; }
+}
 """
 
 
