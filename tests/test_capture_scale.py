@@ -90,7 +90,7 @@ def test_a_sample_of_learners_keeps_ranks_and_world_size(tmp_path, capsys):
     assert replay["cost_learners"] == 8 and replay["learners"] == 2
     fit = run_cli(capsys, "fit", tmp_path, "--learners", "4", "--steps", "1", "--json")
     assert fit.code == 0, fit
-    assert {r["learner"] for r in json.loads(fit.stdout)} == {4}
+    assert {r["learner"] for r in json.loads(fit.stdout)["records"]} == {4}
     assert_clean_error(run_cli(capsys, "fit", tmp_path, "--learners", "1"), 2)
 
 
