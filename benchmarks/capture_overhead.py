@@ -5,7 +5,8 @@
    (blocks in rotation, median per variant over the timed blocks) so that machine noise
    hits them alike:
 
-   * ``every=1``, ``every=10``: both learners record;
+   * ``every=1``, ``every=10``: both learners record (a block is a multiple of 10 steps,
+     so every block of every=10 holds its share of recorded steps);
    * ``ranks=0``: only rank 0 records (``record_ranks=[0]``, every step); rank 1 runs the
      wrapped hook alone. Rank 1 still waits for rank 0 at every all-reduce, so its step
      time includes rank 0's recording;
@@ -191,7 +192,9 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--workload", default="charlm", help="a built-in workload")
     parser.add_argument("--size", default="small", help="tiny, small, medium or large")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per block")
+    parser.add_argument(
+        "--steps", type=int, default=10, help="training steps per block, a multiple of 10"
+    )
     parser.add_argument("--blocks", type=int, default=5, help="timed blocks per variant")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", default="float32", help="storage type of the captures")
@@ -199,6 +202,10 @@ def main() -> None:
     parser.add_argument("--tmp", default=None, help="folder for the captures (default: TMPDIR)")
     parser.add_argument("--no-writer", action="store_true", help="skip the writer benchmark")
     args = parser.parse_args()
+    if args.steps % 10:
+        parser.error(
+            "--steps must be a multiple of 10: every block then holds one recorded step of every=10"
+        )
     if args.worker:
         worker(args)
         return
