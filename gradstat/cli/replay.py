@@ -293,7 +293,7 @@ def recommend_result(result: Recommendation) -> Result:
     shown = result.ranking.iloc[: fits + OVER_BUDGET_SHOWN]
     hidden = len(result.ranking) - len(shown)
     answer = result.explanation()
-    if result.winner is not None:
+    if result.pays_off:
         settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
         use = f"Use {result.winner['compressor']}" + (f" with {settings}." if settings else ".")
         answer = [use, *answer]

@@ -320,7 +320,8 @@ def _recommend(ctx: ReportContext) -> Part:
         )
     columns = ["compressor", "ratio", "rel_error", "seconds", "speedup", "within_budget"]
     link = ctx.settings.link
-    verdict = [f"{lines[0]} Link: {link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us."]
+    verdict = lines[: 1 if result.pays_off else 2]  # a winner that loses says so
+    verdict.append(f"Link: {link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us.")
     if result.winner is None:
         verdict = ["No candidate fits the error budget: " + lines[0]]
     return Part(" ".join(lines), [], [("candidates", _human(result.ranking[columns]))], verdict)
