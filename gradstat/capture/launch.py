@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from gradstat.capture.worker import PROGRESS_PREFIX
-from gradstat.capture.workloads import SIZES, workload_names
+from gradstat.capture.workloads import resolve_size, workload_spec
 from gradstat.errors import DataError, UsageError
 from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
 
@@ -50,7 +50,7 @@ class CaptureOptions:
     batch_size: int = 32
     lr: float = 0.05
     seed: int = 0
-    size: str = "small"
+    size: str | None = None  # the workload's default size
     data: Path | None = None
     nproc_per_node: int = 2
     nnodes: int = 1
@@ -83,12 +83,8 @@ class CaptureOptions:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if not self.lr > 0:
             raise UsageError(f"--lr must be positive, got {self.lr}")
-        if self.workload not in workload_names():
-            raise UsageError(
-                f"unknown workload {self.workload!r}; choose one of {', '.join(workload_names())}"
-            )
-        if self.size not in SIZES:
-            raise UsageError(f"unknown --size {self.size!r}; choose one of {', '.join(SIZES)}")
+        spec = workload_spec(self.workload)
+        resolve_size(self.workload, self.size)
         if self.dtype not in SUPPORTED_DTYPES:
             raise UsageError(
                 f"--dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
@@ -109,8 +105,8 @@ class CaptureOptions:
                 f"{torch.cuda.device_count()} visible GPUs"
             )
         if self.data is not None:
-            if self.workload != "charlm":
-                raise UsageError("--data applies to the charlm workload only")
+            if not spec.takes_data:
+                raise UsageError(f"--data applies to the text workloads only, not {self.workload}")
             if not Path(self.data).is_file():
                 raise UsageError(f"--data {self.data}: no such file")
         if self.nnodes > 1 and not (self.master_addr and self.master_port):
