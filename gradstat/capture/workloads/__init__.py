@@ -54,21 +54,24 @@ class WorkloadSpec:
     data: str
     description: str
     takes_data: bool = False
+    lr: float = 0.05  # SGD (momentum 0.9) learning rate that does not diverge at batch 8
 
 
+_TEXT = "stdlib bytes or --data"
 SPECS = {
     spec.name: spec
     for spec in (
-        WorkloadSpec(
-            "charlm", "charlm", "small", "stdlib bytes or --data", "byte transformer LM", True
-        ),
+        WorkloadSpec("charlm", "charlm", "small", _TEXT, "byte transformer LM", True),
         WorkloadSpec("digits", "digits", "small", "sklearn digits 8x8", "small CNN"),
         WorkloadSpec(
-            "resnet50", "resnet", "large", "sklearn digits 32x32 RGB", "ResNet-50 (torchvision's)"
+            "resnet50",
+            "resnet",
+            "large",
+            "sklearn digits 32x32 RGB",
+            "ResNet-50 (torchvision's)",
+            lr=0.002,
         ),
-        WorkloadSpec(
-            "gpt2", "gpt2", "large", "stdlib bytes or --data", "GPT-2-small-shaped decoder", True
-        ),
+        WorkloadSpec("gpt2", "gpt2", "large", _TEXT, "GPT-2-small-shaped decoder", True, lr=0.01),
         WorkloadSpec(
             "lstm", "lstm", "large", "stdlib words or --data", "2-layer LSTM LM (PTB)", True
         ),
@@ -93,6 +96,10 @@ def resolve_size(name: str, size: str | None) -> str:
     if size not in SIZE_NAMES:
         raise UsageError(f"unknown --size {size!r}; choose one of {', '.join(SIZE_NAMES)}")
     return size
+
+
+def default_lr(name: str) -> float:
+    return workload_spec(name).lr
 
 
 def build_workload(name: str, size: str | None = None, data: Path | None = None) -> Workload:
