@@ -28,6 +28,7 @@ FIG=${FIG:-docs/img/findings$SUFFIX}
 WORKLOADS=${WORKLOADS:-resnet50 gpt2 lstm}
 LEARNERS=4
 DPI=100
+export COLUMNS=${COLUMNS:-160}  # whole tables in the .txt files
 mkdir -p "$OUT" "$FIG"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 # run NAME COMMAND...: the command's table output to OUT/W/NAME.txt and the terminal
@@ -57,9 +58,10 @@ for W in $WORKLOADS; do
   run info info "$RUN"
 
   step "$W: SIDCo: which distribution fits |g| (whole model), and q = selected/k of the estimators"
-  run fit fit "$RUN" --dist all --ratios 0.1,0.01,0.001 --stages 1,2,3 \
+  # every 4th recorded step, all learners: the fits are the expensive part
+  run fit fit "$RUN" --dist all --ratios 0.1,0.01,0.001 --stages 1,2,3 --steps ::4 \
     --csv "$DIR/fit.csv" --plot "$FIG/$W-fit.png" --dpi $DPI
-  run fit-adaptive fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages auto \
+  run fit-adaptive fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages auto --steps ::4 \
     --estimators sidco-exp,sidco-gpd,sidco-gamma-gpd --csv "$DIR/fit-adaptive.csv"
 
   step "$W: SIDCo: best fit per layer (first recorded step, learner 0)"
@@ -70,6 +72,8 @@ for W in $WORKLOADS; do
   run similarity similarity "$RUN" --ratio 0.001 --csv "$DIR/similarity.csv" \
     --plot "$FIG/$W-similarity.png" --dpi $DPI
   run similarity-0.01 similarity "$RUN" --ratio 0.01 --csv "$DIR/similarity-0.01.csv"
+  # ScaleCom measures the top-k of the error-feedback memory (g + residual), not raw g
+  run similarity-ef similarity "$RUN" --ratio 0.001 --on ef --csv "$DIR/similarity-ef.csv"
 
   step "$W: ScaleCom: build-up B(m) of the learners' local top-k"
   run buildup buildup "$RUN" --ratios 0.01,0.001 --csv "$DIR/buildup.csv" \
