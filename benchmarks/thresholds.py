@@ -22,7 +22,8 @@ import time
 import numpy as np
 import torch
 
-from gradstat.stats.thresholds import estimate_threshold, target_count
+from gradstat.stats.density import k_for
+from gradstat.stats.thresholds import estimate_threshold
 
 SIZE = 25_000_000
 RATIOS = (0.01, 0.001)
@@ -65,7 +66,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, median of {args.repeats} interleaved runs"
     )
     for ratio in RATIOS:
-        k = target_count(ratio, values.numel())
+        k = k_for(ratio, values.numel())
         print(f"\nratio {ratio:g} (k = {k:,})")
         print(f"{'estimator':<18}{'stages':>7}{'time/topk':>11}{'q':>8}")
         timings: dict[str, list[float]] = {"topk": []}

@@ -9,15 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from gradstat.analysis.selection import k_for
 from gradstat.errors import DataError, UsageError
-from gradstat.stats.thresholds import (
-    ESTIMATORS,
-    AdaptiveStages,
-    estimate_threshold,
-    stage_densities,
-    target_count,
-)
+from gradstat.stats.density import k_for
+from gradstat.stats.sidco import AdaptiveStages, stage_densities
+from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
 
@@ -216,10 +211,9 @@ def test_bad_input():
         estimate_threshold(bad, 0.01, "sidco-exp")
 
 
-def test_target_count_is_k_for():
-    for ratio in (0.5, 0.01, 0.001, 1e-7):
-        for numel in (1, 7, 1000, 123_457):
-            assert target_count(ratio, numel) == k_for(ratio, numel)
+def test_k_for_rounds_and_keeps_at_least_one():
+    assert [k_for(r, 1000) for r in (0.5, 0.0105, 0.0104, 1e-7)] == [500, 10, 10, 1]
+    assert k_for(0.001, 123_457) == 123
 
 
 def _drive(adaptive: AdaptiveStages, quality_of: dict[int, float], steps: int = 60) -> list[int]:

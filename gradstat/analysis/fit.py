@@ -43,23 +43,15 @@ from gradstat.stats.goodness import (
     quantile_error,
     subsample,
 )
+from gradstat.stats.sidco import AdaptiveStages, check_choices
 from gradstat.stats.thresholds import (
+    DEFAULT_ESTIMATORS,
     ESTIMATORS,
-    SIDCO_ESTIMATORS,
-    AdaptiveStages,
     estimate_threshold,
+    get_estimator,
 )
 from gradstat.store import Capture, Scope
 
-#: Estimators run by default (``hard`` needs a threshold, so only when one is given).
-DEFAULT_ESTIMATORS: tuple[str, ...] = tuple(e for e in ESTIMATORS if e != "hard")
-#: The distribution a SIDCo estimator fits, for the ``dist`` column of its rows.
-ESTIMATOR_DIST = {
-    "sidco-exp": "exp",
-    "sidco-gpd": "gpd",
-    "sidco-gamma-gpd": "gamma+gpd",
-    "gaussiank": "normal",
-}
 COLUMNS = (
     "step",
     "learner",
@@ -126,8 +118,7 @@ def parse_estimators(spec: str | Sequence[str]) -> list[str]:
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [name.strip() for name in names if name.strip()]
     for name in names:
-        if name not in ESTIMATORS:
-            raise UsageError(f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+        get_estimator(name)
     return list(dict.fromkeys(names))
 
 
@@ -187,7 +178,10 @@ class Fit:
       scores, the fitted upper quantile as a threshold;
     * estimator, ratio and stage count (``kind`` = ``estimator``).
     ``quality`` = selected / k with k = ratio * numel; the densities fitted are
-    k / (non-zeros). A record that could not be computed carries its reason in ``error``.
+    k / (non-zeros). ``zeros`` and ``stage_fit`` are passed to the estimators (SIDCo and
+    Gaussian-k: exact zeros excluded or, as the SIDCo reference does, included; later
+    SIDCo GPD stages by moments or MLE); distribution fits always exclude zeros.
+    A record that could not be computed carries its reason in ``error``.
     """
 
     def __init__(
@@ -203,9 +197,12 @@ class Fit:
         stages: str | Sequence[int] = (1, 2, 3),
         estimators: str | Sequence[str] = DEFAULT_ESTIMATORS,
         hard_threshold: float | None = None,
+        zeros: str = "exclude",
+        stage_fit: str = "moments",
         sample: int | None = 1_000_000,
         seed: int = 0,
     ) -> None:
+        check_choices(zeros, stage_fit)
         if method not in METHODS:
             raise UsageError(f"unknown fit method {method!r}; choose from {', '.join(METHODS)}")
         if sample is not None and sample < 10:
@@ -224,6 +221,8 @@ class Fit:
         if hard_threshold is not None and "hard" not in self.estimators:
             self.estimators.append("hard")
         self.hard_threshold = hard_threshold
+        self.zeros = zeros
+        self.stage_fit = stage_fit
         self.sample = sample
         self.seed = seed
         self._adaptive: dict[tuple, AdaptiveStages] = {}
@@ -305,7 +304,7 @@ class Fit:
 
     def _settings(self, estimator: str, base: dict, ratio: float) -> list[tuple[int, bool]]:
         """(stage count, adaptive) pairs to run for one estimator and ratio."""
-        if estimator not in SIDCO_ESTIMATORS:
+        if not ESTIMATORS[estimator].staged:
             return [(1, False)]
         if self.stages is not None:
             return [(s, False) for s in self.stages]
@@ -322,7 +321,7 @@ class Fit:
                     row_base = {
                         **base,
                         "kind": "estimator",
-                        "dist": ESTIMATOR_DIST.get(estimator),
+                        "dist": ESTIMATORS[estimator].dist,
                         "estimator": estimator,
                         "ratio": ratio,
                         "stages": stages,
@@ -336,6 +335,8 @@ class Fit:
                             stages=stages,
                             threshold=self.hard_threshold,
                             generator=generator,
+                            zeros=self.zeros,
+                            stage_fit=self.stage_fit,
                         )
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))

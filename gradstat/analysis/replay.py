@@ -212,7 +212,8 @@ class Replay:
             "buildup": exchange.union / k if k and exchange.union is not None else math.nan,
             "bytes_per_learner": sent_bytes,
             "gathered_bytes": exchange.gathered_bytes if exchange.gathered_bytes else math.nan,
-            "compression": d * grads.element_size() / sent_bytes,
+            # a threshold can select nothing (Gaussian-k's 2 adjustments at tiny k)
+            "compression": d * grads.element_size() / sent_bytes if sent_bytes else math.inf,
             "comm_seconds": comm,
             "compress_seconds": compress_seconds,
             "rel_error": rel_error,

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.stats.density import k_for
+
+__all__ = ["k_for", "parse_ratios", "select_learners", "select_steps"]
 
 
 def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
@@ -87,8 +90,3 @@ def parse_ratios(spec: str | Sequence[float]) -> list[float]:
     if not ratios:
         raise UsageError("give at least one ratio")
     return ratios
-
-
-def k_for(ratio: float, numel: int) -> int:
-    """Number of elements a density keeps: ``max(1, round(ratio * numel))``."""
-    return max(1, round(ratio * numel))
