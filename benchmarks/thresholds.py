@@ -2,7 +2,8 @@
 
 Prints, for ratios 0.01 and 0.001, each estimator's median time divided by the median
 time of ``torch.topk(g.abs(), k)`` on the same signed vector, measured interleaved in
-the same run, and its estimation quality q = selected / k.
+the same run, and its estimation quality q = selected / k. SIDCo's GPD stages run
+fitted by moments and by maximum likelihood (``fit`` column).
 Target (issue 3): SIDCo-P with 3 stages at most 0.35 of top-k's time with q in [0.8, 1.25].
 
 The vector: 100 "layers" whose scales spread over two decades (log-uniform), values
@@ -27,14 +28,17 @@ from gradstat.stats.thresholds import estimate_threshold
 
 SIZE = 25_000_000
 RATIOS = (0.01, 0.001)
-RUNS = (
-    ("sidco-exp", 3),
-    ("sidco-gpd", 1),
-    ("sidco-gpd", 3),
-    ("sidco-gamma-gpd", 3),
-    ("dgc", 1),
-    ("gaussiank", 1),
-    ("redsync", 1),
+RUNS = (  # (estimator, stages, stage fit)
+    ("sidco-exp", 3, "moments"),
+    ("sidco-gpd", 1, "moments"),
+    ("sidco-gpd", 3, "moments"),
+    ("sidco-gpd", 3, "mle"),
+    ("sidco-gamma-gpd", 3, "moments"),
+    ("sidco-gamma-gpd", 3, "mle"),
+    ("dgc", 1, "moments"),
+    ("gaussiank", 1, "moments"),
+    ("redsync", 1, "moments"),
+    ("redsync-sidco", 1, "moments"),
 )
 
 
@@ -68,27 +72,34 @@ def main() -> None:
     for ratio in RATIOS:
         k = k_for(ratio, values.numel())
         print(f"\nratio {ratio:g} (k = {k:,})")
-        print(f"{'estimator':<18}{'stages':>7}{'time/topk':>11}{'q':>8}")
+        print(f"{'estimator':<18}{'stages':>7}{'fit':>8}{'time/topk':>11}{'q':>8}")
         timings: dict[str, list[float]] = {"topk": []}
         results = {}
         for _ in range(args.repeats):
             start = time.perf_counter()
             torch.topk(values.abs(), k, sorted=False)
             timings["topk"].append(time.perf_counter() - start)
-            for estimator, stages in RUNS:
-                key = f"{estimator}/{stages}"
+            for estimator, stages, stage_fit in RUNS:
+                key = f"{estimator}/{stages}/{stage_fit}"
                 generator = torch.Generator().manual_seed(0)
                 start = time.perf_counter()
                 results[key] = estimate_threshold(
-                    values, ratio, estimator, stages=stages, generator=generator
+                    values,
+                    ratio,
+                    estimator,
+                    stages=stages,
+                    generator=generator,
+                    stage_fit=stage_fit,
                 )
                 timings.setdefault(key, []).append(time.perf_counter() - start)
         base = statistics.median(timings["topk"])
-        print(f"{'topk':<18}{1:>7}{1.0:>11.3f}{1.0:>8.3f}   ({base * 1e3:.0f} ms)")
-        for estimator, stages in RUNS:
-            key = f"{estimator}/{stages}"
+        print(f"{'topk':<18}{1:>7}{'':>8}{1.0:>11.3f}{1.0:>8.3f}   ({base * 1e3:.0f} ms)")
+        for estimator, stages, stage_fit in RUNS:
+            key = f"{estimator}/{stages}/{stage_fit}"
             ratio_time = statistics.median(timings[key]) / base
-            print(f"{estimator:<18}{stages:>7}{ratio_time:>11.3f}{results[key].quality:>8.3f}")
+            fit = stage_fit if estimator.startswith("sidco") else ""
+            quality = results[key].quality
+            print(f"{estimator:<18}{stages:>7}{fit:>8}{ratio_time:>11.3f}{quality:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from gradstat.cli.options import (
     LearnersOpt,
     PlotOpt,
     ScopeOpt,
+    StageFit,
     StepsOpt,
+    Zeros,
 )
 from gradstat.cli.output import df_table, emit, progress, warn
 from gradstat.errors import UsageError
@@ -93,6 +95,8 @@ def fit_command(
     stages: str = StagesOpt,
     estimators: str = EstimatorsOpt,
     hard: float | None = HardOpt,
+    zeros: Zeros = "exclude",
+    stage_fit: StageFit = "moments",
     sample: int = SampleOpt,
     seed: int = SeedOpt,
     as_json: bool = JsonOpt,
@@ -117,6 +121,8 @@ def fit_command(
             stages=stages,
             estimators=estimators,
             hard_threshold=hard,
+            zeros=zeros,
+            stage_fit=stage_fit,
             sample=sample or None,
             seed=seed,
         )

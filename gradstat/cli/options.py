@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -29,6 +30,23 @@ ScopeOpt = typer.Option(
     help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
 )
 
+Zeros = Annotated[
+    str,
+    typer.Option(
+        "--zeros",
+        help="Exact zeros in SIDCo and Gaussian-k fits: 'exclude' (fit the non-zeros at "
+        "density k/nnz) or 'include' (every element at k/d, as the SIDCo authors' code).",
+    ),
+]
+StageFit = Annotated[
+    str,
+    typer.Option(
+        "--stage-fit",
+        help="How SIDCo fits its GPD stages: 'moments' (as the SIDCo authors' code) or "
+        "'mle' (maximum likelihood on a subsample; better on heavy tails).",
+    ),
+]
+
 __all__ = [
     "CaptureArg",
     "CsvOpt",
@@ -38,5 +56,7 @@ __all__ = [
     "Path",
     "PlotOpt",
     "ScopeOpt",
+    "StageFit",
     "StepsOpt",
+    "Zeros",
 ]

@@ -3,8 +3,9 @@
 A compressor is named on the command line as ``NAME[:PARAM=VALUE[:PARAM=VALUE]]``, e.g.
 ``clt-k:beta=0.1``, ``powersgd:rank=2`` or ``sidco-gpd:stages=3:stage_fit=mle:zeros=include``
 (a choice parameter is stored as the index of its word in :data:`CHOICES`). Sparsifiers
-take their density from ``--ratios``; fixed-rate compressors (casts, sign, QSGD, TernGrad, PowerSGD) ignore it
-and are replayed once. :func:`build_scheme` pairs a compressor with its memory.
+take their density from ``--ratios``; fixed-rate compressors (casts, sign, QSGD,
+TernGrad, PowerSGD) ignore it and are replayed once. :func:`build_scheme` pairs a
+compressor with its memory.
 """
 
 from __future__ import annotations
