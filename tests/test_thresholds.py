@@ -58,7 +58,7 @@ def test_sidco_matches_topk_on_its_own_distribution(samples, estimator, data, ra
 
 
 def _brute_sidco(x: np.ndarray, density: float, stages: int, first: str, later: str):
-    """SIDCo's stages in float64 numpy, straight from METHODS.md 1 and 2."""
+    """SIDCo's stages in float64 numpy, straight from docs/methods.md 1 and 2."""
 
     def quantile(kind: str, v: np.ndarray, d: float) -> float:
         m = v.mean()
@@ -110,7 +110,7 @@ def test_stage_densities_multiply_to_the_target():
 
 
 def test_one_stage_is_far_off_on_heavy_tails_and_stages_fix_it(samples):
-    # METHODS.md 2: on heavy tails one exponential stage selects far too many at 1e-3.
+    # docs/methods.md 2: on heavy tails one exponential stage selects far too many at 1e-3.
     one = estimate_threshold(samples["gpd"], 0.001, "sidco-exp", stages=1)
     three = estimate_threshold(samples["gpd"], 0.001, "sidco-exp", stages=3)
     assert one.quality > 2.0

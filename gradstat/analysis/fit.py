@@ -1,13 +1,13 @@
 """``fit``: distribution fits, goodness of fit and threshold estimators over a capture.
 
 For every selected (step, learner, scope) the analysis
-* fits each chosen distribution (METHODS.md 1) to the scope's values, exact zeros and
+* fits each chosen distribution (docs/methods.md 1) to the scope's values, exact zeros and
   NaN/Inf excluded and counted (NaN/Inf also warned about);
 * scores it on the magnitudes |g| (normal and Laplace folded, see
   :class:`~gradstat.stats.distributions.Folded`): KS, Anderson-Darling, log-likelihood,
   AIC/BIC, and at each ratio the fitted upper quantile, what it selects and its relative
   error against the empirical quantile (the k-th largest |g|);
-* runs the threshold estimators (METHODS.md 2) at each ratio, SIDCo with each fixed stage
+* runs the threshold estimators (docs/methods.md 2) at each ratio, SIDCo with each fixed stage
   count or the adaptive rule.
 
 It streams: one step of all selected learners is in memory at a time. MLE fits and the

@@ -1,5 +1,5 @@
 """``gradstat fit``: distribution fits, goodness of fit and threshold estimators
-(METHODS.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
+(docs/methods.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and a hard threshold.
 
 Each learner estimates a threshold ``eta`` on its corrected vector with
-:func:`gradstat.stats.thresholds.estimate_threshold` (METHODS.md 2) and sends every
+:func:`gradstat.stats.thresholds.estimate_threshold` (docs/methods.md 2) and sends every
 element the threshold selects (``|p| > eta``; ``>=`` for exact and hard thresholds) as
 ``(int32 index, value)`` pairs, all-gathered. The count
 varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
@@ -29,7 +29,7 @@ import torch
 
 from gradstat.compressors.base import LocalCompressor, Payload, sparse_decompress, sparse_payload
 from gradstat.stats.sidco import AdaptiveStages
-from gradstat.stats.thresholds import estimate_threshold
+from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 #: Stage count adaptive SIDCo starts from (estimate_threshold's default).
 ADAPTIVE_START = 3
@@ -103,7 +103,7 @@ class EstimatedSparsifier(LocalCompressor):
 
     def settings(self) -> dict[str, float]:
         settings: dict[str, float] = {"k": self.k}
-        if self.estimator.startswith("sidco"):
+        if ESTIMATORS[self.estimator].staged:
             adaptive = [a.stages for a in self.adaptive.values()]
             settings["stages"] = self.stages or sum(adaptive) / max(1, len(adaptive))
             settings["adaptive"] = float(not self.stages)

@@ -81,6 +81,8 @@ class Entry:
     fixed_rate: bool
     summary: str
     params: Mapping[str, float] = field(default_factory=dict)
+    #: Among ``recommend``'s default candidates (reference behaviours run on request).
+    candidate: bool = True
 
 
 def _residual(params: Mapping[str, float]) -> Memory:
@@ -97,7 +99,9 @@ def _dgc(params: Mapping[str, float]) -> Memory:
 
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
 REGISTRY: dict[str, Entry] = {
-    "none": Entry(lambda ctx: NoCompression(), _none, True, "dense float32 all-reduce"),
+    "none": Entry(
+        lambda ctx: NoCompression(), _none, True, "dense float32 all-reduce", candidate=False
+    ),
     "fp16": Entry(lambda ctx: Cast(torch.float16), _none, True, "float16 cast, all-reduce"),
     "bf16": Entry(lambda ctx: Cast(torch.bfloat16), _none, True, "bfloat16 cast, all-reduce"),
     "topk": Entry(lambda ctx: TopK(ctx.k), _residual, False, "exact top-k, all-gather"),
@@ -124,7 +128,11 @@ REGISTRY: dict[str, Entry] = {
     "gaussiank": Entry(_estimated("gaussiank"), _residual, False, "Gaussian-k threshold"),
     "redsync": Entry(_estimated("redsync"), _residual, False, "RedSync binary-search threshold"),
     "redsync-sidco": Entry(
-        _estimated("redsync-sidco"), _residual, False, "RedSync as the SIDCo reference (3 probes)"
+        _estimated("redsync-sidco"),
+        _residual,
+        False,
+        "RedSync as the SIDCo reference (3 probes)",
+        candidate=False,
     ),
     "sidco-exp": Entry(_estimated("sidco-exp"), _residual, False, "SIDCo-E (exponential)", _SIDCO),
     "sidco-gpd": Entry(_estimated("sidco-gpd"), _residual, False, "SIDCo-P (GPD)", _SIDCO),

@@ -1,4 +1,4 @@
-"""Goodness of fit without p-values (METHODS.md 1).
+"""Goodness of fit without p-values (docs/methods.md 1).
 
 With millions of gradient values every p-value is ~0, so gradstat reports statistics:
 Kolmogorov-Smirnov D, Anderson-Darling A^2, the relative error of the fitted upper
