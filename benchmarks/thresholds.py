@@ -11,7 +11,7 @@ Student-t with 3 degrees of freedom (heavy tails, as gradients have) and 2% exac
 (dead units); or ``--capture PATH``: every (step, learner) flat gradient of a real
 capture (times summed over them; q as median (min-max)).
 
-    .venv/bin/python benchmarks/thresholds.py [--capture PATH] [--repeats 3]
+    .venv/bin/python benchmarks/thresholds.py [--capture PATH] [--repeats 3] [--estimators A,B]
 """
 
 from __future__ import annotations
@@ -71,7 +71,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capture", help="use every gradient of a real capture instead")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--estimators", help="only these (comma list; default: all below)")
     args = parser.parse_args()
+    wanted = args.estimators.split(",") if args.estimators else [run[0] for run in RUNS]
+    runs = [run for run in RUNS if run[0] in wanted]
     vectors = from_capture(args.capture) if args.capture else [gradient_like()]
     source = f"{len(vectors)} rows of {args.capture}" if args.capture else "synthetic"
     print(
@@ -89,7 +92,7 @@ def main() -> None:
             for values in vectors:
                 torch.topk(values.abs(), k, sorted=False)
             timings["topk"].append(time.perf_counter() - start)
-            for estimator, stages, stage_fit in RUNS:
+            for estimator, stages, stage_fit in runs:
                 key = f"{estimator}/{stages}/{stage_fit}"
                 generator = torch.Generator().manual_seed(0)
                 start = time.perf_counter()
@@ -108,7 +111,7 @@ def main() -> None:
         base = statistics.median(timings["topk"])
         per_vector = base / len(vectors) * 1e3
         print(f"{'topk':<18}{1:>7}{'':>8}{1.0:>11.3f}  1   ({per_vector:.0f} ms per vector)")
-        for estimator, stages, stage_fit in RUNS:
+        for estimator, stages, stage_fit in runs:
             key = f"{estimator}/{stages}/{stage_fit}"
             ratio_time = statistics.median(timings[key]) / base
             fit = stage_fit if estimator.startswith("sidco") else ""
