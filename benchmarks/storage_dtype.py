@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from gradstat import open_capture
+from gradstat.stats.density import k_for
 from gradstat.stats.distributions import GenPareto
 from gradstat.stats.goodness import ks_statistic
-from gradstat.stats.density import k_for
 from gradstat.stats.thresholds import estimate_threshold
 from gradstat.stats.topk_sets import topk_indices
 
