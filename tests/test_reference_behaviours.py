@@ -186,3 +186,14 @@ def test_mle_stages_keep_q_near_one_where_moments_fail():
     assert abs(math.log(moments.quality)) > 2 * abs(math.log(mle.quality))
     exp = estimate_threshold(values, 0.001, "sidco-exp", stages=3)
     assert estimate_threshold(values, 0.001, "sidco-exp", stages=3, stage_fit="mle") == exp
+
+
+def test_mle_first_stage_on_a_vector_too_sparse_to_subsample():
+    # 10 non-zeros off the subsample's stride (7): stage 1 falls back to its moments fit
+    values = torch.zeros(1_000_000)
+    values[7 * np.arange(1, 11) * 1000 + 1] = torch.arange(1.0, 11.0)
+    result = estimate_threshold(values, 5e-6, "sidco-gpd", stages=2, stage_fit="mle")
+    moments = estimate_threshold(values, 5e-6, "sidco-gpd", stages=2)
+    assert math.isfinite(result.threshold)
+    assert result.stage_thresholds[0] == moments.stage_thresholds[0]
+    assert result.selected == int((values.abs() > result.threshold).sum())

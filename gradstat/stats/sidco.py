@@ -150,11 +150,14 @@ class _GpdMle:
         self._fit: tuple[float, float] | None = None  # (c, scale) of the last stage
         self._base = 0.0  # the minimum its excesses were measured from
 
-    def first(self, values: torch.Tensor, density: float, zeros: str) -> float:
-        """Stage 1: the GPD MLE of a strided subsample of every magnitude."""
+    def first(self, values: torch.Tensor, density: float, zeros: str, moments: Moments) -> float:
+        """Stage 1: the GPD MLE of a strided subsample of every magnitude (the moments
+        fit when the subsample holds fewer than 2 non-zeros)."""
         sample = _strided(values).abs().double()
         if zeros == "exclude":
             sample = sample[sample > 0]
+        if sample.numel() < 2:
+            return gpd_quantile(moments, density)
         return self.threshold(sample, 0.0, density)
 
     def threshold(self, exceedances: torch.Tensor, minimum: float, density: float) -> float:
@@ -190,7 +193,7 @@ def sidco(
     densities = stage_densities(k / moments.n, stages)
     mle_stages = _GpdMle() if stage_fit == "mle" and later == "gpd" else None
     if mle_stages is not None and first == "gpd":
-        eta = mle_stages.first(values, densities[0], zeros)
+        eta = mle_stages.first(values, densities[0], zeros, moments)
     else:
         eta = QUANTILES[first](moments, densities[0])
     thresholds = [eta]
