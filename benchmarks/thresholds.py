@@ -11,7 +11,8 @@ Student-t with 3 degrees of freedom (heavy tails, as gradients have) and 2% exac
 (dead units); or ``--capture PATH``: every (step, learner) flat gradient of a real
 capture (times summed over them; q as median (min-max)).
 
-    .venv/bin/python benchmarks/thresholds.py [--capture PATH] [--repeats 3] [--estimators A,B]
+    .venv/bin/python benchmarks/thresholds.py [--capture PATH [--rows N]] [--repeats 3]
+                                              [--estimators A,B]
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ def main() -> None:
     parser.add_argument("--capture", help="use every gradient of a real capture instead")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--estimators", help="only these (comma list; default: all below)")
+    parser.add_argument("--rows", type=int, help="with --capture: this many rows, evenly spaced")
     args = parser.parse_args()
     wanted = args.estimators.split(",") if args.estimators else [run[0] for run in RUNS]
     runs = [run for run in RUNS if run[0] in wanted]
     vectors = from_capture(args.capture) if args.capture else [gradient_like()]
+    if args.rows:
+        vectors = vectors[:: max(1, len(vectors) // args.rows)][: args.rows]
     source = f"{len(vectors)} rows of {args.capture}" if args.capture else "synthetic"
     print(
         f"{vectors[0].numel():,} values ({source}), torch {torch.__version__}, "

@@ -13,6 +13,7 @@ import torch
 from scipy import special, stats
 
 from gradstat.errors import UsageError
+from gradstat.stats.sidco import MLE_SAMPLE
 from gradstat.stats.thresholds import estimate_threshold
 
 N = 1_000_000
@@ -161,13 +162,14 @@ def test_gaussiank_halves_at_most_twice():
 
 # --- SIDCo stages fitted by maximum likelihood ----------------------------------------
 def test_mle_stage_is_the_gpd_mle_of_the_excesses():
-    # 400K values, 2 stages at 0.01: stage 2 fits 100K excesses (no subsampling)
+    # 120K values, 2 stages at 0.01: stage 2 fits 30K excesses (under MLE_SAMPLE: all)
     rng = np.random.default_rng(2)
-    x = stats.genpareto(c=0.4, scale=1.0).rvs(400_000, random_state=rng)
+    x = stats.genpareto(c=0.4, scale=1.0).rvs(120_000, random_state=rng)
     values = torch.from_numpy(x.astype(np.float32))
     result = estimate_threshold(values, 0.01, "sidco-gpd", stages=2, stage_fit="mle")
     a = np.abs(values.numpy()).astype(np.float64)
     above = a[a > result.stage_thresholds[0]]
+    assert above.size <= MLE_SAMPLE
     c, _, scale = stats.genpareto.fit(above - above.min(), floc=0)
     per = result.densities[1]
     expected = above.min() + stats.genpareto(c, scale=scale).isf(per)

@@ -17,7 +17,7 @@ a reference:
   Later stages only see exceedances (never zero), so the choice only moves stage 1.
 * ``stage_fit``: ``moments`` (default, the reference) fits every GPD stage by moments;
   ``mle`` by maximum likelihood (:func:`gradstat.stats.mle.gpd`) on an evenly strided
-  subsample of at most ~131,072 values (stage 1: the magnitudes; later stages: the
+  subsample of at most ~32,768 values (stage 1: the magnitudes; later stages: the
   excesses), each later stage warm-started from the one before by threshold stability
   (the excesses of GPD(c, s) over u are GPD(c, s + c u)). Moment fits of a GPD are
   biased on heavy tails (the variance does not exist for c >= 0.5); the MLE is not.
@@ -45,7 +45,7 @@ STAGE_FITS: tuple[str, ...] = ("moments", "mle")
 #: SIDCo's first-stage density when more than one stage is used.
 FIRST_STAGE_DENSITY = 0.25
 #: Largest subsample of a stage's excesses that its GPD MLE sees.
-MLE_SAMPLE = 1 << 17
+MLE_SAMPLE = 1 << 15
 #: The reference adds this to every normalised magnitude inside its gamma's log.
 _REFERENCE_EPS = sys.float_info.epsilon
 
