@@ -1,5 +1,5 @@
 """``gradstat fit``: distribution fits, goodness of fit and threshold estimators
-(METHODS.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
+(docs/methods.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ from gradstat.cli.options import (
     Ratios,
     Scope,
     Seed,
+    StageFit,
     Steps,
+    Zeros,
     between,
     compute_options,
 )
@@ -93,6 +95,8 @@ def fit_command(
     stages: Stages = "1,2,3",
     estimators: Estimators = ESTIMATORS,
     hard: Hard = None,
+    zeros: Zeros = "exclude",
+    stage_fit: StageFit = "moments",
     sample: Sample = 1_000_000,
     seed: Seed = SEED,
     as_json: Json = False,
@@ -124,6 +128,8 @@ def fit_command(
             stages=stages,
             estimators=estimators,
             hard_threshold=hard,
+            zeros=zeros,
+            stage_fit=stage_fit,
             sample=sample or None,
             seed=seed,
         )

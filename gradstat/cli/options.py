@@ -119,6 +119,24 @@ OnVectors = Annotated[
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every sampling step.")]
 
+# How SIDCo fits (fit)
+Zeros = Annotated[
+    str,
+    typer.Option(
+        "--zeros",
+        help="Exact zeros in SIDCo and Gaussian-k fits: 'exclude' (fit the non-zeros at "
+        "density k/nnz) or 'include' (every element at k/d, as the SIDCo authors' code).",
+    ),
+]
+StageFit = Annotated[
+    str,
+    typer.Option(
+        "--stage-fit",
+        help="How SIDCo fits its GPD stages: 'moments' (as the SIDCo authors' code) or "
+        "'mle' (maximum likelihood on a subsample; better on heavy tails).",
+    ),
+]
+
 # Where and with how much to compute
 Device = Annotated[
     str,
