@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import typer
 from rich.table import Table
 
 from gradstat.cli.options import CaptureArg, CsvOpt, JsonOpt
 from gradstat.cli.output import console, to_json, write_csv
+from gradstat.errors import DataError
 from gradstat.store import open_capture
+from gradstat.store.verify import span_text
 
 
 def _size(nbytes: int) -> str:
@@ -20,26 +23,58 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
+VerifyOpt = typer.Option(
+    False, "--verify", help="Also read every row and check it against its CRC-32C (slow)."
+)
+
+
 def info_command(
-    capture: Path = CaptureArg, as_json: bool = JsonOpt, csv: Path | None = CsvOpt
+    capture: Path = CaptureArg,
+    as_json: bool = JsonOpt,
+    csv: Path | None = CsvOpt,
+    verify: bool = VerifyOpt,
 ) -> None:
     """Show a capture's learners, committed steps, status, layers, size and loss.
 
     Works while the capture is still being written and after a crash: only rows that
-    every learner committed are counted. --csv writes the layer table.
+    every learner committed are counted. A damaged capture (rows missing from a rank
+    file) is shown with status "damaged" and the steps at fault, then exits 1; --verify
+    also reads every row and checks its checksum. --csv writes the layer table.
     """
-    with open_capture(capture) as cap:
+    with open_capture(capture, allow_damaged=True) as cap:
+        if verify:
+            cap.verify_rows()
         summary = cap.describe()
+        damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
         write_csv(pd.DataFrame(summary["layers"]), csv)
     if as_json:
         print(to_json(summary))
-        return
+    else:
+        _print_tables(summary)
+    if damage is not None:
+        raise DataError(damage)
+
+
+def _status_text(summary: dict) -> str:
     steps = summary["steps"]
     status = summary["status"]
+    if status == "damaged":
+        parts = [
+            f"learner {d['learner']} "
+            + (f"steps {span_text(d['steps'])}" if d["steps"] else "whole file")
+            for d in summary["damage"]
+        ]
+        return f"damaged: {'; '.join(parts)}"
     if status != "complete":
         last = f"step {steps[-1]}" if steps else "before the first step"
         status = f"{status} (committed up to {last})"
+    return status
+
+
+def _print_tables(summary: dict) -> None:
+    steps = summary["steps"]
+    status = _status_text(summary)
     overview = Table(title=f"capture {summary['path']}", title_justify="left", show_header=False)
     overview.add_column(style="bold")
     overview.add_column()
@@ -51,6 +86,7 @@ def info_command(
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
         ("layers", str(len(summary["layers"]))),
         ("size", _size(summary["bytes"])),
+        ("verified", summary["verification"]),
     ]
     loss = summary["loss"]
     if loss["first"] is not None:

@@ -20,12 +20,13 @@ import torch
 from gradstat.errors import DataError, UsageError
 from gradstat.store.schema import (
     FORMAT_NAME,
+    READABLE_SCHEMAS,
     ROOT_FILE,
-    SCHEMA_VERSION,
     Layer,
     rank_file_name,
 )
 from gradstat.store.scope import Scope, resolve_scopes
+from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
 
 
 def _open_h5(path: Path, **kwargs) -> h5py.File:
@@ -70,10 +71,13 @@ class Capture:
     """An opened capture: metadata, layer table, recorded steps and lazy gradient rows.
 
     Use as a context manager, or call :meth:`close`. ``read_step`` and ``iter_steps``
-    load one step (all selected learners) at a time, so analyses stream.
+    load one step (all selected learners) at a time, so analyses stream, and verify
+    every row they read (gradstat/store/verify.py). A capture whose committed rows are
+    not all on disk raises ``DataError`` naming file, learner and steps, unless
+    ``allow_damaged`` (``gradstat info``), which lists them in ``damage``.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, allow_damaged: bool = False) -> None:
         root_path = _root_path(Path(path))
         self.root_path = root_path
         self.path = root_path.parent
@@ -81,10 +85,10 @@ class Capture:
             attrs = dict(root.attrs)
             if attrs.get("format") != FORMAT_NAME or "schema" not in attrs:
                 raise DataError(f"{root_path}: an HDF5 file, but not a gradstat capture")
-            if int(attrs["schema"]) != SCHEMA_VERSION:
+            if int(attrs["schema"]) not in READABLE_SCHEMAS:
                 raise DataError(
                     f"{root_path}: capture schema {int(attrs['schema'])} is not supported "
-                    f"(this gradstat reads schema {SCHEMA_VERSION})"
+                    f"(this gradstat reads schemas {', '.join(map(str, READABLE_SCHEMAS))})"
                 )
             try:
                 self.layers = self._read_layers(root)
@@ -95,9 +99,14 @@ class Capture:
         self.dtype = str(self.meta["dtype"])
         self.workload = str(self.meta.get("workload", "unknown"))
         self.numel = self.layers[-1].stop if self.layers else 0
+        self.schema = int(attrs["schema"])
         self._files: list[h5py.File] = []
+        self._checksums: list[h5py.Dataset | None] = []
+        self.damage: list[Damage] = []
         try:
             self._open_ranks()
+            if self.damage and not allow_damaged:
+                raise DataError(self.damage_report())
         except Exception:
             self.close()
             raise
@@ -121,8 +130,8 @@ class Capture:
             try:
                 grad = f["grad"]
                 rows = int(f.attrs["committed"])
-                for name in ("step", "loss"):
-                    if f[name].shape[0] < rows:
+                for name in ("step", "loss", CHECKSUM_DATASET):
+                    if name in f and f[name].shape[0] < rows:
                         raise KeyError(name)
             except KeyError as exc:
                 raise DataError(f"{path}: not a gradstat rank file or damaged") from exc
@@ -133,6 +142,10 @@ class Capture:
             if grad.shape[0] < rows:
                 raise DataError(f"{path}: committed {rows} rows but holds {grad.shape[0]}")
             committed.append(rows)
+            self._checksums.append(f.get(CHECKSUM_DATASET))
+            damage = structural_damage(f, path, rank, rows)
+            if damage is not None:
+                self.damage.append(damage)
             if not bool(f.attrs.get("closed", True)):
                 running |= _process_alive(
                     str(f.attrs.get("hostname", "")), int(f.attrs["writer_pid"])
@@ -145,7 +158,7 @@ class Capture:
             else np.zeros((self.world_size, 0))
         )
         for rank, f in enumerate(self._files[1:], start=1):
-            if rows and not np.array_equal(f["step"][:rows], steps):
+            if rows and not self.damage and not np.array_equal(f["step"][:rows], steps):
                 raise DataError(
                     f"{self.path}: learner {rank} recorded different steps than learner 0"
                 )
@@ -153,12 +166,42 @@ class Capture:
         self.losses = np.asarray(losses, dtype=np.float64)
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
-        if self.meta.get("status") == "complete":
+        if self.damage:
+            self.status = "damaged"
+        elif self.meta.get("status") == "complete":
             self.status = "complete"
         elif running:
             self.status = "running"
         else:
             self.status = "interrupted"
+
+    def damage_report(self) -> str:
+        """One line per damaged file: which learner, which steps, why."""
+        lines = [damage.describe(self._file_steps(damage.learner)) for damage in self.damage]
+        return "; ".join(lines)
+
+    def _file_steps(self, learner: int) -> np.ndarray:
+        try:
+            return self._files[learner]["step"][: self.committed_per_learner[learner]]
+        except (OSError, IndexError):
+            return np.zeros(0, np.int64)
+
+    def _damage_record(self, damage: Damage) -> dict:
+        steps = self._file_steps(damage.learner)
+        return {
+            "file": str(damage.path),
+            "learner": damage.learner,
+            "rows": list(damage.rows),
+            "steps": [int(steps[r]) for r in damage.rows if r < len(steps)],
+            "reason": damage.reason,
+        }
+
+    @property
+    def verification(self) -> str:
+        """How rows are verified: by checksum (schema 2), or by size only (schema 1)."""
+        if all(c is not None for c in self._checksums):
+            return "CRC-32C per row, checked on every read"
+        return f"file sizes and chunk extents only (schema {self.schema} has no row checksums)"
 
     # --- metadata ---------------------------------------------------------------------
     @property
@@ -188,6 +231,9 @@ class Capture:
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
+            "schema": self.schema,
+            "verification": self.verification,
+            "damage": [self._damage_record(damage) for damage in self.damage],
             "bytes": self.nbytes,
             "layers": [
                 {
@@ -231,9 +277,42 @@ class Capture:
             dataset = self._files[learner]["grad"]
             if dataset.dtype == np.float32:
                 dataset.read_direct(out, np.s_[row], np.s_[i])
+                stored = out[i]
             else:
-                out[i] = dataset[row]
+                stored = dataset[row]
+                out[i] = stored
+            self._verify(learner, row, int(step), stored)
         return torch.from_numpy(out)
+
+    def verify_rows(self) -> list[Damage]:
+        """Read every committed row of every learner and check it against its CRC-32C;
+        adds what fails to ``damage`` (``gradstat info --verify``). Reads the whole
+        capture, one row at a time."""
+        found = []
+        for learner, f in enumerate(self._files):
+            if self._checksums[learner] is None or any(d.learner == learner for d in self.damage):
+                continue
+            steps = self._file_steps(learner)
+            bad = []
+            for row in range(self.committed_per_learner[learner]):
+                try:
+                    self._verify(learner, row, int(steps[row]), f["grad"][row])
+                except (DataError, OSError):
+                    bad.append(row)
+            if bad:
+                path = self.path / rank_file_name(learner)
+                found.append(Damage(path, learner, tuple(bad), "rows do not match their CRC-32C"))
+        self.damage += found
+        if found:
+            self.status = "damaged"
+        return found
+
+    def _verify(self, learner: int, row: int, step: int, stored: np.ndarray) -> None:
+        """Check a row as stored (before any conversion) against its CRC-32C."""
+        checksums = self._checksums[learner]
+        if checksums is not None:
+            path = self.path / rank_file_name(learner)
+            check_row(path, learner, step, stored, int(checksums[row]))
 
     def iter_steps(
         self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
@@ -261,6 +340,6 @@ class Capture:
         )
 
 
-def open_capture(path: str | os.PathLike) -> Capture:
+def open_capture(path: str | os.PathLike, *, allow_damaged: bool = False) -> Capture:
     """Open a capture folder (or its ``capture.h5``) for reading."""
-    return Capture(path)
+    return Capture(path, allow_damaged=allow_damaged)
