@@ -35,6 +35,10 @@ def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
             every = int(parts[2]) if len(parts) > 2 and parts[2] else 1
             if every <= 0:
                 raise UsageError(f"--steps {spec!r}: the step must be positive")
+            if stop <= start:
+                raise UsageError(
+                    f"--steps {spec!r}: STOP {stop} must be greater than START {start}"
+                )
             chosen = [s for s in recorded if start <= s < stop][::every]
             if not chosen:
                 raise UsageError(

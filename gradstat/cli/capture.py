@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gradstat.capture.launch import CaptureOptions, run_capture
+from gradstat.capture.launch import CaptureOptions, recorded, run_capture
+from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT
 from gradstat.cli.output import console, err_console, warn
 
 
@@ -41,6 +43,11 @@ def capture_command(
     node_rank: int = typer.Option(0, "--node-rank", help="This machine's rank (multi-node)."),
     master_addr: str = typer.Option(None, "--master-addr", help="Rendezvous host (multi-node)."),
     master_port: int = typer.Option(None, "--master-port", help="Rendezvous port (multi-node)."),
+    join_timeout: float = typer.Option(
+        DEFAULT_JOIN_TIMEOUT,
+        "--join-timeout",
+        help="Seconds to wait for the other nodes before giving up (multi-node).",
+    ),
     backend: str = typer.Option(
         "auto", "--backend", help="auto (nccl with enough GPUs, else gloo), gloo or nccl."
     ),
@@ -76,6 +83,7 @@ def capture_command(
         master_port=master_port,
         backend=backend,
         comm_hook=comm_hook,
+        join_timeout=join_timeout,
     )
     options.check()
     run_dir = options.run_dir()
@@ -100,9 +108,19 @@ def capture_command(
                 rate=report["step"] / max(report["elapsed"], 1e-9),
             )
 
-        run_capture(options, on_progress=on_progress, on_warning=warn)
-    learners = nproc_per_node * nnodes
-    console.print(
-        f"captured {options.recorded_steps} steps x {learners} learners to [bold]{run_dir}[/bold]"
-    )
-    console.print(f"next: gradstat info {run_dir}")
+        def on_wait(line: str) -> None:
+            err_console.print(escape(line), highlight=False)
+
+        run_capture(options, on_progress=on_progress, on_warning=warn, on_wait=on_wait)
+    state = recorded(run_dir)
+    where = escape(str(run_dir))
+    if state is None:  # a node > 0 whose folder is not shared with node 0
+        first = node_rank * nproc_per_node
+        console.print(
+            f"node {node_rank} recorded learners {first}..{first + nproc_per_node - 1} to "
+            f"[bold]{where}[/bold]; join it to node 0's folder with gradstat merge"
+        )
+        return
+    steps_done, learners, _, _ = state
+    console.print(f"captured {steps_done} steps x {learners} learners to [bold]{where}[/bold]")
+    console.print(f"next: gradstat info {where}")

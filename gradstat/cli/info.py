@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gradstat.cli.options import CaptureArg, CsvOpt, JsonOpt
@@ -68,14 +69,17 @@ def _status_text(summary: dict) -> str:
         return f"damaged: {'; '.join(parts)}"
     if status != "complete":
         last = f"step {steps[-1]}" if steps else "before the first step"
-        status = f"{status} (committed up to {last})"
+        reason = f"{summary['stop_reason']}, " if summary.get("stop_reason") else ""
+        status = f"{status} ({reason}committed up to {last})"
     return status
 
 
 def _print_tables(summary: dict) -> None:
     steps = summary["steps"]
     status = _status_text(summary)
-    overview = Table(title=f"capture {summary['path']}", title_justify="left", show_header=False)
+    overview = Table(
+        title=f"capture {escape(summary['path'])}", title_justify="left", show_header=False
+    )
     overview.add_column(style="bold")
     overview.add_column()
     rows = [
@@ -92,7 +96,7 @@ def _print_tables(summary: dict) -> None:
     if loss["first"] is not None:
         rows.append(("loss", f"{loss['first']:.4g} -> {loss['last']:.4g} (mean over learners)"))
     for key, value in rows:
-        overview.add_row(key, value)
+        overview.add_row(key, escape(value))
     console.print(overview)
     layers = Table(title="layers", title_justify="left", header_style="bold")
     for column, justify in (
@@ -104,5 +108,5 @@ def _print_tables(summary: dict) -> None:
         layers.add_column(column, justify=justify)
     for layer in summary["layers"]:
         shape = "x".join(str(s) for s in layer["shape"]) or "scalar"
-        layers.add_row(layer["name"], shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
+        layers.add_row(escape(layer["name"]), shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
     console.print(layers)

@@ -11,6 +11,7 @@ import sys
 import warnings
 
 import typer
+from rich.markup import escape
 
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
@@ -68,7 +69,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _error(message: str, code: int) -> None:
-    err_console.print(f"[bold red]Error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    """One ``Error:`` line; the message is plain text (paths, arguments, library errors
+    may contain ``[...]``), never markup."""
+    err_console.print(
+        f"[bold red]Error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+    )
     sys.exit(code)
 
 

@@ -6,14 +6,23 @@ from pathlib import Path
 
 import typer
 
+from gradstat.cli.paths import csv_path, plot_path
+
 CaptureArg = typer.Argument(
     ...,
     help="Capture folder written by `gradstat capture` (or its capture.h5).",
     show_default=False,
 )
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout instead of tables.")
-CsvOpt = typer.Option(None, "--csv", help="Also write the per-row results to this CSV file.")
-PlotOpt = typer.Option(None, "--plot", help="Write a figure; format by suffix: .png, .pdf or .svg.")
+CsvOpt = typer.Option(
+    None, "--csv", help="Also write the per-row results to this CSV file.", callback=csv_path
+)
+PlotOpt = typer.Option(
+    None,
+    "--plot",
+    help="Write a figure; format by suffix: .png, .pdf or .svg.",
+    callback=plot_path,
+)
 DpiOpt = typer.Option(150, "--dpi", min=30, max=1200, help="Resolution of raster figures.")
 StepsOpt = typer.Option(
     None,

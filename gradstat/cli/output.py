@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -65,19 +66,22 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     try:
         out.to_csv(path, index=False)
     except OSError as exc:
-        raise UsageError(f"--csv {path}: cannot write ({exc.strerror})") from exc
-    err_console.print(f"[dim]wrote {path}[/dim]")
+        raise UsageError(f"--csv {path}: cannot write ({exc.strerror or exc})") from exc
+    err_console.print(f"[dim]wrote {escape(str(path))}[/dim]")
 
 
 def df_table(df: pd.DataFrame, title: str, columns: Sequence[str] | None = None) -> Table:
-    """A rich table of ``df`` (chosen columns), numbers formatted to 4 significant digits."""
+    """A rich table of ``df`` (chosen columns), numbers formatted to 4 significant digits.
+
+    Title, headers and cells are escaped: layer names, paths and scopes are user text,
+    and ``[...]`` in them must print as written, never as rich markup."""
     columns = list(columns or df.columns)
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=escape(title), title_justify="left", header_style="bold")
     for column in columns:
         numeric = pd.api.types.is_numeric_dtype(df[column])
-        table.add_column(column, justify="right" if numeric else "left")
+        table.add_column(escape(str(column)), justify="right" if numeric else "left")
     for row in df[columns].itertuples(index=False):
-        table.add_row(*(format_cell(v) for v in row))
+        table.add_row(*(escape(format_cell(v)) for v in row))
     return table
 
 
@@ -121,5 +125,5 @@ def progress(
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr."""
-    err_console.print(f"[yellow]Warning:[/yellow] {message}", highlight=False)
+    """One warning line on stderr (the message is plain text, never markup)."""
+    err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}", highlight=False)

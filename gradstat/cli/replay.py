@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 
 from gradstat.analysis.recommend import DEFAULT_CANDIDATES, DEFAULT_RATIOS, recommend
@@ -28,6 +29,7 @@ from gradstat.cli.options import (
     StepsOpt,
 )
 from gradstat.cli.output import df_table, emit, err_console, progress, to_json
+from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
 from gradstat.errors import DataError, UsageError
@@ -53,7 +55,9 @@ BetaOpt = typer.Option(
 BaselineOpt = typer.Option(
     Baseline.fp32, "--baseline", help="Dense all-reduce to beat: fp32 or fp16."
 )
-OutOpt = typer.Option(None, "--out", help="Write the recommendation as JSON (e.g. config.json).")
+OutOpt = typer.Option(
+    None, "--out", help="Write the recommendation as JSON (e.g. config.json).", callback=out_path
+)
 ThreadsOpt = typer.Option(
     1,
     "--threads",
@@ -294,4 +298,4 @@ def recommend_command(
             out.write_text(to_json(document) + "\n")
         except OSError as exc:
             raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
-        err_console.print(f"[dim]wrote {out}[/dim]")
+        err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from gradstat.analysis.selection import parse_ratios
 from gradstat.cli.options import CaptureArg
 from gradstat.cli.output import console, progress
+from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import UsageError
 from gradstat.report.build import ReportSettings, build_report
@@ -18,7 +20,7 @@ from gradstat.store import open_capture
 def report_command(
     capture: Path = CaptureArg,
     out: Path = typer.Option(
-        ..., "--out", "-o", help="The HTML file to write.", show_default=False
+        ..., "--out", "-o", help="The HTML file to write.", show_default=False, callback=out_path
     ),
     ratios: str = typer.Option(
         "0.01,0.001", "--ratios", help="Densities k/d for fits, build-up and replay."
@@ -67,4 +69,4 @@ def report_command(
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
-    console.print(f"wrote the report to [bold]{out}[/bold] ({len(page) / 1e6:.1f} MB)")
+    console.print(f"wrote the report to [bold]{escape(str(out))}[/bold] ({len(page) / 1e6:.1f} MB)")
