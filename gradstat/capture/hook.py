@@ -21,6 +21,10 @@ Usage in a training script (one object per process)::
 
 Call ``step`` once per optimizer step. Under ``no_sync()`` gradient accumulation DDP
 runs no hook until the synchronising backward, so the accumulated gradient is recorded.
+A second backward before ``step`` (accumulation without ``no_sync()``, where DDP
+all-reduces every micro-batch, or a skipped ``step`` call) is detected by a bucket that
+arrives twice: the row restarts, so it holds the last backward's gradients, and a
+warning says what to do, once.
 """
 
 import json
@@ -120,8 +124,14 @@ class GradientCapture:
         self._iteration = 0
         self._pending: torch.Tensor | None = None
         self._copied = 0
+        self._buckets_seen: set[int] = set()
+        self._warned_second_backward = False
         self._closed = False
+        self.writer: BackgroundWriter | None = None
 
+        # hook first, files after: a model that cannot take the hook leaves nothing behind
+        self._check_no_comm_hook(model)
+        model.register_comm_hook(self, _capture_hook)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             write_root(
@@ -139,9 +149,21 @@ class GradientCapture:
             self._release,
             max_queue,
         )
-        model.register_comm_hook(self, _capture_hook)
 
     # --- set-up -----------------------------------------------------------------------
+    @staticmethod
+    def _check_no_comm_hook(model: DistributedDataParallel) -> None:
+        """DDP takes one communication hook; gradstat's must wrap any other."""
+        registered = [getattr(h, "__qualname__", repr(h)) for h, _ in model._comm_hooks]
+        builtin = model._get_ddp_logging_data().get("comm_hook", "")
+        names = registered or ([builtin] if builtin else [])
+        if names:
+            raise UsageError(
+                f"the DDP model already has a communication hook ({names[0]}); gradstat "
+                "wraps your hook instead: register none and pass it as "
+                "GradientCapture(ddp, out_dir, hook=your_hook, hook_state=its_state)"
+            )
+
     @staticmethod
     def _select_parameters(
         model: DistributedDataParallel, pattern: str | None
@@ -198,6 +220,7 @@ class GradientCapture:
         it = self._iteration
         return (
             not self._closed
+            and self.writer is not None
             and not self.writer.failed
             and it >= self.start
             and (it - self.start) % self.every == 0
@@ -207,6 +230,11 @@ class GradientCapture:
         if self._pending is None:
             self._pending = self._acquire()
             self._copied = 0
+        elif bucket.index() in self._buckets_seen:  # a new backward: restart the row
+            self._warn_second_backward()
+            self._copied = 0
+            self._buckets_seen.clear()
+        self._buckets_seen.add(bucket.index())
         non_blocking = self._device.type == "cuda"
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             slot = self._slots.get(param)
@@ -216,6 +244,20 @@ class GradientCapture:
                     grad.reshape(-1), non_blocking=non_blocking
                 )
                 self._copied += numel
+
+    def _warn_second_backward(self) -> None:
+        if self._warned_second_backward:
+            return
+        self._warned_second_backward = True
+        warnings.warn(
+            f"gradstat (rank {self.rank}): a second backward pass before capture.step(). "
+            "For gradient accumulation, run all but the last backward inside "
+            "ddp.no_sync() (without it DDP all-reduces every micro-batch); if you skipped "
+            "an optimizer step, still call capture.step() once per step. The row now "
+            "holds the last backward's gradients.",
+            GradstatWarning,
+            stacklevel=4,
+        )
 
     def step(self, step: int | None = None, loss: float | None = None) -> None:
         """Finish the current optimizer step: hand a recorded row to the writer."""
@@ -231,6 +273,7 @@ class GradientCapture:
             else:  # a step without a (complete) backward: nothing consistent to record
                 self._release(self._pending)
             self._pending = None
+            self._buckets_seen.clear()
         self._iteration += 1
 
     def close(self) -> None:
@@ -238,7 +281,7 @@ class GradientCapture:
 
         Collective: call it on every rank.
         """
-        if self._closed:
+        if self._closed or self.writer is None:
             return
         self._closed = True
         self.writer.close()
@@ -266,6 +309,6 @@ class GradientCapture:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
-        else:  # leave the capture readable up to its last committed step
+        elif self.writer is not None:  # leave the capture readable up to its last step
             self._closed = True
             self.writer.close()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import h5py
 import numpy as np
 import torch
 
-from gradstat.errors import DataError, UsageError
+from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.store.schema import (
     FORMAT_NAME,
     READABLE_SCHEMAS,
@@ -43,6 +45,10 @@ def _open_h5(path: Path, **kwargs) -> h5py.File:
 
 def _root_path(path: Path) -> Path:
     path = Path(path)
+    if path.is_file() and re.fullmatch(r"rank-\d+\.h5", path.name):
+        raise UsageError(
+            f"{path} is one learner's rank file; pass the capture folder ({path.parent})"
+        )
     if path.is_dir():
         path = path / ROOT_FILE
         if not path.exists():
@@ -73,8 +79,9 @@ class Capture:
     Use as a context manager, or call :meth:`close`. ``read_step`` and ``iter_steps``
     load one step (all selected learners) at a time, so analyses stream, and verify
     every row they read (gradstat/store/verify.py). A capture whose committed rows are
-    not all on disk raises ``DataError`` naming file, learner and steps, unless
-    ``allow_damaged`` (``gradstat info``), which lists them in ``damage``.
+    not all on disk raises ``DataError`` naming file, learner and steps, and one still
+    being written warns that results cover the steps so far; ``allow_damaged``
+    (inspection: ``gradstat info``) opens both quietly, listing damage in ``damage``.
     """
 
     def __init__(self, path: str | os.PathLike, *, allow_damaged: bool = False) -> None:
@@ -107,6 +114,13 @@ class Capture:
             self._open_ranks()
             if self.damage and not allow_damaged:
                 raise DataError(self.damage_report())
+            if self.status == "running" and not allow_damaged:
+                warnings.warn(
+                    f"{self.path} is still being written (running: {len(self.steps)} steps "
+                    "so far); the results cover those steps",
+                    GradstatWarning,
+                    stacklevel=3,
+                )
         except Exception:
             self.close()
             raise
@@ -166,10 +180,19 @@ class Capture:
         self.losses = np.asarray(losses, dtype=np.float64)
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
+        stopped = [
+            f"{f.attrs['stopped']} (learner {rank})"
+            for rank, f in enumerate(self._files)
+            if "stopped" in f.attrs
+        ]
+        #: Why a writer stopped early, e.g. "disk full at step 12 (learner 1)", or None.
+        self.stop_reason = stopped[0] if stopped else None
         if self.damage:
             self.status = "damaged"
         elif self.meta.get("status") == "complete":
             self.status = "complete"
+        elif self.meta.get("status") == "incomplete" or stopped:
+            self.status = "incomplete"
         elif running:
             self.status = "running"
         else:
@@ -231,6 +254,7 @@ class Capture:
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
+            "stop_reason": self.stop_reason,
             "schema": self.schema,
             "verification": self.verification,
             "damage": [self._damage_record(damage) for damage in self.damage],

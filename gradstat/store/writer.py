@@ -92,6 +92,11 @@ class RankFileWriter:
         self._file.flush()
         self.rows = n
 
+    def mark_stopped(self, reason: str) -> None:
+        """Record why no more rows follow (e.g. ``disk full at step 12``): ``stopped``."""
+        self._file.attrs["stopped"] = reason
+        self._file.flush()
+
     def close(self) -> None:
         if self._file.id.valid:
             self._file.attrs["closed"] = np.int8(1)
