@@ -47,6 +47,8 @@ def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
                 )
             return chosen
         wanted = [int(part) for part in spec.split(",")]
+    except UsageError:  # a ValueError too: not to be replaced by the generic message
+        raise
     except ValueError:
         raise UsageError(f"--steps {spec!r}: expected N, A,B,C or START:STOP[:STEP]") from None
     missing = sorted(set(wanted) - set(recorded))

@@ -50,6 +50,10 @@ app.command("recommend")(recommend_command)
 app.command("report")(report_command)
 
 
+#: Exit code of Ctrl-C (128 + SIGINT), what typer returns when a command is interrupted.
+INTERRUPTED = 130
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"gradstat {__version__}")
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
-        _error("interrupted", 130)
+        _error("interrupted", INTERRUPTED)
     except typer.TyperException as exc:
         _error(exc.format_message(), exc.exit_code)
     except GradstatError as exc:
@@ -96,9 +100,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _error(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _error("interrupted", 130)
+        _error("interrupted", INTERRUPTED)
     except Exception as exc:  # the last line of defence: never a traceback for users
         if debug:
             raise
         _error(f"unexpected {type(exc).__name__}: {exc} (GRADSTAT_DEBUG=1 shows the traceback)", 1)
+    if result == INTERRUPTED:  # typer turns Ctrl-C into a returned 130, without a word
+        _error("interrupted", INTERRUPTED)
     sys.exit(result if isinstance(result, int) else 0)
