@@ -28,17 +28,21 @@ from pathlib import Path
 
 import torch
 
+from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
+from gradstat.capture.hook import select_named_parameters
 from gradstat.capture.nodes import (
     DEFAULT_JOIN_TIMEOUT,
+    check_folder,
     log_name,
     missing_text,
-    prepare_folder,
     waiting_text,
 )
 from gradstat.capture.worker import PROGRESS_PREFIX
-from gradstat.capture.workloads import SIZES, workload_names
+from gradstat.capture.workloads import SIZES, build_workload, workload_names
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.parallel.threads import available_cpus, worker_environment
+from gradstat.store.compression import dataset_filters
+from gradstat.store.ranks import parse_ranks
 from gradstat.store.schema import SUPPORTED_DTYPES
 
 LOG_FILE = log_name(0)
@@ -74,6 +78,9 @@ class CaptureOptions:
     master_port: int | None = None
     backend: str = "auto"
     comm_hook: str = "allreduce"
+    record_ranks: str = "all"
+    compression: str = "none"
+    max_bytes: int | None = None
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
@@ -140,6 +147,32 @@ class CaptureOptions:
                 re.compile(self.layers)
             except re.error as exc:
                 raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
+        parse_ranks(self.record_ranks, self.world_size)
+        dataset_filters(self.compression)  # a known name, with its plugin installed
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise UsageError(f"--max-bytes must be positive, got {self.max_bytes}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def plan(self) -> CapturePlan:
+        """What this machine's learners will write (the model is built on the meta
+        device: shapes only, no memory)."""
+        with torch.device("meta"):
+            model = build_workload(self.workload, self.size, self.data).model
+        named = select_named_parameters(model, self.layers)
+        first = self.node_rank * self.nproc_per_node
+        local = set(range(first, first + self.nproc_per_node))
+        recorded = parse_ranks(self.record_ranks, self.world_size)
+        return CapturePlan(
+            rows=self.recorded_steps,
+            learners=len(local.intersection(recorded)),
+            numel=sum(param.numel() for _, param in named),
+            dtype=self.dtype,
+            layers=len(named),
+            root=self.node_rank == 0,
+        )
 
     @property
     def resolved_backend(self) -> str:
@@ -198,6 +231,8 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "seed": options.seed,
         "backend": options.resolved_backend,
         "comm_hook": options.comm_hook,
+        "record_ranks": options.record_ranks,
+        "compression": options.compression,
         "command": options.command,
     }
     argv += ["-m", "gradstat.capture.worker", "--config", json.dumps(config)]
@@ -243,6 +278,16 @@ def _failure_reason(lines: deque[str]) -> str:
     return "a learner failed"
 
 
+def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, int]:
+    """The capture's plan and the free space; ``UsageError`` when it would not fit."""
+    plan = options.plan()
+    free = free_bytes(run_dir)
+    problem = budget_problem(plan, free, options.max_bytes)
+    if problem is not None:
+        raise UsageError(problem)
+    return plan, free
+
+
 def _forward_lines(stream, lines: queue.Queue) -> None:
     """Move torchrun's output lines to a queue, so the launcher can also watch the clock."""
     for line in stream:
@@ -270,7 +315,7 @@ def recorded(run_dir: Path) -> tuple[int, int, str, str | None] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Capture(run_dir, allow_damaged=True) as cap:
-                return len(cap.steps), cap.world_size, cap.status, cap.stop_reason
+                return len(cap.steps), len(cap.learners), cap.status, cap.stop_reason
     except GradstatError:
         return None
 
@@ -302,16 +347,22 @@ def run_capture(
     on_progress: Callable[[dict], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
     on_wait: Callable[[str], None] | None = None,
+    on_plan: Callable[[CapturePlan, int], None] | None = None,
 ) -> Path:
     """Run the capture; returns the run folder.
 
-    Raises ``DataError`` if training fails, a node does not join within
+    Raises ``UsageError`` (before any process starts) if the capture would not fit on
+    disk, ``DataError`` if training fails, a node does not join within
     ``options.join_timeout`` or a writer stopped early, and ``Interrupted`` on Ctrl-C,
     each saying what was committed where.
     """
     options.check()
     run_dir = options.run_dir()
-    prepare_folder(run_dir, options.node_rank)
+    check_folder(run_dir, options.node_rank)
+    plan, free = check_budget(options, run_dir)
+    if on_plan is not None:
+        on_plan(plan, free)
+    run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / log_name(options.node_rank)
     argv = torchrun_argv(options, run_dir)
     rendezvous = f"{options.master_addr}:{options.master_port}"

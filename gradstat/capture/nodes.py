@@ -30,8 +30,9 @@ def log_name(node_rank: int) -> str:
     return ROOT_LOG if node_rank == 0 else f"capture-node{node_rank}.log"
 
 
-def prepare_folder(run_dir: Path, node_rank: int) -> None:
-    """Create the capture folder; node 0 first checks that it holds no capture.
+def check_folder(run_dir: Path, node_rank: int) -> None:
+    """Check that the capture folder can be this node's: on node 0, that it holds no
+    capture.
 
     Other nodes' log files may already be there (they may start first); anything else
     means an older capture that this one must not overwrite.
@@ -49,7 +50,6 @@ def prepare_folder(run_dir: Path, node_rank: int) -> None:
             f"{run_dir} already holds node {node_rank}'s log from another capture; "
             "choose another --out or remove it"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def started_nodes(run_dir: Path, nnodes: int) -> list[int]:

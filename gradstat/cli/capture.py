@@ -8,9 +8,11 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, recorded_rows
 from gradstat.capture.launch import CaptureOptions, recorded, run_capture
 from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT
 from gradstat.cli.output import console, err_console, warn
+from gradstat.store.ranks import format_ranks, parse_ranks
 
 
 def capture_command(
@@ -28,7 +30,26 @@ def capture_command(
         None, "--layers", help="Regex of parameter names to record (default: all)."
     ),
     dtype: str = typer.Option(
-        "float32", "--dtype", help="Storage type on disk: float32 or float16."
+        "float32",
+        "--dtype",
+        help="Storage type on disk: float32, bfloat16 or float16 (docs/format.md: when 2 "
+        "bytes are safe).",
+    ),
+    record_ranks: str = typer.Option(
+        "all",
+        "--record-ranks",
+        help="Learners that record: all, a list 0,3, a range 0-7 or every N-th ::8; the "
+        "others train without any capture cost.",
+    ),
+    compression: str = typer.Option(
+        "none",
+        "--compression",
+        help="Lossless HDF5 compression: none, gzip, lzf, or lz4 / zstd (need hdf5plugin).",
+    ),
+    max_bytes: str = typer.Option(
+        None,
+        "--max-bytes",
+        help="Refuse to start if the capture would exceed this size, e.g. 500M, 20GiB, 1.5TB.",
     ),
     batch_size: int = typer.Option(32, "--batch-size", help="Per-learner batch size."),
     lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)."),
@@ -84,6 +105,9 @@ def capture_command(
         backend=backend,
         comm_hook=comm_hook,
         join_timeout=join_timeout,
+        record_ranks=record_ranks,
+        compression=compression,
+        max_bytes=None if max_bytes is None else parse_bytes(max_bytes),
     )
     options.check()
     run_dir = options.run_dir()
@@ -92,26 +116,37 @@ def capture_command(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[mb]:.1f} MB written"),
+        TextColumn("{task.fields[mb]:.1f} MB recorded"),
         TextColumn("{task.fields[rate]:.1f} steps/s"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err_console, disable=not err_console.is_terminal) as bar:
         task = bar.add_task("capture", total=steps, loss="-", mb=0.0, rate=0.0)
 
+        plan_of_run: list[CapturePlan] = []
+
+        def on_plan(plan: CapturePlan, free: int) -> None:
+            plan_of_run.append(plan)
+            err_console.print(
+                f"capture: expected {plan.describe()}; {format_bytes(free)} free", highlight=False
+            )
+
         def on_progress(report: dict) -> None:
+            rows = recorded_rows(report["step"], options.every, options.start)
             bar.update(
                 task,
                 completed=report["step"],
                 loss=f"{report['loss']:.3f}",
-                mb=report["bytes"] * options.nproc_per_node / 1e6,
+                mb=rows * plan_of_run[0].row_bytes * plan_of_run[0].learners / 1e6,
                 rate=report["step"] / max(report["elapsed"], 1e-9),
             )
 
         def on_wait(line: str) -> None:
             err_console.print(escape(line), highlight=False)
 
-        run_capture(options, on_progress=on_progress, on_warning=warn, on_wait=on_wait)
+        run_capture(
+            options, on_progress=on_progress, on_warning=warn, on_wait=on_wait, on_plan=on_plan
+        )
     state = recorded(run_dir)
     where = escape(str(run_dir))
     if state is None:  # a node > 0 whose folder is not shared with node 0
@@ -121,6 +156,12 @@ def capture_command(
             f"[bold]{where}[/bold]; join it to node 0's folder with gradstat merge"
         )
         return
-    steps_done, learners, _, _ = state
-    console.print(f"captured {steps_done} steps x {learners} learners to [bold]{where}[/bold]")
+    steps_done = state[0]
+    ranks = parse_ranks(options.record_ranks, options.world_size)
+    learners = (
+        f"{len(ranks)} learners"
+        if len(ranks) == options.world_size
+        else f"{len(ranks)} of {options.world_size} learners (ranks {format_ranks(ranks)})"
+    )
+    console.print(f"captured {steps_done} steps x {learners} to [bold]{where}[/bold]")
     console.print(f"next: gradstat info {where}")

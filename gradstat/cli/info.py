@@ -46,13 +46,14 @@ def info_command(
         if verify:
             cap.verify_rows()
         summary = cap.describe()
+        learners = cap.learners_text()
         damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
         write_csv(pd.DataFrame(summary["layers"]), csv)
     if as_json:
         print(to_json(summary))
     else:
-        _print_tables(summary)
+        _print_tables(summary, learners)
     if damage is not None:
         raise DataError(damage)
 
@@ -74,7 +75,7 @@ def _status_text(summary: dict) -> str:
     return status
 
 
-def _print_tables(summary: dict) -> None:
+def _print_tables(summary: dict, learners: str) -> None:
     steps = summary["steps"]
     status = _status_text(summary)
     overview = Table(
@@ -85,9 +86,10 @@ def _print_tables(summary: dict) -> None:
     rows = [
         ("workload", summary["workload"]),
         ("status", status),
-        ("learners", f"{summary['learners']} ({summary['backend']})"),
+        ("learners", f"{learners} ({summary['backend']})"),
         ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
+        ("compression", summary["compression"]),
         ("layers", str(len(summary["layers"]))),
         ("size", _size(summary["bytes"])),
         ("verified", summary["verification"]),

@@ -16,19 +16,28 @@ import typer
 from rich.markup import escape
 from rich.panel import Panel
 
-from gradstat.analysis.recommend import DEFAULT_CANDIDATES, DEFAULT_RATIOS, recommend
-from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
+from gradstat.analysis.recommend import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_RATIOS,
+    RecommendParams,
+    recommend,
+)
+from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     CaptureArg,
     CsvOpt,
+    Device,
     DpiOpt,
     JsonOpt,
     LearnersOpt,
+    Memory,
     PlotOpt,
     ScopeOpt,
     StepsOpt,
+    compute_options,
 )
-from gradstat.cli.output import df_table, emit, err_console, progress, to_json
+from gradstat.cli.output import df_table, emit, err_console, note_sample, progress, to_json
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
@@ -144,6 +153,8 @@ def replay_command(
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Replay compressors with error feedback over consecutive recorded steps: density,
     estimation quality, build-up, bytes, predicted communication time (alpha-beta model),
@@ -151,12 +162,14 @@ def replay_command(
     link = parse_link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     check_plot_path(plot)
+    params = ReplayParams(specs, ratios, link, seed=seed)
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
-        run = Replay(
-            cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
-        )
-        records = run.run(lambda items: progress(items, "replay", total=len(run.steps)))
-    n = len(run.learners)
+        note_sample(cap)
+        selection = Selection.of(cap, steps, learners, scope)
+        run = Replay(cap, selection, params, compute=compute)
+        records = run.run(lambda units: progress(units, "replay"))
+    n = run.cost_learners
     summary = summarize_replay(records, link, n)
     dense = ", ".join(
         f"{scope_name}: {dense_seconds(int(d), n, link) * 1e3:.3g} ms"
@@ -168,7 +181,8 @@ def replay_command(
         tables.append(
             df_table(
                 _display(rows, _TRAFFIC_COLUMNS),
-                f"replay of {n} learners over {len(run.steps)} steps, scope {scope_name}, "
+                f"replay of {len(run.learners)} learners over {len(run.steps)} steps "
+                f"(cost model: {n} learners), scope {scope_name}, "
                 f"{_link_text(link)}; means over steps. q = selected/k, B = union/k, bytes "
                 "sent per learner per step, comm = predicted communication, speed-up = "
                 f"dense fp32 all-reduce ({dense}) / (comm + compress)",
@@ -188,7 +202,9 @@ def replay_command(
         csv=csv,
         tables=tables,
         json_document={
-            "learners": n,
+            "learners": len(run.learners),
+            "world_size": cap.world_size,
+            "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
             "latency_seconds": link.latency,
             "records": records.to_dict(orient="records"),
@@ -227,7 +243,7 @@ def recommend_command(
     cluster: int | None = typer.Option(
         None,
         "--learners",
-        help="Cluster size for the cost model (default: the capture's learners).",
+        help="Cluster size for the cost model (default: the run's world size).",
     ),
     baseline: Baseline = BaselineOpt,
     compressors: str = typer.Option(
@@ -242,6 +258,8 @@ def recommend_command(
     out: Path | None = OutOpt,
     as_json: bool = JsonOpt,
     csv: Path | None = CsvOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """The compressor and rate with the lowest predicted time per step (communication +
     compression) whose mean relative error stays within the budget, against the dense
@@ -250,18 +268,24 @@ def recommend_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    params = RecommendParams(
+        error_budget,
+        link,
+        cost_learners=cluster,
+        baseline=baseline.value,
+        compressors=specs,
+        ratios=ratios,
+        seed=seed,
+    )
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
+        note_sample(cap)
         result = recommend(
             cap,
-            error_budget=error_budget,
-            link=link,
-            cost_learners=cluster,
-            baseline=baseline.value,
-            compressors=specs,
-            ratios=ratios,
-            steps=steps,
-            seed=seed,
-            progress=lambda items: progress(items, "recommend"),
+            Selection.of(cap, steps),
+            params,
+            compute=compute,
+            progress=lambda units: progress(units, "recommend"),
         )
     document = result.to_dict()
     fits = int(result.ranking["within_budget"].sum())

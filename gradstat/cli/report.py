@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 
 from gradstat.analysis.selection import parse_ratios
-from gradstat.cli.options import CaptureArg
-from gradstat.cli.output import console, progress
+from gradstat.cli.options import CaptureArg, Device, Memory, compute_options
+from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import UsageError
@@ -38,11 +38,13 @@ def report_command(
     ),
     latency: str = typer.Option("5us", "--latency", help="Per-message latency of the cost model."),
     learners: int = typer.Option(
-        None, "--learners", help="Cluster size for the cost model (default: the capture's)."
+        None, "--learners", help="Cluster size for the cost model (default: the run's world size)."
     ),
     dpi: int = typer.Option(
         110, "--dpi", min=30, max=600, help="Resolution of the embedded figures."
     ),
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Write one self-contained HTML page (figures embedded, no network needed) with the
     capture's summary and loss curve, distribution fits and estimator quality,
@@ -62,8 +64,10 @@ def report_command(
         link=Link(parse_bandwidth(bandwidth), parse_latency(latency)),
         cost_learners=learners,
         dpi=dpi,
+        compute=compute_options(device, memory),
     )
     with open_capture(capture) as cap:
+        note_sample(cap)
         page = build_report(cap, settings, lambda section: lambda items: progress(items, section))
     try:
         out.write_text(page, encoding="utf-8")

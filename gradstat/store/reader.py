@@ -20,12 +20,16 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError, GradstatWarning, UsageError
+from gradstat.store.compression import ensure_readable
+from gradstat.store.dtypes import DISK_DTYPES, read_row
+from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     FORMAT_NAME,
     READABLE_SCHEMAS,
     ROOT_FILE,
     Layer,
     rank_file_name,
+    recorded_ranks,
 )
 from gradstat.store.scope import Scope, resolve_scopes
 from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
@@ -102,8 +106,12 @@ class Capture:
             except KeyError as exc:
                 raise DataError(f"{root_path}: the layer table is missing or damaged") from exc
         self.meta = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
-        self.world_size = int(self.meta["world_size"])
+        self.world_size = int(self.meta["world_size"])  # the run's learners
+        self.recorded_ranks = recorded_ranks(self.meta)  # those with a rank file
+        self._position = {rank: i for i, rank in enumerate(self.recorded_ranks)}
         self.dtype = str(self.meta["dtype"])
+        if self.dtype not in DISK_DTYPES:
+            raise DataError(f"{root_path}: unknown storage dtype {self.dtype!r}")
         self.workload = str(self.meta.get("workload", "unknown"))
         self.numel = self.layers[-1].stop if self.layers else 0
         self.schema = int(attrs["schema"])
@@ -137,12 +145,17 @@ class Capture:
 
     def _open_ranks(self) -> None:
         committed, running = [], False
-        for rank in range(self.world_size):
+        for rank in self.recorded_ranks:
             path = self.path / rank_file_name(rank)
             f = _open_h5(path, swmr=True)
             self._files.append(f)
             try:
                 grad = f["grad"]
+                if grad.dtype != DISK_DTYPES[self.dtype]:
+                    raise DataError(
+                        f"{path}: /grad holds {grad.dtype}, capture.h5 says {self.dtype}"
+                    )
+                ensure_readable(grad, path)
                 rows = int(f.attrs["committed"])
                 for name in ("step", "loss", CHECKSUM_DATASET):
                     if name in f and f[name].shape[0] < rows:
@@ -169,12 +182,13 @@ class Capture:
         losses = (
             np.stack([f["loss"][:rows] for f in self._files])
             if rows
-            else np.zeros((self.world_size, 0))
+            else np.zeros((len(self._files), 0))
         )
-        for rank, f in enumerate(self._files[1:], start=1):
+        for rank, f in zip(self.recorded_ranks[1:], self._files[1:], strict=True):
             if rows and not self.damage and not np.array_equal(f["step"][:rows], steps):
                 raise DataError(
-                    f"{self.path}: learner {rank} recorded different steps than learner 0"
+                    f"{self.path}: learner {rank} recorded different steps than "
+                    f"learner {self.recorded_ranks[0]}"
                 )
         self.steps = np.asarray(steps, dtype=np.int64)
         self.losses = np.asarray(losses, dtype=np.float64)
@@ -182,7 +196,7 @@ class Capture:
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
         stopped = [
             f"{f.attrs['stopped']} (learner {rank})"
-            for rank, f in enumerate(self._files)
+            for rank, f in zip(self.recorded_ranks, self._files, strict=True)
             if "stopped" in f.attrs
         ]
         #: Why a writer stopped early, e.g. "disk full at step 12 (learner 1)", or None.
@@ -204,8 +218,9 @@ class Capture:
         return "; ".join(lines)
 
     def _file_steps(self, learner: int) -> np.ndarray:
+        position = self._position[learner]
         try:
-            return self._files[learner]["step"][: self.committed_per_learner[learner]]
+            return self._files[position]["step"][: self.committed_per_learner[position]]
         except (OSError, IndexError):
             return np.zeros(0, np.int64)
 
@@ -229,7 +244,20 @@ class Capture:
     # --- metadata ---------------------------------------------------------------------
     @property
     def learners(self) -> list[int]:
-        return list(range(self.world_size))
+        """The recorded learners, named by their rank in the run."""
+        return list(self.recorded_ranks)
+
+    @property
+    def is_sample(self) -> bool:
+        """Whether only some of the run's learners recorded (``--record-ranks``)."""
+        return len(self.recorded_ranks) < self.world_size
+
+    def learners_text(self) -> str:
+        """``4 learners``, or ``2 of 8 learners (ranks 0,4)`` for a sample."""
+        if not self.is_sample:
+            return f"{self.world_size} learners"
+        ranks = format_ranks(self.recorded_ranks)
+        return f"{len(self.recorded_ranks)} of {self.world_size} learners (ranks {ranks})"
 
     @property
     def nbytes(self) -> int:
@@ -249,8 +277,10 @@ class Capture:
             "status": self.status,
             "learners": len(self.learners),
             "world_size": self.world_size,
+            "recorded_ranks": self.learners,
             "backend": self.meta.get("backend"),
             "dtype": self.dtype,
+            "compression": self.meta.get("compression", "none"),
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
@@ -284,9 +314,10 @@ class Capture:
         if learners is None:
             return self.learners
         for learner in learners:
-            if learner not in range(self.world_size):
+            if learner not in self._position:
                 raise UsageError(
-                    f"learner {learner} is not in the capture (0..{self.world_size - 1})"
+                    f"learner {learner} is not in the capture "
+                    f"(recorded: {format_ranks(self.learners)})"
                 )
         return list(learners)
 
@@ -298,29 +329,57 @@ class Capture:
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            dataset = self._files[learner]["grad"]
-            if dataset.dtype == np.float32:
-                dataset.read_direct(out, np.s_[row], np.s_[i])
-                stored = out[i]
-            else:
-                stored = dataset[row]
-                out[i] = stored
-            self._verify(learner, row, int(step), stored)
+            position = self._position[learner]
+            stored = read_row(self._files[position]["grad"], row, out[i], self.dtype)
+            self._verify(position, row, int(step), stored)
         return torch.from_numpy(out)
+
+    def read_row(
+        self,
+        step: int,
+        learner: int,
+        out: np.ndarray | None = None,
+        columns: slice | None = None,
+    ) -> np.ndarray:
+        """One learner's gradient at one recorded step as float32, straight from the file.
+
+        ``columns``: a contiguous ``slice(start, stop)`` of the flat vector (default: all);
+        ``out``: a preallocated float32 array of that length to read into (HDF5 copies
+        into it directly, no temporary), else a new one. Analyses reuse one ``out`` per
+        row so that a step never holds more than the rows it needs.
+        """
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        (learner,) = self._learner_list([learner])
+        start, stop, stride = (columns or slice(None)).indices(self.numel)
+        if stride != 1:
+            raise ValueError("columns must be a contiguous slice")
+        width = max(0, stop - start)
+        if out is None:
+            out = np.empty(width, dtype=np.float32)
+        elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 array of {width} values")
+        if width:
+            dataset = self._files[self._position[learner]]["grad"]
+            stored = read_row(dataset, row, out, self.dtype, slice(start, stop))
+            if width == self.numel:  # checksums cover whole rows; column blocks rely on
+                self._verify(self._position[learner], row, int(step), stored)  # structure
+        return out
 
     def verify_rows(self) -> list[Damage]:
         """Read every committed row of every learner and check it against its CRC-32C;
         adds what fails to ``damage`` (``gradstat info --verify``). Reads the whole
         capture, one row at a time."""
         found = []
-        for learner, f in enumerate(self._files):
-            if self._checksums[learner] is None or any(d.learner == learner for d in self.damage):
+        for position, (learner, f) in enumerate(zip(self.recorded_ranks, self._files, strict=True)):
+            if self._checksums[position] is None or any(d.learner == learner for d in self.damage):
                 continue
             steps = self._file_steps(learner)
             bad = []
-            for row in range(self.committed_per_learner[learner]):
+            for row in range(self.committed_per_learner[position]):
                 try:
-                    self._verify(learner, row, int(steps[row]), f["grad"][row])
+                    self._verify(position, row, int(steps[row]), f["grad"][row])
                 except (DataError, OSError):
                     bad.append(row)
             if bad:
@@ -331,10 +390,12 @@ class Capture:
             self.status = "damaged"
         return found
 
-    def _verify(self, learner: int, row: int, step: int, stored: np.ndarray) -> None:
-        """Check a row as stored (before any conversion) against its CRC-32C."""
-        checksums = self._checksums[learner]
+    def _verify(self, position: int, row: int, step: int, stored: np.ndarray) -> None:
+        """Check a row of the ``position``-th rank file, as stored (before any
+        conversion), against its CRC-32C."""
+        checksums = self._checksums[position]
         if checksums is not None:
+            learner = self.recorded_ranks[position]
             path = self.path / rank_file_name(learner)
             check_row(path, learner, step, stored, int(checksums[row]))
 
@@ -359,7 +420,8 @@ class Capture:
 
     def __repr__(self) -> str:
         return (
-            f"Capture({str(self.path)!r}, learners={self.world_size}, steps={len(self.steps)}, "
+            f"Capture({str(self.path)!r}, learners={len(self.learners)}/{self.world_size}, "
+            f"steps={len(self.steps)}, "
             f"numel={self.numel}, status={self.status!r})"
         )
 
