@@ -12,6 +12,7 @@ import time
 
 import h5py
 import numpy as np
+import pytest
 
 from gradstat import open_capture
 from gradstat.store.schema import rank_file_name
@@ -118,6 +119,7 @@ def test_full_disk_is_reported_with_what_was_recorded(tmp_path, capsys):
         assert root.attrs["status"] == "incomplete"  # capture.h5 and info agree
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_capture_is_one_line_with_what_was_committed(tmp_path):
     """Regression: a group Ctrl-C printed 'capture failed: a learner failed'."""
     out = tmp_path / "interrupted"

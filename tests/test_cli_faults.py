@@ -38,7 +38,7 @@ def test_markup_in_user_text_prints_literally(capsys, tmp_path):
     assert "odd[red]name" in result.stdout
     result = run_cli(capsys, "fit", path, "--scope", "zzz[/]")
     assert_clean_error(result, code=2)
-    assert "--scope 'zzz[/]' matches no layer (layers: foo[bold]bar, x[/]" in result.stderr
+    assert "'zzz[/]' matches no layer (layers: foo[bold]bar, x[/]" in result.stderr
 
 
 def test_capture_out_onto_a_file(capsys, tmp_path):
@@ -94,7 +94,7 @@ def _has_open(pid, name):
         return False
 
 
-@pytest.mark.parametrize("command", ["replay", "report"])
+@pytest.mark.parametrize("command", ["replay", pytest.param("report", marks=pytest.mark.slow)])
 def test_ctrl_c_is_one_error_line(tmp_path, command):
     """Regression: SIGINT ended replay and report with exit 130 and no message."""
     grads = np.random.default_rng(0).normal(size=(4, 400, 50_000)).astype(np.float32)

@@ -17,6 +17,7 @@ from gradstat import __version__
 from gradstat.cli.capture import capture_command
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
+from gradstat.cli.merge import merge_command
 from gradstat.cli.output import err_console, warn
 from gradstat.cli.replay import recommend_command, replay_command
 from gradstat.cli.report import report_command
@@ -41,6 +42,7 @@ app = typer.Typer(
 # in the order of the work: record, inspect, analyse, replay, decide, report
 app.command("capture")(capture_command)
 app.command("info")(info_command)
+app.command("merge")(merge_command)
 app.command("fit")(fit_command)
 app.command("similarity")(similarity_command)
 app.command("buildup")(buildup_command)

@@ -54,9 +54,16 @@ def _root_path(path: Path) -> Path:
             f"{path} is one learner's rank file; pass the capture folder ({path.parent})"
         )
     if path.is_dir():
-        path = path / ROOT_FILE
+        folder, path = path, path / ROOT_FILE
         if not path.exists():
-            raise DataError(f"{path.parent}: not a gradstat capture (no {ROOT_FILE})")
+            ranks = sorted(int(p.name[5:-3]) for p in folder.glob("rank-*.h5"))
+            if ranks:
+                raise DataError(
+                    f"{folder}: rank files of learners {format_ranks(ranks)} but no "
+                    f"{ROOT_FILE}: a part written by a node other than node 0; join the "
+                    f"parts with: gradstat merge DEST NODE0_FOLDER {folder} ..."
+                )
+            raise DataError(f"{folder}: not a gradstat capture (no {ROOT_FILE})")
     return path
 
 
@@ -144,6 +151,15 @@ class Capture:
         ]
 
     def _open_ranks(self) -> None:
+        missing = [r for r in self.recorded_ranks if not (self.path / rank_file_name(r)).exists()]
+        if missing:
+            names = ", ".join(rank_file_name(r) for r in missing[:3])
+            raise DataError(
+                f"{self.path}: the rank files of learners {format_ranks(missing)} are missing "
+                f"({names}{', ...' if len(missing) > 3 else ''}); if the capture was written "
+                f"by several nodes into separate folders, join them: gradstat merge DEST "
+                f"{self.path} OTHER_NODES_FOLDERS..."
+            )
         committed, running = [], False
         for rank in self.recorded_ranks:
             path = self.path / rank_file_name(rank)

@@ -97,7 +97,8 @@ class RankFileWriter:
         already rounded bit patterns (``uint16``, as the capture hook hands them over).
         """
         n = self.rows + 1
-        stored = np.asarray(to_disk_values(row, self.dtype), dtype=self._grad.dtype)
+        with np.errstate(over="ignore"):  # float16 overflows to inf, as HDF5 would cast
+            stored = np.asarray(to_disk_values(row, self.dtype), dtype=self._grad.dtype)
         for dataset in self._datasets:
             dataset.resize(n, axis=0)
         self._grad[n - 1] = stored
