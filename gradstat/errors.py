@@ -24,5 +24,11 @@ class DataError(GradstatError):
     exit_code = 1
 
 
+class Interrupted(GradstatError):
+    """Ctrl-C: the message says what was kept (exit 130, the shell's code for SIGINT)."""
+
+    exit_code = 130
+
+
 class GradstatWarning(UserWarning):
     """Something the user should know that does not stop the analysis (gaps, NaNs)."""

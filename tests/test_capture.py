@@ -189,43 +189,6 @@ def test_sigkill_leaves_a_readable_capture(tmp_path, capsys):
     assert "interrupted (committed up to step" in text.stdout
 
 
-def test_writer_failure_does_not_stop_training(tmp_path, capsys):
-    """A file-size limit makes the writer fail mid-run (like a full disk)."""
-    import resource
-
-    out = tmp_path / "full"
-
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (21_000_000, 21_000_000))
-
-    argv = [
-        sys.executable,
-        "-m",
-        "gradstat",
-        "capture",
-        "--workload",
-        "digits",
-        "--nproc-per-node",
-        "2",
-        "--steps",
-        "60",
-        "--out",
-        str(out),
-    ]
-    result = subprocess.run(
-        argv, capture_output=True, text=True, preexec_fn=limit_file_size, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert "stopped recording" in result.stderr
-    assert "Traceback" not in result.stderr
-    with open_capture(out) as cap:
-        assert cap.status == "interrupted"
-        assert 0 < len(cap.steps) < 60
-        for _, grads in cap.iter_steps():
-            assert np.isfinite(grads.numpy()).all()
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -109,15 +109,6 @@ def test_bad_files_give_one_error_line(tmp_path, synthetic_capture, capsys, case
     assert message in result.stderr
 
 
-def test_other_schema_is_refused(synthetic_capture, capsys):
-    path, _ = synthetic_capture
-    with h5py.File(path / "capture.h5", "r+") as f:
-        f.attrs["schema"] = 2
-    result = run_cli(capsys, "info", path)
-    assert_clean_error(result, code=1)
-    assert "schema 2 is not supported" in result.stderr
-
-
 def test_missing_rank_file(synthetic_capture, capsys):
     path, _ = synthetic_capture
     (path / rank_file_name(1)).unlink()

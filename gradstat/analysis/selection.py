@@ -54,6 +54,8 @@ def select_steps(recorded: Sequence[int], spec: StepsSpec) -> list[int]:
             every = int(parts[2]) if len(parts) > 2 and parts[2] else 1
             if every <= 0:
                 raise UsageError(f"steps={spec!r}: the step must be positive")
+            if stop <= start:
+                raise UsageError(f"steps={spec!r}: STOP {stop} must be greater than START {start}")
             chosen = [s for s in recorded if start <= s < stop][::every]
             if not chosen:
                 raise UsageError(
@@ -62,6 +64,8 @@ def select_steps(recorded: Sequence[int], spec: StepsSpec) -> list[int]:
                 )
             return chosen
         wanted = [int(part) for part in spec.split(",")]
+    except UsageError:  # a ValueError too: not to be replaced by the generic message
+        raise
     except ValueError:
         raise UsageError(f"steps={spec!r}: expected N, A,B,C or START:STOP[:STEP]") from None
     return _recorded(wanted, recorded)

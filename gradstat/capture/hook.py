@@ -21,6 +21,10 @@ Usage in a training script (one object per process)::
 
 Call ``step`` once per optimizer step. Under ``no_sync()`` gradient accumulation DDP
 runs no hook until the synchronising backward, so the accumulated gradient is recorded.
+A second backward before ``step`` (accumulation without ``no_sync()``, where DDP
+all-reduces every micro-batch, or a skipped ``step`` call) is detected by a bucket that
+arrives twice: the row restarts, so it holds the last backward's gradients, and a
+warning says what to do, once.
 
 With ``record_ranks`` only a sample of learners records; the others register the wrapped
 hook alone (no copy, no buffers, no writer thread, no rank file).
@@ -154,8 +158,18 @@ class GradientCapture:
         self._iteration = 0
         self._pending: torch.Tensor | None = None
         self._copied = 0
+        self._buckets_seen: set[int] = set()
+        self._warned_second_backward = False
         self._closed = False
+        self.writer: BackgroundWriter | None = None
 
+        # hook first, files after: a model that cannot take the hook leaves nothing behind
+        self._check_no_comm_hook(model)
+        records = self.rank in self.recorded_ranks
+        if records:
+            model.register_comm_hook(self, _capture_hook)
+        else:  # the wrapped hook alone, as without us
+            model.register_comm_hook(self._inner_state(), self.hook)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             if total_steps is not None:
@@ -168,9 +182,7 @@ class GradientCapture:
                 self._metadata(meta, every, start, layers, compression),
                 self.recorded_ranks,
             )
-        self.writer: BackgroundWriter | None = None
-        if self.rank not in self.recorded_ranks:  # the wrapped hook alone, as without us
-            model.register_comm_hook(self._inner_state(), self.hook)
+        if not records:
             return
         self.writer = BackgroundWriter(
             self.out_dir / rank_file_name(self.rank),
@@ -181,7 +193,6 @@ class GradientCapture:
             max_queue,
             compression,
         )
-        model.register_comm_hook(self, _capture_hook)
 
     def _inner_state(self) -> Any:
         """The wrapped hook's state (PyTorch's all-reduce hook takes the process group)."""
@@ -202,6 +213,19 @@ class GradientCapture:
             warnings.warn(f"gradstat: {problem}", GradstatWarning, stacklevel=3)
 
     # --- set-up -----------------------------------------------------------------------
+    @staticmethod
+    def _check_no_comm_hook(model: DistributedDataParallel) -> None:
+        """DDP takes one communication hook; gradstat's must wrap any other."""
+        registered = [getattr(h, "__qualname__", repr(h)) for h, _ in model._comm_hooks]
+        builtin = model._get_ddp_logging_data().get("comm_hook", "")
+        names = registered or ([builtin] if builtin else [])
+        if names:
+            raise UsageError(
+                f"the DDP model already has a communication hook ({names[0]}); gradstat "
+                "wraps your hook instead: register none and pass it as "
+                "GradientCapture(ddp, out_dir, hook=your_hook, hook_state=its_state)"
+            )
+
     @staticmethod
     def _select_parameters(
         model: DistributedDataParallel, pattern: str | None
@@ -284,6 +308,11 @@ class GradientCapture:
         if self._pending is None:
             self._pending = self._acquire()
             self._copied = 0
+        elif bucket.index() in self._buckets_seen:  # a new backward: restart the row
+            self._warn_second_backward()
+            self._copied = 0
+            self._buckets_seen.clear()
+        self._buckets_seen.add(bucket.index())
         non_blocking = self._device.type == "cuda"
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             slot = self._slots.get(param)
@@ -293,6 +322,20 @@ class GradientCapture:
                     grad.reshape(-1), non_blocking=non_blocking
                 )
                 self._copied += numel
+
+    def _warn_second_backward(self) -> None:
+        if self._warned_second_backward:
+            return
+        self._warned_second_backward = True
+        warnings.warn(
+            f"gradstat (rank {self.rank}): a second backward pass before capture.step(). "
+            "For gradient accumulation, run all but the last backward inside "
+            "ddp.no_sync() (without it DDP all-reduces every micro-batch); if you skipped "
+            "an optimizer step, still call capture.step() once per step. The row now "
+            "holds the last backward's gradients.",
+            GradstatWarning,
+            stacklevel=4,
+        )
 
     def step(self, step: int | None = None, loss: float | None = None) -> None:
         """Finish the current optimizer step: hand a recorded row to the writer."""
@@ -308,6 +351,7 @@ class GradientCapture:
             else:  # a step without a (complete) backward: nothing consistent to record
                 self._release(self._pending)
             self._pending = None
+            self._buckets_seen.clear()
         self._iteration += 1
 
     def flush(self) -> None:

@@ -1,8 +1,10 @@
 """Launching a built-in capture the way users launch training: ``torch.distributed.run``.
 
 The launcher validates every option before any process starts, runs torchrun with one
-worker per learner, follows rank 0's progress lines, keeps all other output in
-``<run>/capture.log``, and turns a failed worker into one clear error.
+worker per learner, follows the node's first learner's progress lines, keeps all other
+output in ``<run>/capture.log`` (``capture-node<K>.log`` on node K > 0, see
+gradstat/capture/nodes.py), and turns a failed worker, a node that never joins, a full
+disk or Ctrl-C into one clear error.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import queue
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,15 +30,24 @@ import torch
 
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
 from gradstat.capture.hook import select_named_parameters
+from gradstat.capture.nodes import (
+    DEFAULT_JOIN_TIMEOUT,
+    check_folder,
+    log_name,
+    missing_text,
+    waiting_text,
+)
 from gradstat.capture.worker import PROGRESS_PREFIX
 from gradstat.capture.workloads import build_workload, default_lr, resolve_size, workload_spec
-from gradstat.errors import DataError, UsageError
+from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.parallel.threads import available_cpus, worker_environment
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
+from gradstat.store.schema import SUPPORTED_DTYPES
 
-LOG_FILE = "capture.log"
+LOG_FILE = log_name(0)
+#: Seconds between two "waiting for nodes" lines.
+WAIT_REPORT_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
@@ -67,6 +81,7 @@ class CaptureOptions:
     record_ranks: str = "all"
     compression: str = "none"
     max_bytes: int | None = None
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
     def check(self) -> None:
@@ -119,6 +134,10 @@ class CaptureOptions:
                 raise UsageError(f"--data {self.data}: no such file")
         if self.nnodes > 1 and not (self.master_addr and self.master_port):
             raise UsageError("multi-node runs need --master-addr and --master-port")
+        if not self.join_timeout > 0:
+            raise UsageError(f"--join-timeout must be positive, got {self.join_timeout:g}")
+        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise UsageError(f"--out {self.out} is a file; give a folder for the capture")
         if self.layers:
             try:
                 re.compile(self.layers)
@@ -265,30 +284,89 @@ def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, i
     return plan, free
 
 
+def _forward_lines(stream, lines: queue.Queue) -> None:
+    """Move torchrun's output lines to a queue, so the launcher can also watch the clock."""
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop torchrun (it stops its learners) and wait for it, at most 10 s politely."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def recorded(run_dir: Path) -> tuple[int, int, str, str | None] | None:
+    """``(steps, learners, status, stop reason)`` committed in ``run_dir``, or ``None``
+    where this node holds no ``capture.h5`` (a node > 0 without a shared folder)."""
+    from gradstat.store.reader import Capture
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Capture(run_dir, allow_damaged=True) as cap:
+                return len(cap.steps), len(cap.learners), cap.status, cap.stop_reason
+    except GradstatError:
+        return None
+
+
+def _interrupted_text(run_dir: Path) -> str:
+    state = recorded(run_dir)
+    if state is None:
+        return f"interrupted; the rank files in {run_dir} keep every committed row"
+    steps, learners, _, _ = state
+    return (
+        f"interrupted; {steps} steps x {learners} learners committed in {run_dir} "
+        f"(readable: gradstat info {run_dir})"
+    )
+
+
+def _check_recorded(run_dir: Path) -> None:
+    """A capture whose writers stopped early (disk full) is an error saying what is there."""
+    state = recorded(run_dir)
+    if state is not None and state[2] == "incomplete":
+        steps, learners, _, reason = state
+        raise DataError(
+            f"capture incomplete ({reason or 'a writer stopped'}): {steps} steps x "
+            f"{learners} learners recorded in {run_dir}, readable up to there"
+        )
+
+
 def run_capture(
     options: CaptureOptions,
     on_progress: Callable[[dict], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
     on_plan: Callable[[CapturePlan, int], None] | None = None,
 ) -> Path:
-    """Run the capture; returns the run folder. Raises ``DataError`` if training fails,
-    ``UsageError`` (before any process starts) if the capture would not fit on disk."""
+    """Run the capture; returns the run folder.
+
+    Raises ``UsageError`` (before any process starts) if the capture would not fit on
+    disk, ``DataError`` if training fails, a node does not join within
+    ``options.join_timeout`` or a writer stopped early, and ``Interrupted`` on Ctrl-C,
+    each saying what was committed where.
+    """
     options.check()
     run_dir = options.run_dir()
-    if (run_dir / ROOT_FILE).exists() or (run_dir.exists() and any(run_dir.iterdir())):
-        raise UsageError(
-            f"{run_dir} already exists and is not empty; choose another --out or remove it"
-        )
+    check_folder(run_dir, options.node_rank)
     plan, free = check_budget(options, run_dir)
     if on_plan is not None:
         on_plan(plan, free)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir / LOG_FILE
+    log_path = run_dir / log_name(options.node_rank)
     argv = torchrun_argv(options, run_dir)
+    rendezvous = f"{options.master_addr}:{options.master_port}"
     seen_warnings: set[str] = set()
     tail: deque[str] = deque(maxlen=200)
     with open(log_path, "w") as log:
         log.write("$ " + shlex.join(argv) + "\n")
+        log.flush()
         process = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -297,12 +375,47 @@ def run_capture(
             env=_worker_env(options),
             preexec_fn=_stop_with_parent,
         )
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_forward_lines, args=(process.stdout, lines), daemon=True).start()
+        started, joined, next_report = time.monotonic(), options.nnodes == 1, 0.0
         try:
-            assert process.stdout is not None
-            for line in process.stdout:
+            while True:
+                try:
+                    line = lines.get(timeout=1.0)
+                except queue.Empty:
+                    waited = time.monotonic() - started
+                    if joined:
+                        continue
+                    if waited >= options.join_timeout:
+                        _stop(process)
+                        raise DataError(
+                            missing_text(
+                                run_dir,
+                                options.nnodes,
+                                options.node_rank,
+                                options.join_timeout,
+                                rendezvous,
+                            )
+                        ) from None
+                    if waited >= next_report:
+                        next_report += WAIT_REPORT_SECONDS
+                        if on_wait is not None:
+                            on_wait(
+                                waiting_text(
+                                    run_dir,
+                                    options.nnodes,
+                                    options.node_rank,
+                                    waited,
+                                    options.join_timeout,
+                                )
+                            )
+                    continue
+                if line is None:
+                    break
                 report = _progress_report(line)
                 if report is not None:
-                    if on_progress is not None:
+                    joined = True
+                    if on_progress is not None and "step" in report:
                         on_progress(report)
                     continue
                 log.write(line)
@@ -313,13 +426,13 @@ def run_capture(
                         seen_warnings.add(message)
                         on_warning(message)
             code = process.wait()
+        except KeyboardInterrupt:
+            _stop(process)
+            raise Interrupted(_interrupted_text(run_dir)) from None
         except BaseException:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            _stop(process)
             raise
     if code != 0:
         raise DataError(f"capture failed: {_failure_reason(tail)} (full log: {log_path})")
+    _check_recorded(run_dir)
     return run_dir

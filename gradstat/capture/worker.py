@@ -64,6 +64,9 @@ def train(args: argparse.Namespace) -> None:
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    reporter = local_rank == 0  # each node's launcher follows its first learner
+    if reporter:  # every node has joined: the launcher stops its --join-timeout clock
+        emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps({"joined": world}))
     if args.backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -111,7 +114,7 @@ def train(args: argparse.Namespace) -> None:
         optimizer.step()
         loss_value = loss.item()
         capture.step(step, loss_value)
-        if rank == 0:
+        if reporter:
             report = {
                 "step": step + 1,
                 "loss": loss_value,

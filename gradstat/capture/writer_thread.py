@@ -8,6 +8,7 @@ recording stops, and the file keeps every row committed before the failure.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
@@ -24,8 +25,16 @@ from gradstat.errors import GradstatWarning
 from gradstat.store.dtypes import buffer_to_disk
 from gradstat.store.writer import RankFileWriter
 
-#: Space kept free beside each row for HDF5 metadata (chunk index, superblock).
-SPACE_MARGIN_BYTES = 16 << 20
+#: Space kept free beside each row for HDF5 metadata: the chunk index grows by blocks,
+#: and every 1024 rows /step, /loss and /crc32c get a new chunk (20 KiB together).
+METADATA_MARGIN_BYTES = 1 << 20
+
+
+def space_needed(row_bytes: int) -> int:
+    """Bytes that must be free before a row is appended: the row, its chunk-index
+    entries (~1/64 of the row at the smallest chunks, generous) and the metadata margin.
+    Sized from the row, so small rows use the disk to its last megabyte (issue 12)."""
+    return row_bytes + row_bytes // 64 + METADATA_MARGIN_BYTES
 
 
 def space_left(path: Path) -> int:
@@ -89,8 +98,14 @@ class BackgroundWriter:
             return
         self._queue.put(row)
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, step: int | None = None) -> None:
         self.error = exc
+        if step is not None and self._file is not None:
+            full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG)
+            reason = f"{'disk full' if full else 'write failed'} at step {step}"
+            # the file is still sound: the writer stopped before the disk filled
+            with contextlib.suppress(Exception):
+                self._file.mark_stopped(reason)
         warnings.warn(
             f"gradstat stopped recording to {self.path} after {self.rows_written} rows: {exc}. "
             "Training goes on; the file keeps the rows committed so far.",
@@ -100,8 +115,11 @@ class BackgroundWriter:
 
     def _ensure_space(self, row_bytes: int) -> None:
         """Stop *before* the disk fills: HDF5 cannot close a file it failed to extend."""
-        if space_left(self.path) < 2 * row_bytes + SPACE_MARGIN_BYTES:
-            raise OSError(errno.ENOSPC, "not enough space left for another row")
+        left = space_left(self.path)
+        if left < space_needed(row_bytes):
+            raise OSError(
+                errno.ENOSPC, f"disk full: {left:,} bytes left, a row needs {row_bytes:,}"
+            )
 
     def _run(self) -> None:
         while (row := self._queue.get()) is not None:
@@ -114,7 +132,7 @@ class BackgroundWriter:
                     self.rows_written += 1
                     self.bytes_written += row.buffer.numel() * row.buffer.element_size()
             except Exception as exc:  # disk full, permission, quota: stop, never crash
-                self._fail(exc)
+                self._fail(exc, row.step)
             finally:
                 self._release(row.buffer)
                 self._queue.task_done()

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, recorded_rows
-from gradstat.capture.launch import CaptureOptions, run_capture
+from gradstat.capture.launch import CaptureOptions, recorded, run_capture
+from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT
 from gradstat.capture.workloads import SIZE_NAMES, SPECS, parameter_count
 from gradstat.cli.output import console, err_console, warn
 from gradstat.store.ranks import format_ranks, parse_ranks
@@ -99,6 +101,11 @@ def capture_command(
     node_rank: int = typer.Option(0, "--node-rank", help="This machine's rank (multi-node)."),
     master_addr: str = typer.Option(None, "--master-addr", help="Rendezvous host (multi-node)."),
     master_port: int = typer.Option(None, "--master-port", help="Rendezvous port (multi-node)."),
+    join_timeout: float = typer.Option(
+        DEFAULT_JOIN_TIMEOUT,
+        "--join-timeout",
+        help="Seconds to wait for the other nodes before giving up (multi-node).",
+    ),
     backend: str = typer.Option(
         "auto", "--backend", help="auto (nccl with enough GPUs, else gloo), gloo or nccl."
     ),
@@ -134,6 +141,7 @@ def capture_command(
         master_port=master_port,
         backend=backend,
         comm_hook=comm_hook,
+        join_timeout=join_timeout,
         record_ranks=record_ranks,
         compression=compression,
         max_bytes=None if max_bytes is None else parse_bytes(max_bytes),
@@ -170,12 +178,27 @@ def capture_command(
                 rate=report["step"] / max(report["elapsed"], 1e-9),
             )
 
-        run_capture(options, on_progress=on_progress, on_warning=warn, on_plan=on_plan)
-    recorded = parse_ranks(options.record_ranks, options.world_size)
+        def on_wait(line: str) -> None:
+            err_console.print(escape(line), highlight=False)
+
+        run_capture(
+            options, on_progress=on_progress, on_warning=warn, on_wait=on_wait, on_plan=on_plan
+        )
+    state = recorded(run_dir)
+    where = escape(str(run_dir))
+    if state is None:  # a node > 0 whose folder is not shared with node 0
+        first = node_rank * nproc_per_node
+        console.print(
+            f"node {node_rank} recorded learners {first}..{first + nproc_per_node - 1} to "
+            f"[bold]{where}[/bold]; join it to node 0's folder with gradstat merge"
+        )
+        return
+    steps_done = state[0]
+    ranks = parse_ranks(options.record_ranks, options.world_size)
     learners = (
-        f"{len(recorded)} learners"
-        if len(recorded) == options.world_size
-        else f"{len(recorded)} of {options.world_size} learners (ranks {format_ranks(recorded)})"
+        f"{len(ranks)} learners"
+        if len(ranks) == options.world_size
+        else f"{len(ranks)} of {options.world_size} learners (ranks {format_ranks(ranks)})"
     )
-    console.print(f"captured {options.recorded_steps} steps x {learners} to [bold]{run_dir}[/bold]")
-    console.print(f"next: gradstat info {run_dir}")
+    console.print(f"captured {steps_done} steps x {learners} to [bold]{where}[/bold]")
+    console.print(f"next: gradstat info {where}")

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pandas as pd
+import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gradstat.cli.options import Capture, Csv, Json
 from gradstat.cli.output import console, to_json, write_csv
+from gradstat.errors import DataError
 from gradstat.store import open_capture
+from gradstat.store.verify import span_text
+
+Verify = Annotated[
+    bool,
+    typer.Option("--verify", help="Also read every row and check it against its CRC-32C (slow)."),
+]
 
 
 def _size(nbytes: int) -> str:
@@ -18,42 +29,73 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def info_command(capture: Capture, as_json: Json = False, csv: Csv = None) -> None:
+def info_command(
+    capture: Capture, as_json: Json = False, csv: Csv = None, verify: Verify = False
+) -> None:
     """Show a capture's learners, committed steps, status, layers, size and loss.
 
     Works while the capture is still being written and after a crash: only rows that
-    every learner committed are counted. --csv writes the layer table.
+    every learner committed are counted. A damaged capture (rows missing from a rank
+    file) is shown with status "damaged" and the steps at fault, then exits 1; --verify
+    also reads every row and checks its checksum. --csv writes the layer table.
     """
-    with open_capture(capture) as cap:
+    with open_capture(capture, allow_damaged=True) as cap:
+        if verify:
+            cap.verify_rows()
         summary = cap.describe()
+        learners = cap.learners_text()
+        damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
         write_csv(pd.DataFrame(summary["layers"]), csv)
     if as_json:
         print(to_json(summary))
-        return
+    else:
+        _print_tables(summary, learners)
+    if damage is not None:
+        raise DataError(damage)
+
+
+def _status_text(summary: dict) -> str:
     steps = summary["steps"]
     status = summary["status"]
+    if status == "damaged":
+        parts = [
+            f"learner {d['learner']} "
+            + (f"steps {span_text(d['steps'])}" if d["steps"] else "whole file")
+            for d in summary["damage"]
+        ]
+        return f"damaged: {'; '.join(parts)}"
     if status != "complete":
         last = f"step {steps[-1]}" if steps else "before the first step"
-        status = f"{status} (committed up to {last})"
-    overview = Table(title=f"capture {summary['path']}", title_justify="left", show_header=False)
+        reason = f"{summary['stop_reason']}, " if summary.get("stop_reason") else ""
+        status = f"{status} ({reason}committed up to {last})"
+    return status
+
+
+def _print_tables(summary: dict, learners: str) -> None:
+    steps = summary["steps"]
+    status = _status_text(summary)
+    overview = Table(
+        title=f"capture {escape(summary['path'])}", title_justify="left", show_header=False
+    )
     overview.add_column(style="bold")
     overview.add_column()
     rows = [
         ("workload", summary["workload"]),
         ("status", status),
-        ("learners", f"{cap.learners_text()} ({summary['backend']})"),
+        ("learners", f"{learners} ({summary['backend']})"),
         ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
         ("compression", summary["compression"]),
         ("layers", str(len(summary["layers"]))),
         ("size", _size(summary["bytes"])),
+        ("verified", summary["verification"]),
     ]
     loss = summary["loss"]
     if loss["first"] is not None:
         rows.append(("loss", f"{loss['first']:.4g} -> {loss['last']:.4g} (mean over learners)"))
     for key, value in rows:
-        overview.add_row(key, value)
+        overview.add_row(key, escape(value))
     console.print(overview)
     layers = Table(title="layers", title_justify="left", header_style="bold")
     for column, justify in (
@@ -65,5 +107,5 @@ def info_command(capture: Capture, as_json: Json = False, csv: Csv = None) -> No
         layers.add_column(column, justify=justify)
     for layer in summary["layers"]:
         shape = "x".join(str(s) for s in layer["shape"]) or "scalar"
-        layers.add_row(layer["name"], shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
+        layers.add_row(escape(layer["name"]), shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
     console.print(layers)

@@ -11,12 +11,14 @@ import sys
 import warnings
 
 import typer
+from rich.markup import escape
 
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
 from gradstat.cli.command import Command, Group, unwrap
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
+from gradstat.cli.merge import merge_command
 from gradstat.cli.output import err_console, warn
 from gradstat.cli.replay import recommend_command, replay_command
 from gradstat.cli.report import report_command
@@ -43,6 +45,7 @@ app = typer.Typer(
 COMMANDS = {
     "capture": capture_command,
     "info": info_command,
+    "merge": merge_command,
     "fit": fit_command,
     "similarity": similarity_command,
     "buildup": buildup_command,
@@ -54,6 +57,10 @@ COMMANDS = {
 for _name, _function in COMMANDS.items():
     _help = unwrap(_function.__doc__)
     app.command(_name, cls=Command, help=_help, short_help=_help.split("\n\n")[0])(_function)
+
+
+#: Exit code of Ctrl-C (128 + SIGINT), what typer returns when a command is interrupted.
+INTERRUPTED = 130
 
 
 def _version(value: bool) -> None:
@@ -76,7 +83,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _error(message: str, code: int) -> None:
-    err_console.print(f"[bold red]Error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    """One ``Error:`` line; the message is plain text (paths, arguments, library errors
+    may contain ``[...]``), never markup."""
+    err_console.print(
+        f"[bold red]Error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+    )
     sys.exit(code)
 
 
@@ -90,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
-        _error("interrupted", 130)
+        _error("interrupted", INTERRUPTED)
     except typer.TyperException as exc:
         _error(exc.format_message(), exc.exit_code)
     except GradstatError as exc:
@@ -98,9 +109,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _error(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        _error("interrupted", 130)
+        _error("interrupted", INTERRUPTED)
     except Exception as exc:  # the last line of defence: never a traceback for users
         if debug:
             raise
         _error(f"unexpected {type(exc).__name__}: {exc} (GRADSTAT_DEBUG=1 shows the traceback)", 1)
+    if result == INTERRUPTED:  # typer turns Ctrl-C into a returned 130, without a word
+        _error("interrupted", INTERRUPTED)
     sys.exit(result if isinstance(result, int) else 0)

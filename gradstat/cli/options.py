@@ -16,9 +16,9 @@ import typer
 from gradstat import defaults
 from gradstat.analysis.compute import Compute, parse_bytes
 from gradstat.analysis.selection import parse_ratios
+from gradstat.cli.paths import csv_path, plot_path
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
 from gradstat.defaults import ratios_text
-from gradstat.plots.paths import check_plot_path
 
 # Defaults come from gradstat.defaults (the report shares them); as option text here.
 RATIOS = ratios_text(defaults.RATIOS)
@@ -237,7 +237,12 @@ Json = Annotated[
 ]
 Csv = Annotated[
     Path | None,
-    typer.Option("--csv", metavar="PATH", help="Also write the per-row results to this CSV file."),
+    typer.Option(
+        "--csv",
+        metavar="PATH",
+        callback=csv_path,
+        help="Also write the per-row results to this CSV file.",
+    ),
 ]
 Detail = Annotated[
     bool,
@@ -248,7 +253,7 @@ Plot = Annotated[
     typer.Option(
         "--plot",
         metavar="PATH",
-        callback=check_plot_path,
+        callback=plot_path,
         help="Write a figure; format by suffix: .png, .pdf or .svg.",
     ),
 ]

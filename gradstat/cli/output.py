@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -110,7 +111,7 @@ def show(result: Result, output: Output) -> None:
         from gradstat.plots.style import save_figure
 
         save_figure(result.figure(), output.plot, dpi=output.dpi)
-        err_console.print(f"[dim]wrote {output.plot}[/dim]")
+        err_console.print(f"[dim]wrote {escape(str(output.plot))}[/dim]")
     if output.as_json:
         print(to_json(result.json_document()))
         return
@@ -118,7 +119,7 @@ def show(result: Result, output: Output) -> None:
     for view in views:
         print_view(view)
     if result.answer:
-        console.print(Panel("\n".join(result.answer), title="answer", title_align="left"))
+        console.print(Panel(escape("\n".join(result.answer)), title="answer", title_align="left"))
     if result.detail and not output.detail:
         console.print("[dim]per-row detail: --detail, --json or --csv PATH[/dim]")
 
@@ -154,8 +155,8 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     try:
         out.to_csv(path, index=False)
     except OSError as exc:
-        raise UsageError(f"--csv {path}: cannot write ({exc.strerror})") from exc
-    err_console.print(f"[dim]wrote {path}[/dim]")
+        raise UsageError(f"--csv {path}: cannot write ({exc.strerror or exc})") from exc
+    err_console.print(f"[dim]wrote {escape(str(path))}[/dim]")
 
 
 def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
@@ -165,7 +166,7 @@ def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
     designed for 80 columns never cut a number.
     """
     table = Table(
-        title=title,
+        title=escape(title) if title else title,
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
@@ -175,9 +176,9 @@ def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
         numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
             df[column]
         )
-        table.add_column(str(column), justify="right" if numeric else "left")
+        table.add_column(escape(str(column)), justify="right" if numeric else "left")
     for row in df.itertuples(index=False):
-        table.add_row(*(format_cell(v) for v in row))
+        table.add_row(*(escape(format_cell(v)) for v in row))
     return table
 
 
@@ -251,5 +252,5 @@ def note_sample(cap) -> None:
 
 
 def warn(message: str) -> None:
-    """One warning line on stderr."""
-    err_console.print(f"[yellow]Warning:[/yellow] {message}", highlight=False)
+    """One warning line on stderr (the message is plain text, never markup)."""
+    err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}", highlight=False)

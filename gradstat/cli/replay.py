@@ -13,6 +13,7 @@ from typing import Annotated
 import pandas as pd
 import torch
 import typer
+from rich.markup import escape
 
 from gradstat.analysis.recommend import (
     DEFAULT_CANDIDATES,
@@ -67,6 +68,7 @@ from gradstat.cli.output import (
     show,
     to_json,
 )
+from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import parse_compressors
 from gradstat.defaults import REPLAYED
@@ -76,7 +78,9 @@ from gradstat.store import open_capture
 
 Out = Annotated[
     Path | None,
-    typer.Option("--out", metavar="PATH", help="Write the recommendation as JSON."),
+    typer.Option(
+        "--out", metavar="PATH", callback=out_path, help="Write the recommendation as JSON."
+    ),
 ]
 Candidates = Annotated[
     str,
@@ -285,7 +289,7 @@ def recommend_command(
             out.write_text(to_json(result.to_dict()) + "\n")
         except OSError as exc:
             raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
-        err_console.print(f"[dim]wrote {out}[/dim]")
+        err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 
 def recommend_result(result: Recommendation) -> Result:

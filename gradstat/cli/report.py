@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from gradstat import defaults
 from gradstat.cli.options import (
@@ -26,6 +27,7 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import console, note_sample, progress
+from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
 from gradstat.errors import UsageError
 from gradstat.report.build import ReportSettings, build_report
@@ -34,7 +36,12 @@ from gradstat.store import open_capture
 HtmlOut = Annotated[
     Path,
     typer.Option(
-        "--out", "-o", metavar="FILE.html", help="The HTML file to write.", show_default=False
+        "--out",
+        "-o",
+        metavar="FILE.html",
+        callback=out_path,
+        help="The HTML file to write.",
+        show_default=False,
     ),
 ]
 
@@ -82,4 +89,4 @@ def report_command(
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
-    console.print(f"wrote the report to [bold]{out}[/bold] ({len(page) / 1e6:.1f} MB)")
+    console.print(f"wrote the report to [bold]{escape(str(out))}[/bold] ({len(page) / 1e6:.1f} MB)")

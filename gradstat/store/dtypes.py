@@ -82,18 +82,22 @@ def to_disk_values(row: np.ndarray, dtype: str) -> np.ndarray:
 
 def read_row(
     dataset: h5py.Dataset, row: int, out: np.ndarray, dtype: str, columns: slice = slice(None)
-) -> None:
+) -> np.ndarray:
     """Read ``dataset[row, columns]`` into the float32 vector ``out``, converting from
-    ``dtype``.
+    ``dtype``; returns the values as stored (``out`` itself for float32), which the
+    reader checks against the row's checksum.
 
     float32 rows go straight into ``out`` (``read_direct``, no copy); bfloat16 rows are
     read into the upper halves' bit patterns and shifted in place.
     """
     if dtype == "float32":
         dataset.read_direct(out, np.s_[row, columns])
-    elif dtype == "bfloat16":
+        return out
+    if dtype == "bfloat16":
         bits = np.empty(out.shape, dtype=np.uint16)
         dataset.read_direct(bits, np.s_[row, columns])
         bfloat16_bits_to_float32(bits, out)
-    else:
-        out[...] = dataset[row, columns]
+        return bits
+    stored = dataset[row, columns]
+    out[...] = stored
+    return stored

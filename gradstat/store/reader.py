@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -17,19 +19,20 @@ import h5py
 import numpy as np
 import torch
 
-from gradstat.errors import DataError, UsageError
+from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.store.compression import ensure_readable
 from gradstat.store.dtypes import DISK_DTYPES, read_row
 from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     FORMAT_NAME,
+    READABLE_SCHEMAS,
     ROOT_FILE,
-    SCHEMA_VERSION,
     Layer,
     rank_file_name,
     recorded_ranks,
 )
 from gradstat.store.scope import Scope, resolve_scopes
+from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
 
 
 def _open_h5(path: Path, **kwargs) -> h5py.File:
@@ -46,10 +49,21 @@ def _open_h5(path: Path, **kwargs) -> h5py.File:
 
 def _root_path(path: Path) -> Path:
     path = Path(path)
+    if path.is_file() and re.fullmatch(r"rank-\d+\.h5", path.name):
+        raise UsageError(
+            f"{path} is one learner's rank file; pass the capture folder ({path.parent})"
+        )
     if path.is_dir():
-        path = path / ROOT_FILE
+        folder, path = path, path / ROOT_FILE
         if not path.exists():
-            raise DataError(f"{path.parent}: not a gradstat capture (no {ROOT_FILE})")
+            ranks = sorted(int(p.name[5:-3]) for p in folder.glob("rank-*.h5"))
+            if ranks:
+                raise DataError(
+                    f"{folder}: rank files of learners {format_ranks(ranks)} but no "
+                    f"{ROOT_FILE}: a part written by a node other than node 0; join the "
+                    f"parts with: gradstat merge DEST NODE0_FOLDER {folder} ..."
+                )
+            raise DataError(f"{folder}: not a gradstat capture (no {ROOT_FILE})")
     return path
 
 
@@ -74,10 +88,14 @@ class Capture:
     """An opened capture: metadata, layer table, recorded steps and lazy gradient rows.
 
     Use as a context manager, or call :meth:`close`. ``read_step`` and ``iter_steps``
-    load one step (all selected learners) at a time, so analyses stream.
+    load one step (all selected learners) at a time, so analyses stream, and verify
+    every row they read (gradstat/store/verify.py). A capture whose committed rows are
+    not all on disk raises ``DataError`` naming file, learner and steps, and one still
+    being written warns that results cover the steps so far; ``allow_damaged``
+    (inspection: ``gradstat info``) opens both quietly, listing damage in ``damage``.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, allow_damaged: bool = False) -> None:
         root_path = _root_path(Path(path))
         self.root_path = root_path
         self.path = root_path.parent
@@ -85,10 +103,10 @@ class Capture:
             attrs = dict(root.attrs)
             if attrs.get("format") != FORMAT_NAME or "schema" not in attrs:
                 raise DataError(f"{root_path}: an HDF5 file, but not a gradstat capture")
-            if int(attrs["schema"]) != SCHEMA_VERSION:
+            if int(attrs["schema"]) not in READABLE_SCHEMAS:
                 raise DataError(
                     f"{root_path}: capture schema {int(attrs['schema'])} is not supported "
-                    f"(this gradstat reads schema {SCHEMA_VERSION})"
+                    f"(this gradstat reads schemas {', '.join(map(str, READABLE_SCHEMAS))})"
                 )
             try:
                 self.layers = self._read_layers(root)
@@ -103,9 +121,21 @@ class Capture:
             raise DataError(f"{root_path}: unknown storage dtype {self.dtype!r}")
         self.workload = str(self.meta.get("workload", "unknown"))
         self.numel = self.layers[-1].stop if self.layers else 0
+        self.schema = int(attrs["schema"])
         self._files: list[h5py.File] = []
+        self._checksums: list[h5py.Dataset | None] = []
+        self.damage: list[Damage] = []
         try:
             self._open_ranks()
+            if self.damage and not allow_damaged:
+                raise DataError(self.damage_report())
+            if self.status == "running" and not allow_damaged:
+                warnings.warn(
+                    f"{self.path} is still being written (running: {len(self.steps)} steps "
+                    "so far); the results cover those steps",
+                    GradstatWarning,
+                    stacklevel=3,
+                )
         except Exception:
             self.close()
             raise
@@ -121,6 +151,15 @@ class Capture:
         ]
 
     def _open_ranks(self) -> None:
+        missing = [r for r in self.recorded_ranks if not (self.path / rank_file_name(r)).exists()]
+        if missing:
+            names = ", ".join(rank_file_name(r) for r in missing[:3])
+            raise DataError(
+                f"{self.path}: the rank files of learners {format_ranks(missing)} are missing "
+                f"({names}{', ...' if len(missing) > 3 else ''}); if the capture was written "
+                f"by several nodes into separate folders, join them: gradstat merge DEST "
+                f"{self.path} OTHER_NODES_FOLDERS..."
+            )
         committed, running = [], False
         for rank in self.recorded_ranks:
             path = self.path / rank_file_name(rank)
@@ -134,8 +173,8 @@ class Capture:
                     )
                 ensure_readable(grad, path)
                 rows = int(f.attrs["committed"])
-                for name in ("step", "loss"):
-                    if f[name].shape[0] < rows:
+                for name in ("step", "loss", CHECKSUM_DATASET):
+                    if name in f and f[name].shape[0] < rows:
                         raise KeyError(name)
             except KeyError as exc:
                 raise DataError(f"{path}: not a gradstat rank file or damaged") from exc
@@ -146,6 +185,10 @@ class Capture:
             if grad.shape[0] < rows:
                 raise DataError(f"{path}: committed {rows} rows but holds {grad.shape[0]}")
             committed.append(rows)
+            self._checksums.append(f.get(CHECKSUM_DATASET))
+            damage = structural_damage(f, path, rank, rows)
+            if damage is not None:
+                self.damage.append(damage)
             if not bool(f.attrs.get("closed", True)):
                 running |= _process_alive(
                     str(f.attrs.get("hostname", "")), int(f.attrs["writer_pid"])
@@ -158,7 +201,7 @@ class Capture:
             else np.zeros((len(self._files), 0))
         )
         for rank, f in zip(self.recorded_ranks[1:], self._files[1:], strict=True):
-            if rows and not np.array_equal(f["step"][:rows], steps):
+            if rows and not self.damage and not np.array_equal(f["step"][:rows], steps):
                 raise DataError(
                     f"{self.path}: learner {rank} recorded different steps than "
                     f"learner {self.recorded_ranks[0]}"
@@ -167,12 +210,52 @@ class Capture:
         self.losses = np.asarray(losses, dtype=np.float64)
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
-        if self.meta.get("status") == "complete":
+        stopped = [
+            f"{f.attrs['stopped']} (learner {rank})"
+            for rank, f in zip(self.recorded_ranks, self._files, strict=True)
+            if "stopped" in f.attrs
+        ]
+        #: Why a writer stopped early, e.g. "disk full at step 12 (learner 1)", or None.
+        self.stop_reason = stopped[0] if stopped else None
+        if self.damage:
+            self.status = "damaged"
+        elif self.meta.get("status") == "complete":
             self.status = "complete"
+        elif self.meta.get("status") == "incomplete" or stopped:
+            self.status = "incomplete"
         elif running:
             self.status = "running"
         else:
             self.status = "interrupted"
+
+    def damage_report(self) -> str:
+        """One line per damaged file: which learner, which steps, why."""
+        lines = [damage.describe(self._file_steps(damage.learner)) for damage in self.damage]
+        return "; ".join(lines)
+
+    def _file_steps(self, learner: int) -> np.ndarray:
+        position = self._position[learner]
+        try:
+            return self._files[position]["step"][: self.committed_per_learner[position]]
+        except (OSError, IndexError):
+            return np.zeros(0, np.int64)
+
+    def _damage_record(self, damage: Damage) -> dict:
+        steps = self._file_steps(damage.learner)
+        return {
+            "file": str(damage.path),
+            "learner": damage.learner,
+            "rows": list(damage.rows),
+            "steps": [int(steps[r]) for r in damage.rows if r < len(steps)],
+            "reason": damage.reason,
+        }
+
+    @property
+    def verification(self) -> str:
+        """How rows are verified: by checksum (schema 2), or by size only (schema 1)."""
+        if all(c is not None for c in self._checksums):
+            return "CRC-32C per row, checked on every read"
+        return f"file sizes and chunk extents only (schema {self.schema} has no row checksums)"
 
     # --- metadata ---------------------------------------------------------------------
     @property
@@ -217,6 +300,10 @@ class Capture:
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
+            "stop_reason": self.stop_reason,
+            "schema": self.schema,
+            "verification": self.verification,
+            "damage": [self._damage_record(damage) for damage in self.damage],
             "bytes": self.nbytes,
             "layers": [
                 {
@@ -258,7 +345,9 @@ class Capture:
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            read_row(self._files[self._position[learner]]["grad"], row, out[i], self.dtype)
+            position = self._position[learner]
+            stored = read_row(self._files[position]["grad"], row, out[i], self.dtype)
+            self._verify(position, row, int(step), stored)
         return torch.from_numpy(out)
 
     def read_row(
@@ -289,8 +378,42 @@ class Capture:
             raise ValueError(f"out must be a contiguous float32 array of {width} values")
         if width:
             dataset = self._files[self._position[learner]]["grad"]
-            read_row(dataset, row, out, self.dtype, slice(start, stop))
+            stored = read_row(dataset, row, out, self.dtype, slice(start, stop))
+            if width == self.numel:  # checksums cover whole rows; column blocks rely on
+                self._verify(self._position[learner], row, int(step), stored)  # structure
         return out
+
+    def verify_rows(self) -> list[Damage]:
+        """Read every committed row of every learner and check it against its CRC-32C;
+        adds what fails to ``damage`` (``gradstat info --verify``). Reads the whole
+        capture, one row at a time."""
+        found = []
+        for position, (learner, f) in enumerate(zip(self.recorded_ranks, self._files, strict=True)):
+            if self._checksums[position] is None or any(d.learner == learner for d in self.damage):
+                continue
+            steps = self._file_steps(learner)
+            bad = []
+            for row in range(self.committed_per_learner[position]):
+                try:
+                    self._verify(position, row, int(steps[row]), f["grad"][row])
+                except (DataError, OSError):
+                    bad.append(row)
+            if bad:
+                path = self.path / rank_file_name(learner)
+                found.append(Damage(path, learner, tuple(bad), "rows do not match their CRC-32C"))
+        self.damage += found
+        if found:
+            self.status = "damaged"
+        return found
+
+    def _verify(self, position: int, row: int, step: int, stored: np.ndarray) -> None:
+        """Check a row of the ``position``-th rank file, as stored (before any
+        conversion), against its CRC-32C."""
+        checksums = self._checksums[position]
+        if checksums is not None:
+            learner = self.recorded_ranks[position]
+            path = self.path / rank_file_name(learner)
+            check_row(path, learner, step, stored, int(checksums[row]))
 
     def iter_steps(
         self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
@@ -319,6 +442,6 @@ class Capture:
         )
 
 
-def open_capture(path: str | os.PathLike) -> Capture:
+def open_capture(path: str | os.PathLike, *, allow_damaged: bool = False) -> Capture:
     """Open a capture folder (or its ``capture.h5``) for reading."""
-    return Capture(path)
+    return Capture(path, allow_damaged=allow_damaged)

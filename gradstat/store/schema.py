@@ -1,4 +1,4 @@
-"""Names and constants of the HDF5 capture format, schema 1 (see docs/format.md).
+"""Names and constants of the HDF5 capture format, schema 2 (see docs/format.md).
 
 A capture is a folder: ``capture.h5`` (metadata, layer table, virtual datasets) and one
 ``rank-NNNNN.h5`` per learner, each written only by that learner.
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Schemas this gradstat reads: 1 has no per-row checksums (rows verified by size only).
+READABLE_SCHEMAS = (1, 2)
 FORMAT_NAME = "gradstat-capture"
 ROOT_FILE = "capture.h5"
 #: Largest chunk of one /grad row, in bytes (DESIGN.md: one row by <= 1 MiB).

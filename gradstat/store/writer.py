@@ -2,7 +2,8 @@
 
 Crash safety follows DESIGN.md: each rank file is opened in SWMR mode, every row is
 flushed before the ``committed`` attribute is raised, so a reader (or a SIGKILL) sees
-either the old or the new committed count, never a half-written row.
+either the old or the new committed count, never a half-written row. Each row's CRC-32C
+goes to ``/crc32`` with it (schema 2; gradstat/store/verify.py checks it on every read).
 """
 
 from __future__ import annotations
@@ -30,10 +31,15 @@ from gradstat.store.schema import (
     rank_file_name,
     recorded_ranks,
 )
+from gradstat.store.verify import CHECKSUM_DATASET, row_checksum
 
 
 class RankFileWriter:
-    """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row)."""
+    """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row).
+
+    A context manager, like ``h5py.File``: ``with RankFileWriter(...) as w: w.append(...)``
+    closes the file (marking it ``closed``) however the block ends.
+    """
 
     def __init__(
         self,
@@ -70,6 +76,10 @@ class RankFileWriter:
         self._loss = self._file.create_dataset(
             "loss", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
         )
+        self._crc = self._file.create_dataset(
+            CHECKSUM_DATASET, (0,), maxshape=(None,), dtype="uint32", chunks=(1024,)
+        )
+        self._datasets = (self._grad, self._step, self._loss, self._crc)
         attrs = self._file.attrs
         attrs["format"] = FORMAT_NAME
         attrs["schema"] = SCHEMA_VERSION
@@ -87,21 +97,35 @@ class RankFileWriter:
         already rounded bit patterns (``uint16``, as the capture hook hands them over).
         """
         n = self.rows + 1
-        for dataset in (self._grad, self._step, self._loss):
+        with np.errstate(over="ignore"):  # float16 overflows to inf, as HDF5 would cast
+            stored = np.asarray(to_disk_values(row, self.dtype), dtype=self._grad.dtype)
+        for dataset in self._datasets:
             dataset.resize(n, axis=0)
-        self._grad[n - 1] = to_disk_values(row, self.dtype)
+        self._grad[n - 1] = stored
         self._step[n - 1] = step
         self._loss[n - 1] = loss
-        for dataset in (self._grad, self._step, self._loss):
+        self._crc[n - 1] = row_checksum(stored)
+        for dataset in self._datasets:
             dataset.flush()
         self._file.attrs["committed"] = np.int64(n)
         self._file.flush()
         self.rows = n
 
+    def mark_stopped(self, reason: str) -> None:
+        """Record why no more rows follow (e.g. ``disk full at step 12``): ``stopped``."""
+        self._file.attrs["stopped"] = reason
+        self._file.flush()
+
     def close(self) -> None:
         if self._file.id.valid:
             self._file.attrs["closed"] = np.int8(1)
             self._file.close()
+
+    def __enter__(self) -> RankFileWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def write_root(
@@ -217,9 +241,8 @@ def write_capture(
     base_meta = {"workload": "arrays", "backend": "none"}
     write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})}, ranks)
     for learner, rank in enumerate(ranks):
-        writer = RankFileWriter(run_dir / rank_file_name(rank), rank, numel, dtype)
-        for i, step in enumerate(steps):
-            writer.append(step, float(losses[learner, i]), grads[learner, i])
-        writer.close()
+        with RankFileWriter(run_dir / rank_file_name(rank), rank, numel, dtype) as writer:
+            for i, step in enumerate(steps):
+                writer.append(step, float(losses[learner, i]), grads[learner, i])
     finalize_root(run_dir)
     return run_dir

@@ -1,0 +1,115 @@
+"""Every fault one clear line: hostile text, bad paths, Ctrl-C (issue 12, items 5, 6, 8)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from gradstat.store import layer_table, write_capture
+from gradstat.store.schema import rank_file_name
+from tests.helpers import assert_clean_error, run_cli
+
+
+def test_markup_in_arguments_is_one_error_line(capsys, tmp_path):
+    """Regression: 'nosuch[/x]' ended in a rich MarkupError traceback."""
+    result = run_cli(capsys, "info", "nosuch[/x]")
+    assert_clean_error(result, code=1)
+    assert "nosuch[/x]: no such file" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_markup_in_user_text_prints_literally(capsys, tmp_path):
+    """Regression: a layer named 'foo[bold]bar' printed as 'foobar'."""
+    layers = layer_table([("foo[bold]bar", (4,)), ("x[/]", (2,))])
+    grads = np.random.default_rng(0).normal(size=(2, 3, 6)).astype(np.float32)
+    path = write_capture(tmp_path / "odd[red]name", grads, layers)
+    result = run_cli(capsys, "info", path)
+    assert result.code == 0, result
+    assert "foo[bold]bar" in result.stdout and "x[/]" in result.stdout
+    assert "odd[red]name" in result.stdout
+    result = run_cli(capsys, "fit", path, "--scope", "zzz[/]")
+    assert_clean_error(result, code=2)
+    assert "'zzz[/]' matches no layer (layers: foo[bold]bar, x[/]" in result.stderr
+
+
+def test_capture_out_onto_a_file(capsys, tmp_path):
+    """Regression: 'unexpected NotADirectoryError'."""
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    result = run_cli(capsys, "capture", "--out", target, "--steps", "2")
+    assert_clean_error(result, code=2)
+    assert "is a file" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["info", "{capture}", "--csv", "/nonexistent_dir/x.csv"], "folder /nonexistent_dir"),
+        (["fit", "/nonexistent", "--plot", "/nonexistent_dir/x.png"], "--plot"),
+        (["fit", "/nonexistent", "--csv", "{tmp}"], "is a folder"),
+        (["recommend", "/nonexistent", "--out", "/nonexistent_dir/c.json"], "--out"),
+        (["report", "/nonexistent", "--out", "/nonexistent_dir/r.html"], "--out"),
+        (["fit", "{capture}", "--steps", "5:2"], "STOP 2 must be greater than START 5"),
+        (["info", "{rank_file}"], "pass the capture folder"),
+    ],
+)
+def test_bad_paths_fail_before_any_analysis(capsys, tmp_path, synthetic_capture, args, message):
+    """Output paths are checked when parsed: the capture ('/nonexistent') is never read."""
+    path, _ = synthetic_capture
+    names = {"capture": path, "tmp": tmp_path, "rank_file": path / rank_file_name(0)}
+    result = run_cli(capsys, *(a.format(**names) for a in args))
+    assert_clean_error(result, code=2)
+    assert message in result.stderr
+    assert "None" not in result.stderr
+
+
+def test_analyses_of_a_running_capture_say_so(capsys, synthetic_capture):
+    path, _ = synthetic_capture
+    with h5py.File(path / "capture.h5", "r+") as root:
+        root.attrs["status"] = "running"
+    with h5py.File(path / rank_file_name(0), "r+") as f:
+        f.attrs["closed"] = np.int8(0)  # its writer (this process) still runs
+        f.attrs["writer_pid"] = os.getpid()
+        f.attrs["hostname"] = socket.gethostname()
+    result = run_cli(capsys, "fit", path, "--dist", "laplace")
+    assert result.code == 0, result
+    assert "running: 6 steps so far" in result.stderr
+    info = run_cli(capsys, "info", path)
+    assert "running" in info.stdout and "Warning" not in info.stderr
+
+
+def _has_open(pid, name):
+    try:
+        return any(os.readlink(fd).endswith(name) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("command", ["replay", pytest.param("report", marks=pytest.mark.slow)])
+def test_ctrl_c_is_one_error_line(tmp_path, command):
+    """Regression: SIGINT ended replay and report with exit 130 and no message."""
+    grads = np.random.default_rng(0).normal(size=(4, 400, 50_000)).astype(np.float32)
+    path = write_capture(tmp_path / "big", grads, layer_table([("w", (250, 200))]))
+    argv = [sys.executable, "-m", "gradstat", command, str(path)]
+    if command == "report":
+        argv += ["--out", str(tmp_path / "r.html")]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not _has_open(process.pid, rank_file_name(0)):
+        time.sleep(0.2)  # until the analysis has opened the capture
+    time.sleep(1)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "Error: interrupted", stderr
+    assert "Traceback" not in stderr
