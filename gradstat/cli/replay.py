@@ -30,6 +30,7 @@ from gradstat.cli.options import (
 from gradstat.cli.output import df_table, emit, err_console, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
+from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.errors import DataError, UsageError
 from gradstat.plots.paths import check_plot_path
 from gradstat.store import open_capture
@@ -206,6 +207,7 @@ _RANKING_COLUMNS = {
     "rel_error": "rel error",
     "fits": "fits",
     "bytes_per_learner": "bytes",
+    "compress_ms": "compress ms",
     "ms": "ms/step",
     "speedup": "speed-up",
 }
@@ -224,6 +226,14 @@ def recommend_command(
         None,
         "--learners",
         help="Cluster size for the cost model (default: the capture's learners).",
+    ),
+    target: str = typer.Option(
+        "cpu-here",
+        "--target",
+        help=f"Hardware the learners compress on: {', '.join(TARGET_NAMES)} (docs/replay.md).",
+    ),
+    target_file: Path | None = typer.Option(
+        None, "--target-file", help="A hardware profile as JSON (docs/replay.md), not --target."
     ),
     baseline: Baseline = BaselineOpt,
     compressors: str = typer.Option(
@@ -244,6 +254,7 @@ def recommend_command(
     baseline; its concrete settings, why it won and what came next."""
     link = parse_link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
+    profile = resolve_target(None if target_file and target == "cpu-here" else target, target_file)
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     with open_capture(capture) as cap, _torch_threads(threads):
@@ -252,6 +263,7 @@ def recommend_command(
             error_budget=error_budget,
             link=link,
             cost_learners=cluster,
+            target=profile,
             baseline=baseline.value,
             compressors=specs,
             ratios=ratios,
@@ -266,12 +278,13 @@ def recommend_command(
     ranking = _display(shown, _RANKING_COLUMNS)
     title = (
         f"candidates for {result.cost_learners} learners ({_link_text(link)}), budget "
-        f"{error_budget:g}: within budget fastest first, then the rest by error; ms/step = "
-        "predicted communication + compression; speed-up over the dense "
+        f"{error_budget:g}, compression on {profile.name}: within budget fastest first, then "
+        "the rest by error; ms/step = predicted communication + compression; compress ms on "
+        "the target (work model); speed-up over the dense "
         f"{result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
         + (f"; {hidden} more over budget in --json / --csv" if hidden else "")
     )
-    text = "\n".join(result.explanation())
+    text = "\n".join(result.explanation() + ["Assumed: " + a for a in result.assumptions()])
     if result.winner is not None and result.settings:
         settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
         text = f"[bold]{result.winner['compressor']}[/bold] settings: {settings}\n{text}"
