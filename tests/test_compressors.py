@@ -259,6 +259,22 @@ def test_powersgd_recovers_a_shared_rank_one_matrix_exactly():
     np.testing.assert_allclose(exchange.estimate.numpy(), m.reshape(-1), atol=1e-10)
 
 
+def test_powersgd_keeps_no_residual_for_parameters_sent_uncompressed():
+    # Regression: the bias (1-D) and the too-small 3x3 matrix go uncompressed; their
+    # memory must stay zero (as PyTorch's powerSGD_hook), the 12x10 matrix keeps M - PQ^T.
+    shapes = [(12, 2, 5), (7,), (3, 3)]
+    s = scheme("powersgd:rank=2", None, 136, shapes=shapes)
+    for step in range(3):
+        x = laplace((3, 136), seed=40 + step)
+        corrected = s.memory.compensate(x)
+        exchange = s.step(x)
+        memory = s.memory.memory
+        assert torch.count_nonzero(memory[:, 120:]) == 0
+        expected = corrected[:, :120] - exchange.estimate[:120]
+        np.testing.assert_allclose(memory[:, :120].numpy(), expected.numpy(), atol=1e-6)
+        assert torch.count_nonzero(memory[:, :120]) > 0
+
+
 def test_powersgd_refuses_a_scope_without_matrices():
     (spec,) = parse_compressors("powersgd")
     with pytest.raises(UsageError, match="compresses no parameter"):

@@ -7,8 +7,9 @@ orthogonalise it; ``Q = M^T P``; all-reduce ``Q``; every learner ends with
 ``M_hat = P Q^T`` (the same for all), and error feedback keeps ``M_i - M_hat``. ``Q``
 starts from a seeded normal draw shared by all learners and is reused the next step
 (warm start). A matrix is compressed only if ``(a + b) r < a b / 2``; vectors and small
-matrices travel uncompressed in the first all-reduce. Its rate is set by the rank, not
-by ``--ratios``.
+matrices travel uncompressed in the first all-reduce and keep no error-feedback residual
+(each learner sent exactly its own values, as in PyTorch's hook and GRACE). Its rate is
+set by the rank, not by ``--ratios``.
 """
 
 from __future__ import annotations
@@ -78,8 +79,14 @@ class PowerSGD(Compressor):
         transfers = [Transfer("allreduce", first)]
         if self.matrices:
             transfers.append(Transfer("allreduce", second))
+        # Parameters sent uncompressed leave nothing behind: each learner sent its own
+        # values, so error feedback keeps no residual there (PyTorch's powerSGD_hook and
+        # GRACE all-reduce them outside error feedback). Matrices sent P Q^T.
+        sent = estimate.expand(n, d).clone()
+        for offset, numel in self.dense:
+            sent[:, offset : offset + numel] = corrected[:, offset : offset + numel]
         return Exchange(
-            sent=estimate.expand(n, d),
+            sent=sent,
             estimate=estimate,
             transfers=tuple(transfers),
             selected=[d] * n,

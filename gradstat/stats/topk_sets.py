@@ -185,7 +185,8 @@ def energy_captured(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
     NaN when ``x`` is all zeros.
     """
-    total = torch.linalg.vector_norm(x).double().square()  # float32 pass, no float64 copy
+    # accumulated in float64 chunk by chunk: no float64 copy of x, no float32 rounding
+    total = sum(torch.linalg.vector_norm(c, dtype=torch.float64).square() for c in x.split(1 << 20))
     return x[indices].double().square().sum(dim=-1) / total
 
 
