@@ -39,7 +39,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from gradstat import __version__
-from gradstat.capture.writer_thread import BackgroundWriter, PendingRow
+from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store.schema import SUPPORTED_DTYPES, Layer, layer_table, rank_file_name
 from gradstat.store.writer import finalize_root, write_root
@@ -74,7 +74,9 @@ class GradientCapture:
         dtype: ``float32`` or ``float16`` on disk.
         hook, hook_state: the communication hook to wrap and its state
             (default: plain all-reduce), e.g. PyTorch's ``fp16_compress_hook`` or
-            ``powerSGD_hook`` with a ``PowerSGDState``.
+            ``powerSGD_hook`` with a ``PowerSGDState``, or gradstat's own
+            ``gradstat.hooks.compression_hook``: then each learner's contribution after
+            compression is recorded too, as the ``sent`` dataset (docs/online.md).
         meta: extra attributes for ``capture.h5`` (workload, command line, ...).
         max_queue: rows that may wait for the writer before training blocks.
     """
@@ -121,6 +123,11 @@ class GradientCapture:
         self._pending: torch.Tensor | None = None
         self._copied = 0
         self._closed = False
+        # a gradstat compression hook: bind it to the model, record what it sent
+        self._records_sent = hasattr(hook_state, "bind_for_capture")
+        if self._records_sent:
+            hook_state.bind_for_capture(model.module, layers)
+            meta = {**(meta or {}), **compression_meta(hook_state)}
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
@@ -138,6 +145,7 @@ class GradientCapture:
             dtype,
             self._release,
             max_queue,
+            sent=self._records_sent,
         )
         model.register_comm_hook(self, _capture_hook)
 
@@ -227,11 +235,20 @@ class GradientCapture:
             row_step = self._iteration if step is None else int(step)
             row_loss = float("nan") if loss is None else float(loss)
             if self._copied == self.numel:
-                self.writer.submit(PendingRow(row_step, row_loss, self._pending, ready))
+                row = PendingRow(row_step, row_loss, self._pending, ready)
+                if self._records_sent:
+                    row.sent, row.sent_bytes = self._sent_row()
+                self.writer.submit(row)
             else:  # a step without a (complete) backward: nothing consistent to record
                 self._release(self._pending)
             self._pending = None
         self._iteration += 1
+
+    def _sent_row(self) -> tuple[torch.Tensor, float]:
+        """The compression hook's contribution of this step, in the capture's dtype."""
+        sent = self._acquire()
+        sent.copy_(self.hook_state.sent)
+        return sent, float(self.hook_state.payload_bytes)
 
     def close(self) -> None:
         """Flush the writer; rank 0 marks the capture complete once every rank is done.

@@ -9,6 +9,7 @@ recording stops, and the file keeps every row committed before the failure.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import queue
 import resource
@@ -46,6 +47,17 @@ class PendingRow:
     loss: float
     buffer: torch.Tensor
     ready: torch.cuda.Event | None  # set when the copies were asynchronous (GPU)
+    sent: torch.Tensor | None = None  # a compression hook's contribution (docs/online.md)
+    sent_bytes: float = float("nan")
+
+
+def compression_meta(state) -> dict:
+    """Root attributes that describe a gradstat compression hook (docs/format.md)."""
+    return {
+        "compressor": state.label,
+        "compressor_ratio": float("nan") if state.ratio is None else float(state.ratio),
+        "compressor_settings": json.dumps(state.settings()),
+    }
 
 
 class BackgroundWriter:
@@ -59,6 +71,7 @@ class BackgroundWriter:
         dtype: str,
         release: Callable[[torch.Tensor], None],
         max_queue: int = 4,
+        sent: bool = False,
     ) -> None:
         self.path = Path(path)
         self.rows_written = 0
@@ -67,7 +80,9 @@ class BackgroundWriter:
         self._release = release
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
         try:
-            self._file: RankFileWriter | None = RankFileWriter(self.path, rank, numel, dtype)
+            self._file: RankFileWriter | None = RankFileWriter(
+                self.path, rank, numel, dtype, sent=sent
+            )
         except OSError as exc:
             self._file = None
             self._fail(exc)
@@ -82,6 +97,8 @@ class BackgroundWriter:
         """Queue a row (blocks while ``max_queue`` rows wait: memory stays bounded)."""
         if self.failed:
             self._release(row.buffer)
+            if row.sent is not None:
+                self._release(row.sent)
             return
         self._queue.put(row)
 
@@ -106,13 +123,16 @@ class BackgroundWriter:
                     if row.ready is not None:
                         row.ready.synchronize()
                     self._ensure_space(row.buffer.numel() * row.buffer.element_size())
-                    self._file.append(row.step, row.loss, row.buffer.numpy())
+                    sent = None if row.sent is None else row.sent.numpy()
+                    self._file.append(row.step, row.loss, row.buffer.numpy(), sent, row.sent_bytes)
                     self.rows_written += 1
                     self.bytes_written += row.buffer.numel() * row.buffer.element_size()
             except Exception as exc:  # disk full, permission, quota: stop, never crash
                 self._fail(exc)
             finally:
                 self._release(row.buffer)
+                if row.sent is not None:
+                    self._release(row.sent)
 
     def close(self) -> None:
         """Write what is queued, stop the thread and close the file."""

@@ -47,6 +47,13 @@ def capture_command(
     comm_hook: str = typer.Option(
         "allreduce", "--comm-hook", help="The DDP hook gradstat wraps: allreduce, fp16 or powersgd."
     ),
+    compressor: str = typer.Option(
+        None,
+        "--compressor",
+        help="Train with this compressor as the DDP hook, NAME[:PARAM=VALUE] as in replay; "
+        "records what each learner sent too (docs/online.md).",
+    ),
+    ratio: float = typer.Option(None, "--ratio", help="Density k/d of a --compressor sparsifier."),
 ) -> None:
     """Train with DistributedDataParallel and record each learner's local gradient.
 
@@ -76,6 +83,8 @@ def capture_command(
         master_port=master_port,
         backend=backend,
         comm_hook=comm_hook,
+        compressor=compressor,
+        ratio=ratio,
     )
     options.check()
     run_dir = options.run_dir()

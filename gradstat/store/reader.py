@@ -151,6 +151,12 @@ class Capture:
                 )
         self.steps = np.asarray(steps, dtype=np.int64)
         self.losses = np.asarray(losses, dtype=np.float64)
+        self.has_sent = bool(self._files) and all("sent" in f for f in self._files)
+        self.sent_bytes = (
+            np.stack([f["sent_bytes"][:rows] for f in self._files])
+            if self.has_sent and rows
+            else np.zeros((self.world_size, 0))
+        )
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
         if self.meta.get("status") == "complete":
@@ -188,6 +194,8 @@ class Capture:
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
+            "datasets": ["grad", "sent"] if self.has_sent else ["grad"],
+            "compressor": self.compressor,
             "bytes": self.nbytes,
             "layers": [
                 {
@@ -209,6 +217,19 @@ class Capture:
             "versions": json.loads(self.meta["versions"]) if "versions" in self.meta else None,
         }
 
+    @property
+    def compressor(self) -> dict | None:
+        """The compression hook the capture trained with (``capture --compressor``), or
+        ``None``: its name, ratio (``None`` for fixed-rate ones) and settings."""
+        if "compressor" not in self.meta:
+            return None
+        ratio = float(self.meta.get("compressor_ratio", float("nan")))
+        return {
+            "name": str(self.meta["compressor"]),
+            "ratio": None if np.isnan(ratio) else ratio,
+            "settings": json.loads(self.meta.get("compressor_settings", "{}")),
+        }
+
     # --- data -------------------------------------------------------------------------
     def _learner_list(self, learners: Sequence[int] | None) -> list[int]:
         if learners is None:
@@ -220,19 +241,29 @@ class Capture:
                 )
         return list(learners)
 
-    def read_step(self, step: int, learners: Sequence[int] | None = None) -> torch.Tensor:
-        """Gradients of one recorded training step: float32 tensor ``(learners, numel)``."""
+    def read_step(
+        self, step: int, learners: Sequence[int] | None = None, dataset: str = "grad"
+    ) -> torch.Tensor:
+        """Gradients of one recorded training step: float32 tensor ``(learners, numel)``.
+
+        ``dataset="sent"`` reads what each learner contributed after compression instead
+        (captures trained with a compression hook, ``has_sent``).
+        """
+        if dataset not in ("grad", "sent"):
+            raise UsageError(f"dataset must be grad or sent, got {dataset!r}")
+        if dataset == "sent" and not self.has_sent:
+            raise UsageError(f"{self.path} holds no sent rows (not trained with --compressor)")
         row = self._row_of.get(int(step))
         if row is None:
             raise UsageError(f"step {step} is not a committed step of this capture")
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            dataset = self._files[learner]["grad"]
-            if dataset.dtype == np.float32:
-                dataset.read_direct(out, np.s_[row], np.s_[i])
+            source = self._files[learner][dataset]
+            if source.dtype == np.float32:
+                source.read_direct(out, np.s_[row], np.s_[i])
             else:
-                out[i] = dataset[row]
+                out[i] = source[row]
         return torch.from_numpy(out)
 
     def iter_steps(

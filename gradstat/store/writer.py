@@ -36,9 +36,16 @@ def _check_dtype(dtype: str) -> np.dtype:
 
 
 class RankFileWriter:
-    """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row)."""
+    """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row).
 
-    def __init__(self, path: Path, rank: int, numel: int, dtype: str = "float32") -> None:
+    With ``sent`` it also keeps, per row, what a compression hook made the learner
+    contribute (``sent``, same shape as ``grad``) and the payload bytes it put into the
+    collectives (``sent_bytes``; docs/format.md, docs/online.md).
+    """
+
+    def __init__(
+        self, path: Path, rank: int, numel: int, dtype: str = "float32", sent: bool = False
+    ) -> None:
         np_dtype = _check_dtype(dtype)
         if numel <= 0:
             raise UsageError("cannot record an empty gradient (no parameters selected)")
@@ -56,6 +63,16 @@ class RankFileWriter:
         self._loss = self._file.create_dataset(
             "loss", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
         )
+        self._rows = [self._grad, self._step, self._loss]
+        self._sent = self._sent_bytes = None
+        if sent:
+            self._sent = self._file.create_dataset(
+                "sent", (0, numel), maxshape=(None, numel), dtype=np_dtype, chunks=(1, chunk_cols)
+            )
+            self._sent_bytes = self._file.create_dataset(
+                "sent_bytes", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
+            )
+            self._rows += [self._sent, self._sent_bytes]
         attrs = self._file.attrs
         attrs["format"] = FORMAT_NAME
         attrs["schema"] = SCHEMA_VERSION
@@ -66,15 +83,27 @@ class RankFileWriter:
         attrs["closed"] = np.int8(0)  # an integer, not an HDF5 enum: every tool reads it
         self._file.swmr_mode = True
 
-    def append(self, step: int, loss: float, row: np.ndarray) -> None:
+    def append(
+        self,
+        step: int,
+        loss: float,
+        row: np.ndarray,
+        sent: np.ndarray | None = None,
+        sent_bytes: float = float("nan"),
+    ) -> None:
         """Write one row, flush it, then raise ``committed`` (the commit point)."""
+        if (sent is None) != (self._sent is None):
+            raise UsageError("give a sent row exactly when the file records sent rows")
         n = self.rows + 1
-        for dataset in (self._grad, self._step, self._loss):
+        for dataset in self._rows:
             dataset.resize(n, axis=0)
         self._grad[n - 1] = row
         self._step[n - 1] = step
         self._loss[n - 1] = loss
-        for dataset in (self._grad, self._step, self._loss):
+        if self._sent is not None and self._sent_bytes is not None:
+            self._sent[n - 1] = sent
+            self._sent_bytes[n - 1] = sent_bytes
+        for dataset in self._rows:
             dataset.flush()
         self._file.attrs["committed"] = np.int64(n)
         self._file.flush()
@@ -131,19 +160,24 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
         if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in range(world)):
             return  # a failed writer, or multi-node without a shared folder
         sources = []
+        with_sent = []
         for rank in range(world):
             with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
                 sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
+                with_sent.append("sent" in f)
         rows = min(committed for committed, _, _ in sources)
         numel, dtype = sources[0][1], sources[0][2]
-        for name in ("grad", "step", "loss"):
-            if name in root:
-                del root[name]
-        for name, shape, dt in (
+        datasets = [
             ("grad", (rows, numel), dtype),
             ("step", (rows,), np.int64),
             ("loss", (rows,), np.float64),
-        ):
+        ]
+        if all(with_sent):
+            datasets += [("sent", (rows, numel), dtype), ("sent_bytes", (rows,), np.float64)]
+        for name in ("grad", "step", "loss", "sent", "sent_bytes"):
+            if name in root:
+                del root[name]
+        for name, shape, dt in datasets:
             layout = h5py.VirtualLayout(shape=(world, *shape), dtype=dt)
             for rank in range(world):
                 layout[rank] = h5py.VirtualSource(
