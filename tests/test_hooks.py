@@ -168,7 +168,7 @@ def test_hook_arguments_are_checked():
         compression_hook("zip", ratio=0.1)
     with pytest.raises(UsageError, match="outside"):
         compression_hook("topk", ratio=1.5)
-    hook, state = compression_hook("powersgd", rank=2)
+    _, state = compression_hook("powersgd", rank=2)
     assert state.ratio is None and state.label == "powersgd:rank=2"
     assert sys.modules["gradstat.hooks.compression"]
 

@@ -14,6 +14,7 @@ import typer
 
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
+from gradstat.cli.compare import compare_command
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
@@ -45,6 +46,7 @@ app.command("buildup")(buildup_command)
 app.command("overlap")(overlap_command)
 app.command("replay")(replay_command)
 app.command("recommend")(recommend_command)
+app.command("compare")(compare_command)
 app.command("report")(report_command)
 
 
