@@ -26,6 +26,7 @@ import torch
 from gradstat.capture.worker import PROGRESS_PREFIX
 from gradstat.capture.workloads import SIZES, workload_names
 from gradstat.errors import DataError, UsageError
+from gradstat.parallel.threads import available_cpus, worker_environment
 from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
 
 LOG_FILE = "capture.log"
@@ -214,11 +215,10 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
 
 
 def _worker_env(options: CaptureOptions) -> dict[str, str]:
-    env = dict(os.environ)
-    threads = max(1, (os.cpu_count() or 1) // options.nproc_per_node)
-    env.setdefault("OMP_NUM_THREADS", str(threads))  # also silences torchrun's warning
-    env.setdefault("GRADSTAT_THREADS", env["OMP_NUM_THREADS"])
-    return env
+    # never oversubscribed: each learner gets its share of the CPUs this process may use
+    # (GRADSTAT_THREADS overrides); OMP_NUM_THREADS also silences torchrun's warning
+    threads = os.environ.get("GRADSTAT_THREADS") or available_cpus() // options.nproc_per_node
+    return worker_environment(max(1, int(threads)))
 
 
 def _progress_report(line: str) -> dict | None:

@@ -22,6 +22,7 @@ from gradstat.cli.replay import recommend_command, replay_command
 from gradstat.cli.report import report_command
 from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
+from gradstat.parallel.distributed import run_command
 
 app = typer.Typer(
     name="gradstat",
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
     try:
-        result = app(args=argv, prog_name="gradstat", standalone_mode=False)
+        # under torchrun: rank 0 runs the command, the others compute its units
+        result = run_command(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

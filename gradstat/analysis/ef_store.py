@@ -1,0 +1,120 @@
+"""Where a replay keeps its per-learner error-feedback memories: in RAM or in a scratch file.
+
+Residual error feedback keeps one row per learner and compressor (DGC two: its momentum
+``u`` and accumulation ``v``): ``learners x numel x 4`` bytes each, inherent to the
+method. :class:`RamRows` holds them in one tensor. When they do not fit the memory
+budget, :class:`ScratchRows` keeps them in a file of a scratch folder and reads and
+writes one learner's row at a time (``pread``/``pwrite``): the process holds one row,
+the kernel's page cache the rest as far as memory allows. The folder
+(``gradstat-replay-*`` under ``$GRADSTAT_SCRATCH``, else ``$TMPDIR``, else ``/tmp``;
+use a disk, not a tmpfs, for it to save memory) is removed when the replay ends, also on
+an error or Ctrl-C. A row never written reads as zeros (a sparse file), which is where
+every memory starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: Environment variable naming the folder for scratch files.
+SCRATCH_ENV = "GRADSTAT_SCRATCH"
+
+
+class RamRows:
+    """``rows x numel`` float32 rows in memory, zero at first."""
+
+    def __init__(self, rows: int, numel: int) -> None:
+        self.data = torch.zeros(rows, numel)
+
+    def load(self, row: int) -> torch.Tensor:
+        """Row ``row``; a view, so writing into it and :meth:`save` cost nothing."""
+        return self.data[row]
+
+    def save(self, row: int, values: torch.Tensor) -> None:
+        """Make row ``row`` equal ``values``."""
+        target = self.data[row]
+        if values.data_ptr() != target.data_ptr():
+            target.copy_(values)
+
+    def close(self) -> None:
+        self.data = torch.zeros(0)
+
+
+class ScratchRows:
+    """``rows x numel`` float32 rows in a file of ``folder``, one row in memory at a time."""
+
+    def __init__(self, rows: int, numel: int, folder: Path) -> None:
+        self.numel = numel
+        self.row_bytes = numel * 4
+        handle, name = tempfile.mkstemp(prefix="memory-", suffix=".f32", dir=folder)
+        self.fd, self.path = handle, Path(name)
+        os.ftruncate(self.fd, rows * self.row_bytes)
+
+    def load(self, row: int) -> torch.Tensor:
+        """A fresh copy of row ``row`` (write it back with :meth:`save`)."""
+        out = np.empty(self.numel, dtype=np.float32)
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < self.row_bytes:
+            got = os.preadv(self.fd, [view[done:]], row * self.row_bytes + done)
+            if got <= 0:
+                raise OSError(f"{self.path}: short read of scratch row {row}")
+            done += got
+        return torch.from_numpy(out)
+
+    def save(self, row: int, values: torch.Tensor) -> None:
+        data = memoryview(values.detach().contiguous().numpy()).cast("B")
+        done = 0
+        while done < self.row_bytes:
+            done += os.pwrite(self.fd, data[done:], row * self.row_bytes + done)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class MemoryRows:
+    """Allocates the row stores of one replay and removes its scratch folder on close.
+
+    ``scratch``: keep every store in a scratch file instead of RAM (see the module
+    docstring); use as a context manager so the folder goes also on errors.
+    """
+
+    def __init__(self, scratch: bool) -> None:
+        self.scratch = scratch
+        self.folder: Path | None = None
+        self.stores: list[RamRows | ScratchRows] = []
+
+    def new(self, rows: int, numel: int) -> RamRows | ScratchRows:
+        """A zeroed ``rows x numel`` store."""
+        store: RamRows | ScratchRows
+        if self.scratch:
+            if self.folder is None:
+                parent = os.environ.get(SCRATCH_ENV) or None
+                self.folder = Path(tempfile.mkdtemp(prefix="gradstat-replay-", dir=parent))
+            store = ScratchRows(rows, numel, self.folder)
+        else:
+            store = RamRows(rows, numel)
+        self.stores.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+        self.stores = []
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def __enter__(self) -> MemoryRows:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,454 @@
+"""One replay step of one compressor, streamed learner by learner.
+
+:meth:`Scheme.step <gradstat.compressors.registry.Scheme.step>` compresses a whole step
+``g[n, d]`` at once, which holds ``n`` full rows several times over (gradients,
+corrected vectors, what each learner sent). Here a step is fed one learner's row at a
+time: the row is error-corrected with that learner's memory (kept in a
+:mod:`~gradstat.analysis.ef_store` store: RAM or a scratch file), compressed, added to the
+running aggregate and the memory is updated, so that beyond the memories themselves only
+a few rows of ``d`` values are alive. The arithmetic is the same as ``Scheme.step``'s, row
+by row (tests check the records against it).
+
+Compressors that need every learner at once stay exact:
+
+* CLT-k: the leader's corrected row is formed first (its memory is read but not yet
+  updated) to pick the indices every learner then sends.
+* random-k: the shared seed draws the step's indices before the first learner.
+* gTop-k: each learner's local top-k (O(n k) pairs) is kept while its corrected row is
+  parked in its memory row; after the tree merge a second pass zeroes what each learner
+  sent.
+* PowerSGD: pass 1 forms ``P = mean_i M_i Q`` (the corrected rows parked in the memory
+  rows), pass 2 ``Q = mean_i M_i^T P``, pass 3 leaves ``M_i - P Q^T`` in each memory
+  (and nothing for the parameters sent uncompressed).
+
+gTop-k and PowerSGD park the corrected vector in the residual memory, which needs plain
+error feedback (``beta = 1``, the only one the registry gives them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from gradstat.analysis.ef_store import MemoryRows, RamRows, ScratchRows
+from gradstat.analysis.finite import require_finite
+from gradstat.compressors.base import LocalCompressor, Transfer, index_dtype
+from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
+from gradstat.compressors.powersgd import PowerSGD
+from gradstat.compressors.quantize import SignSGD
+from gradstat.compressors.registry import Scheme
+from gradstat.compressors.sparse import CLTK, GTopK, RandomK, top_indices
+from gradstat.store import Capture, Scope
+
+Store = RamRows | ScratchRows
+ReadRow = Callable[[int], torch.Tensor]
+
+
+@dataclass
+class StepOutcome:
+    """What one step of all learners produced (the fields of ``Exchange`` a record uses,
+    plus the memory norm after the step)."""
+
+    estimate: torch.Tensor
+    transfers: tuple[Transfer, ...]
+    selected: list[int]
+    memory_norm: float
+    union: int | None = None
+    gathered_bytes: float | None = None
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes_per_learner(self) -> float:
+        return sum(t.nbytes for t in self.transfers)
+
+
+def _norm(row: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(row.double()))
+
+
+class Memories:
+    """The error-feedback memories of one scheme, one row per learner (see the module
+    docstring): residual ``m``, DGC's ``u`` and ``v``, or none."""
+
+    def __init__(self, memory, learners: int, numel: int, rows: MemoryRows) -> None:
+        self.kind = memory
+        if isinstance(memory, ResidualMemory):
+            self.m = rows.new(learners, numel)
+        elif isinstance(memory, DGCMemory):
+            self.u, self.v = rows.new(learners, numel), rows.new(learners, numel)
+        elif not isinstance(memory, NoMemory):
+            raise TypeError(f"no streamed replay for {type(memory).__name__}")
+        self.norms: list[float] = []
+
+    def peek(self, learner: int, g: torch.Tensor) -> torch.Tensor:
+        """The corrected row ``p`` of ``learner`` without updating anything (CLT-k leader)."""
+        if isinstance(self.kind, ResidualMemory):
+            return g + self.m.load(learner)
+        if isinstance(self.kind, DGCMemory):
+            u = self.u.load(learner) * self.kind.momentum + g
+            return self.v.load(learner) + u
+        return g
+
+    def compensate(self, learner: int, g: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """``p`` for the compressor, and the state :meth:`update` needs."""
+        if isinstance(self.kind, ResidualMemory):
+            m = self.m.load(learner)
+            return g + m, (m,)
+        if isinstance(self.kind, DGCMemory):
+            u, v = self.u.load(learner), self.v.load(learner)
+            u.mul_(self.kind.momentum).add_(g)
+            v.add_(u)
+            return v, (u, v)
+        return g, ()
+
+    def update(self, learner: int, p: torch.Tensor, sent: torch.Tensor, state: tuple) -> None:
+        """Keep what was not sent (``ResidualMemory.update`` / ``DGCMemory.update``)."""
+        if isinstance(self.kind, ResidualMemory):
+            (m,) = state
+            beta = self.kind.beta
+            if beta == 1.0:
+                torch.sub(p, sent, out=m)
+            else:
+                m.mul_(1.0 - beta).add_(p - sent, alpha=beta)
+            self.m.save(learner, m)
+            self.norms.append(_norm(m))
+        elif isinstance(self.kind, DGCMemory):
+            u, v = state
+            mask = sent != 0
+            torch.sub(p, sent, out=v)
+            v.masked_fill_(mask, 0.0)
+            u.masked_fill_(mask, 0.0)
+            self.u.save(learner, u)
+            self.v.save(learner, v)
+            self.norms.append(_norm(v))
+        else:
+            self.norms.append(0.0)
+
+    def park(self, learner: int, p: torch.Tensor) -> None:
+        """Keep the corrected row in the memory row until a later pass (plain EF only)."""
+        self.m.save(learner, p)
+
+    def norm(self) -> float:
+        """Mean over learners of ``||memory_i||`` after this step (then starts afresh)."""
+        norms, self.norms = self.norms, []
+        return sum(norms) / len(norms) if norms else 0.0
+
+
+class StreamedScheme:
+    """A scheme (compressor + memory) fed one learner's row at a time; see :func:`streamed`."""
+
+    def __init__(self, scheme: Scheme, learners: int, numel: int, rows: MemoryRows) -> None:
+        self.scheme = scheme
+        self.compressor = scheme.compressor
+        self.n, self.d = learners, numel
+        self.memories = Memories(scheme.memory, learners, numel, rows)
+
+    def begin(self, read_row: ReadRow) -> None:
+        """Start a step; ``read_row(i)`` reads learner i's row where a method needs it early."""
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        """Feed learner i's gradient row (learners in order 0..n-1)."""
+        raise NotImplementedError
+
+    def finish(self) -> StepOutcome:
+        """End the step: the aggregate and what travelled."""
+        raise NotImplementedError
+
+
+class LocalStream(StreamedScheme):
+    """Compressors that encode each learner alone (GRACE compress/decompress)."""
+
+    compressor: LocalCompressor
+
+    def begin(self, read_row: ReadRow) -> None:
+        self.total = torch.zeros(self.d)
+        self.majority = isinstance(self.compressor, SignSGD) and self.compressor.majority
+        self.scales: list[torch.Tensor] = []
+        self.sizes: list[int] = []
+        self.selected: list[int] = []
+        self.indices: list[torch.Tensor] = []
+        self.infos: list[dict[str, float]] = []
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        p, state = self.memories.compensate(i, g)
+        payload = self.compressor.compress(p, i)
+        sent = self.compressor.decompress(payload)
+        if self.majority:  # SignSGD.aggregate, one row at a time
+            self.total += torch.sign(sent)
+            self.scales.append(sent.abs().mean())
+        else:
+            self.total += sent
+        self.sizes.append(payload.nbytes)
+        self.selected.append(payload.selected)
+        self.infos.append(payload.info)
+        if self.compressor.sparse:
+            self.indices.append(payload.tensors[0])
+        self.memories.update(i, p, sent, state)
+
+    def finish(self) -> StepOutcome:
+        if self.majority:
+            estimate = torch.sign(self.total) * torch.stack(self.scales).mean()
+        else:
+            estimate = self.total / self.n
+        union = int(torch.unique(torch.cat(self.indices)).numel()) if self.indices else None
+        collective = self.compressor.collective
+        info = {
+            key: sum(info[key] for info in self.infos) / len(self.infos) for key in self.infos[0]
+        }
+        return StepOutcome(
+            estimate=estimate,
+            transfers=(Transfer(collective, sum(self.sizes) / len(self.sizes)),),
+            selected=self.selected,
+            memory_norm=self.memories.norm(),
+            union=union,
+            gathered_bytes=float(sum(self.sizes)) if collective == "allgather" else None,
+            info=info,
+        )
+
+
+class SharedIndexStream(StreamedScheme):
+    """Random-k (indices from the shared seed) and CLT-k (the leader's top-k): every learner
+    sends its values at the same k indices, all-reduced."""
+
+    compressor: RandomK | CLTK
+
+    def begin(self, read_row: ReadRow) -> None:
+        k = self.compressor.k
+        self.info: dict[str, float] = {}
+        if isinstance(self.compressor, RandomK):
+            generator = self.compressor.generator
+            self.indices = torch.randperm(self.d, generator=generator)[:k]
+        else:
+            leader = self.compressor.step_count % self.n
+            self.compressor.step_count += 1
+            self.indices = top_indices(self.memories.peek(leader, read_row(leader)), k)
+            self.info = {"leader": leader}
+        self.values = torch.zeros(k)
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        p, state = self.memories.compensate(i, g)
+        values = p[self.indices]
+        self.values += values
+        sent = torch.zeros(self.d)
+        sent[self.indices] = values
+        self.memories.update(i, p, sent, state)
+
+    def finish(self) -> StepOutcome:
+        k = self.compressor.k
+        estimate = torch.zeros(self.d)
+        estimate[self.indices] = self.values / self.n
+        transfers = (Transfer("allreduce", k * 4),)
+        if isinstance(self.compressor, CLTK):
+            index_bytes = k * torch.empty(0, dtype=index_dtype(self.d)).element_size()
+            transfers = (Transfer("broadcast", index_bytes), *transfers)
+        return StepOutcome(
+            estimate=estimate,
+            transfers=transfers,
+            selected=[k] * self.n,
+            memory_norm=self.memories.norm(),
+            union=k,
+            info=self.info,
+        )
+
+
+class GTopKStream(StreamedScheme):
+    """gTop-k: local top-k now, the tree merge and what each learner sent at the end."""
+
+    compressor: GTopK
+
+    def begin(self, read_row: ReadRow) -> None:
+        self.local: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        p, _ = self.memories.compensate(i, g)
+        indices = top_indices(p, self.compressor.k)
+        self.local.append((indices, p[indices]))
+        self.memories.park(i, p)
+
+    def finish(self) -> StepOutcome:
+        k = self.compressor.k
+        surviving = [indices for indices, _ in self.local]
+        nodes = [(pair, [i]) for i, pair in enumerate(self.local)]
+        while len(nodes) > 1:  # GTopK.exchange's tree, on the kept pairs
+            merged = []
+            for j in range(0, len(nodes) - 1, 2):
+                (left, left_members), (right, right_members) = nodes[j], nodes[j + 1]
+                node = self.compressor._merge(left, right)
+                members = left_members + right_members
+                for i in members:
+                    surviving[i] = surviving[i][torch.isin(surviving[i], node[0])]
+                merged.append((node, members))
+            if len(nodes) % 2:
+                merged.append(nodes[-1])
+            nodes = merged
+        total = torch.zeros(self.d)
+        store = self.memories.m
+        for i, indices in enumerate(surviving):
+            p = store.load(i)
+            total[indices] += p[indices]
+            p[indices] = 0.0
+            store.save(i, p)
+            self.memories.norms.append(_norm(p))
+        pair_bytes = k * (torch.empty(0, dtype=index_dtype(self.d)).element_size() + 4)
+        return StepOutcome(
+            estimate=total / self.n,
+            transfers=(Transfer("reduce", pair_bytes), Transfer("broadcast", pair_bytes)),
+            selected=[k] * self.n,
+            memory_norm=self.memories.norm(),
+            union=int(nodes[0][0][0].numel()),
+        )
+
+
+class PowerSGDStream(StreamedScheme):
+    """PowerSGD in three passes over the learners (see the module docstring)."""
+
+    compressor: PowerSGD
+
+    def begin(self, read_row: ReadRow) -> None:
+        c = self.compressor
+        if self.d != c.numel:
+            raise ValueError(f"powersgd was planned for {c.numel} elements, got {self.d}")
+        if c.q is None:
+            c.q = c._initial_q(torch.float32)
+        self.dense = torch.zeros(self.d)
+        self.p = [torch.zeros(rows, c.rank) for _, rows, _ in c.matrices]
+
+    def _matrix(self, row: torch.Tensor, j: int) -> torch.Tensor:
+        offset, rows, cols = self.compressor.matrices[j]
+        return row[offset : offset + rows * cols].view(rows, cols)
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        p, _ = self.memories.compensate(i, g)
+        for offset, numel in self.compressor.dense:
+            self.dense[offset : offset + numel] += p[offset : offset + numel]
+        for j, q in enumerate(self.compressor.q or []):
+            self.p[j] += self._matrix(p, j) @ q
+        self.memories.park(i, p)
+
+    def finish(self) -> StepOutcome:
+        c, n, store = self.compressor, self.n, self.memories.m
+        assert c.q is not None
+        ps = [torch.linalg.qr(p / n, mode="reduced").Q for p in self.p]
+        qs = [torch.zeros_like(q) for q in c.q]
+        for i in range(n):
+            row = store.load(i)
+            for j, p in enumerate(ps):
+                qs[j] += self._matrix(row, j).T @ p
+        estimate = self.dense / n
+        for j, (offset, rows, cols) in enumerate(c.matrices):
+            c.q[j] = qs[j] / n
+            estimate[offset : offset + rows * cols] = (ps[j] @ c.q[j].T).reshape(-1)
+        for i in range(n):
+            row = store.load(i)
+            torch.sub(row, estimate, out=row)
+            for offset, numel in c.dense:  # sent as they were: no residual (PowerSGD)
+                row[offset : offset + numel] = 0.0
+            store.save(i, row)
+            self.memories.norms.append(_norm(row))
+        dense = sum(numel for _, numel in c.dense)
+        first = (dense + c.rank * sum(rows for _, rows, _ in c.matrices)) * 4
+        transfers = [Transfer("allreduce", first)]
+        if c.matrices:
+            second = c.rank * sum(cols for _, _, cols in c.matrices) * 4
+            transfers.append(Transfer("allreduce", second))
+        return StepOutcome(
+            estimate=estimate,
+            transfers=tuple(transfers),
+            selected=[self.d] * n,
+            memory_norm=self.memories.norm(),
+        )
+
+
+def streamed(scheme: Scheme, learners: int, numel: int, rows: MemoryRows) -> StreamedScheme:
+    """The streamed form of ``scheme`` for ``learners`` rows of ``numel`` values."""
+    compressor = scheme.compressor
+    if isinstance(compressor, LocalCompressor):
+        return LocalStream(scheme, learners, numel, rows)
+    if isinstance(compressor, (RandomK, CLTK)):
+        return SharedIndexStream(scheme, learners, numel, rows)
+    if isinstance(compressor, (GTopK, PowerSGD)):
+        beta = getattr(scheme.memory, "beta", 1.0)
+        if not math.isclose(beta, 1.0):
+            raise ValueError(f"{scheme.spec.label}: a streamed replay needs beta = 1")
+        stream = GTopKStream if isinstance(compressor, GTopK) else PowerSGDStream
+        return stream(scheme, learners, numel, rows)
+    raise TypeError(f"no streamed replay for {type(compressor).__name__}")
+
+
+def memory_rows_needed(scheme: Scheme) -> int:
+    """Rows per learner the scheme's error-feedback memory keeps."""
+    return {ResidualMemory: 1, DGCMemory: 2}.get(type(scheme.memory), 0)
+
+
+def memory_bytes_needed(schemes: Sequence[Scheme], learners: int, numel: Sequence[int]) -> int:
+    """Bytes the error-feedback memories of ``schemes`` (scope sizes ``numel``) take."""
+    return sum(
+        memory_rows_needed(s) * learners * d * 4 for s, d in zip(schemes, numel, strict=True)
+    )
+
+
+@dataclass
+class SchemeStep:
+    """One scheme's step: the outcome, the dense update it is judged against, and the
+    compression time per learner (memory, compressor and aggregate; reads excluded)."""
+
+    outcome: StepOutcome
+    reference: torch.Tensor
+    compress_seconds: float
+
+
+def replay_streamed(
+    cap: Capture,
+    steps: Sequence[int],
+    learners: Sequence[int],
+    chosen: Sequence[tuple[Scope, Scheme]],
+    *,
+    scratch: bool = False,
+) -> Iterator[tuple[int, list[SchemeStep]]]:
+    """Replay the ``chosen`` (scope, scheme) pairs side by side over ``steps``, reading each
+    learner's row once per step; yields ``(step, [SchemeStep per chosen])``.
+
+    ``scratch`` keeps the memories in a scratch file (:mod:`~gradstat.analysis.ef_store`).
+    """
+    n = len(learners)
+    scopes = list({sc.name: sc for sc, _ in chosen}.values())
+    with MemoryRows(scratch) as rows:
+        streams = [streamed(scheme, n, sc.numel, rows) for sc, scheme in chosen]
+        for step in steps:
+            spent = [0.0] * len(streams)
+            reading = 0.0
+
+            def read_row(i: int, step: int = step) -> torch.Tensor:
+                nonlocal reading
+                start = time.perf_counter()
+                g = cap.read_step(step, [learners[i]])
+                require_finite(step, g, [learners[i]], "replay")
+                reading += time.perf_counter() - start
+                return g[0]
+
+            for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
+                start, before = time.perf_counter(), reading
+                stream.begin(lambda i, sc=sc: sc.take(read_row(i)))
+                spent[j] += time.perf_counter() - start - (reading - before)
+            sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
+            for i in range(n):
+                g = read_row(i)
+                parts = {sc.name: sc.take(g) for sc in scopes}
+                for name, part in parts.items():
+                    sums[name] += part
+                for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
+                    start = time.perf_counter()
+                    stream.learner(i, parts[sc.name])
+                    spent[j] += time.perf_counter() - start
+            results = []
+            for j, ((sc, scheme), stream) in enumerate(zip(chosen, streams, strict=True)):
+                start = time.perf_counter()
+                outcome = stream.finish()
+                spent[j] += time.perf_counter() - start
+                reference = scheme.reference(sums[sc.name] / n)
+                results.append(SchemeStep(outcome, reference, spent[j] / n))
+            yield step, results

@@ -1,0 +1,112 @@
+"""Run units in ``--jobs`` worker processes (:mod:`gradstat.parallel.worker`).
+
+Workers are fresh interpreters (no fork of a process that holds open HDF5 files or
+torch's thread pools), each on its own share of the CPUs (:mod:`~gradstat.parallel.threads`).
+Units are handed out as workers become free, two at a time per worker so that none
+waits for its next unit; outcomes come back as JSON lines and are put back in unit order
+by the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from gradstat.errors import GradstatError
+from gradstat.parallel.codec import decode, encode
+from gradstat.parallel.threads import worker_environment
+
+#: Units a worker holds at once: one running, one waiting.
+IN_FLIGHT = 2
+
+
+class WorkerDied(GradstatError):
+    """A worker process stopped without answering (killed, out of memory)."""
+
+
+class _Worker:
+    def __init__(self, header: bytes, threads: int) -> None:
+        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gradstat.parallel.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=worker_environment(threads),
+        )
+        self.pending = 0
+        self.send(header)
+
+    def send(self, line: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def died(self) -> WorkerDied:
+        code = self.process.wait()
+        self.log.seek(0)
+        lines = [line for line in self.log.read().decode(errors="replace").splitlines() if line]
+        reason = f": {lines[-1]}" if lines else ""
+        return WorkerDied(f"a --jobs worker process stopped (exit code {code}){reason}")
+
+    def stop(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):  # a dead worker's pipe
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.log.close()
+
+
+def run_pool(
+    task: dict, units: Sequence[Any], jobs: int, threads: int = 1
+) -> Iterator[tuple[int, dict]]:
+    """Yield ``(index, outcome)`` of every unit (typed JSON) as ``jobs`` workers running
+    ``task`` (a task message) finish them, in any order."""
+    header = encode({"task": task, "threads": threads})
+    todo = deque(enumerate(units))
+    workers: list[_Worker] = []
+    selector = selectors.DefaultSelector()
+    try:
+        for _ in range(min(jobs, len(units))):
+            worker = _Worker(header, threads)
+            workers.append(worker)
+            assert worker.process.stdout is not None
+            selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
+        for worker in workers:
+            _feed(worker, todo)
+        remaining = len(units)
+        while remaining:
+            for key, _ in selector.select():
+                worker = key.data
+                line = key.fileobj.readline()
+                if not line:
+                    raise worker.died()
+                answer = decode(line)
+                worker.pending -= 1
+                remaining -= 1
+                _feed(worker, todo)
+                index = answer.pop("index")
+                yield index, answer
+    finally:
+        selector.close()
+        for worker in workers:
+            worker.stop()
+
+
+def _feed(worker: _Worker, todo: deque) -> None:
+    while todo and worker.pending < IN_FLIGHT:
+        index, unit = todo.popleft()
+        worker.send(encode({"index": index, "unit": unit}))
+        worker.pending += 1

@@ -1,0 +1,89 @@
+"""The parallel runner's parts: JSON between processes, the thread policy, capture threads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gradstat.capture.launch import CaptureOptions, _worker_env
+from gradstat.compressors.cost import Link
+from gradstat.compressors.registry import parse_compressors
+from gradstat.errors import DataError, GradstatWarning, UsageError
+from gradstat.parallel import codec, threads
+from gradstat.parallel.units import Task, finish, resolve_function
+
+
+def test_typed_json_rebuilds_gradstat_dataclasses_and_tuples():
+    value = {
+        "specs": tuple(parse_compressors("topk,clt-k:beta=0.5")),
+        "link": Link(1.25e9, 5e-6),
+        "steps": (1, 2, 3),
+        "ratio": math.nan,
+    }
+    back = codec.from_typed(codec.decode(codec.encode(codec.to_typed(value))))
+    assert back["specs"] == value["specs"] and back["link"] == value["link"]
+    assert back["steps"] == (1, 2, 3) and math.isnan(back["ratio"])
+
+
+def test_typed_json_builds_nothing_outside_gradstat():
+    with pytest.raises(ValueError, match="not a gradstat class"):
+        codec.from_typed({"__dataclass__": "subprocess:Popen", "fields": {"args": "true"}})
+    with pytest.raises(ValueError, match="not a gradstat unit function"):
+        resolve_function("os:system")
+
+
+def test_finish_reemits_each_warning_once_then_raises_the_first_error():
+    outcomes = [
+        {"records": [{"a": 1}], "warnings": [["GradstatWarning", "gap"]]},
+        {"records": [{"a": 2}], "warnings": [["GradstatWarning", "gap"]]},
+        {"error": {"type": "DataError", "message": "step 3 is damaged"}, "warnings": []},
+        {"error": {"type": "UsageError", "message": "later"}, "warnings": []},
+    ]
+    with pytest.warns(GradstatWarning, match="gap") as caught:
+        assert finish(outcomes[:2]) == [{"a": 1}, {"a": 2}]
+    assert len(caught) == 1
+    with pytest.warns(GradstatWarning, match="gap") as caught, pytest.raises(DataError, match="3"):
+        finish(outcomes)
+    assert len(caught) == 1
+
+
+def test_unit_error_of_an_unknown_type_names_it():
+    with pytest.raises(RuntimeError, match="LinAlgError: singular"):
+        finish([{"error": {"type": "LinAlgError", "message": "singular"}, "warnings": []}])
+
+
+def test_task_message_round_trip_keeps_its_context():
+    task = Task(resolve_function, "/some/capture", (0, 2), Link(1e9, 1e-6), None)
+    again = Task.from_message(codec.decode(codec.encode(task.to_message())))
+    assert again.function is resolve_function
+    assert (again.capture, again.selection, again.params) == ("/some/capture", (0, 2), task.params)
+
+
+def test_default_jobs_is_this_nodes_share_of_the_cpus(monkeypatch):
+    cpus = threads.available_cpus()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert threads.default_jobs() == cpus
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus + 1))
+    assert threads.default_jobs() == 1
+    with pytest.raises(UsageError):
+        threads.check_jobs(0)
+
+
+def test_unit_threads_default_to_one(monkeypatch):
+    monkeypatch.delenv(threads.THREADS_ENV, raising=False)
+    assert threads.unit_threads() == 1
+    monkeypatch.setenv(threads.THREADS_ENV, "3")
+    assert threads.unit_threads() == 3
+
+
+def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_path):
+    """Regression: an inherited OMP_NUM_THREADS used to give every learner all cores."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    monkeypatch.delenv("GRADSTAT_THREADS", raising=False)
+    options = CaptureOptions(workload="digits", nproc_per_node=2, out=tmp_path / "c")
+    env = _worker_env(options)
+    expected = str(max(1, threads.available_cpus() // 2))
+    assert env["OMP_NUM_THREADS"] == env["GRADSTAT_THREADS"] == expected
+    monkeypatch.setenv("GRADSTAT_THREADS", "3")
+    assert _worker_env(options)["OMP_NUM_THREADS"] == "3"

@@ -1,0 +1,88 @@
+"""The streamed replay step against ``Scheme.step`` on whole steps, and its scratch file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows
+from gradstat.analysis.replay import scope_shapes
+from gradstat.analysis.replay_stream import replay_streamed
+from gradstat.analysis.selection import k_for
+from gradstat.compressors import REGISTRY, build_scheme, parse_compressors
+from gradstat.errors import DataError
+from gradstat.store import layer_table, open_capture, write_capture
+
+LEARNERS, STEPS = 4, 5
+NAMES = [*REGISTRY, "clt-k:beta=0.5", "dgc:momentum=0.5"]
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    """4 learners x 5 steps; two matrices (PowerSGD compresses both) and a bias."""
+    rng = np.random.default_rng(3)
+    layers = layer_table([("w", (40, 50)), ("b", (40,)), ("w2", (30, 20))])
+    d = layers[-1].stop
+    shared = rng.laplace(size=(1, STEPS, d))
+    grads = (shared + 0.5 * rng.laplace(size=(LEARNERS, STEPS, d))).astype(np.float32)
+    return write_capture(tmp_path_factory.mktemp("stream") / "cap", grads, layers)
+
+
+def _scheme(cap, name):
+    (spec,) = parse_compressors(name)
+    scope = cap.scopes("model")[0]
+    ratio = None if spec.fixed_rate else 0.05
+    k = None if ratio is None else k_for(ratio, scope.numel)
+    shapes = scope_shapes(cap.layers, scope)
+    return scope, build_scheme(spec, ratio, k, numel=scope.numel, shapes=shapes, seed=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_streamed_step_equals_whole_step(capture, name):
+    """Row by row, every compressor gives the aggregate, memory norm, union, selections
+    and bytes of ``Scheme.step`` on the stacked step, bit for bit, in RAM and on scratch."""
+    with open_capture(capture) as cap:
+        _, whole = _scheme(cap, name)
+        streams = {
+            scratch: replay_streamed(
+                cap, list(cap.steps), cap.learners, [_scheme(cap, name)], scratch=scratch
+            )
+            for scratch in (False, True)
+        }
+        for step in cap.steps:
+            exchange = whole.step(cap.read_step(int(step)))
+            reference = whole.reference(cap.read_step(int(step)).mean(dim=0))
+            for scratch, stream in streams.items():
+                got_step, [result] = next(stream)
+                outcome = result.outcome
+                assert got_step == step
+                assert torch.equal(outcome.estimate, exchange.estimate), (name, scratch)
+                assert torch.allclose(result.reference, reference, rtol=1e-6, atol=1e-7)
+                assert outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
+                assert outcome.union == exchange.union
+                assert outcome.selected == exchange.selected
+                assert outcome.bytes_per_learner == exchange.bytes_per_learner
+                assert outcome.info == pytest.approx(exchange.info)
+
+
+def test_scratch_folder_goes_away_also_on_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(SCRATCH_ENV, str(tmp_path))
+    with pytest.raises(RuntimeError), MemoryRows(scratch=True) as rows:
+        store = rows.new(3, 1000)
+        row = torch.arange(1000, dtype=torch.float32)
+        store.save(1, row)
+        assert torch.equal(store.load(1), row) and not store.load(0).any()
+        assert len(os.listdir(tmp_path)) == 1
+        raise RuntimeError("interrupted")
+    assert os.listdir(tmp_path) == []
+
+
+def test_nonfinite_row_names_step_and_learner(tmp_path):
+    grads = np.ones((3, 2, 100), dtype=np.float32)
+    grads[2, 1, 7] = np.nan
+    path = write_capture(tmp_path / "nan", grads, layer_table([("w", (100,))]))
+    with open_capture(path) as cap, pytest.raises(DataError, match="step 1, learner 2"):
+        list(replay_streamed(cap, [0, 1], [0, 1, 2], [_scheme(cap, "topk")]))
