@@ -3,6 +3,7 @@ replay's prediction against what the compression hook measured online."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -22,14 +23,17 @@ _LOSS_COLUMNS = {
 }
 _ERROR_COLUMNS = {
     "run": "run",
-    "label": "compressor",
-    "measured_rel_error": "online error",
-    "replayed_rel_error": "replay (own)",
-    "predicted_rel_error": "replay (dense)",
-    "measured_bytes": "online bytes",
-    "predicted_bytes": "replay bytes",
-    "divergence_step": "diverges at",
+    "measured_rel_error": "online err",
+    "replayed_rel_error": "own replay",
+    "predicted_rel_error": "open-loop",
+    "measured_bytes": "bytes",
+    "predicted_bytes": "predicted",
+    "divergence_step": "diverges",
 }
+
+
+def _integer(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"
 
 
 def compare_command(
@@ -62,13 +66,18 @@ def compare_command(
     compressed = summary[summary["label"] != "dense"]
     if len(compressed):
         dense = result.dense or "none"
+        shown = compressed[list(_ERROR_COLUMNS)].rename(columns=_ERROR_COLUMNS)
+        for column in ("bytes", "predicted"):
+            shown[column] = [_integer(v) for v in shown[column]]
+        shown["diverges"] = [_integer(v) for v in shown["diverges"]]
         tables.append(
             df_table(
-                compressed[list(_ERROR_COLUMNS)].rename(columns=_ERROR_COLUMNS),
+                shown,
                 "compressed runs, means over steps: relative error ||ĝ-g||²/||g||² of the "
-                "update applied online; the replay over the run's own gradients; the "
-                f"open-loop replay over the dense run's ({dense}); bytes per learner per "
-                f"step; first step where the open-loop error is off by > {tolerance:g}x",
+                "update applied online (online err), of the replay over the run's own "
+                f"gradients (own replay) and over the dense run's, {dense} (open-loop); "
+                "payload bytes per learner per step, online and predicted; first step "
+                f"where the open-loop error is off by more than {tolerance:g} (relative)",
             )
         )
     emit(

@@ -29,6 +29,8 @@ from gradstat.plots.fit import plot_fit
 from gradstat.plots.replay import plot_replay
 from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
 from gradstat.report.html import Section, render
+from gradstat.report.training import TITLE as TRAINING_TITLE
+from gradstat.report.training import training_section
 from gradstat.store import Capture
 
 
@@ -324,6 +326,12 @@ def build_report(
     else:
         sections.append(_guarded("replay", _replay, cap, settings, shared))
         sections.append(_guarded("recommend", _recommend, cap, settings, shared))
+    try:  # only when compressed runs of this training sit beside the capture
+        training = training_section(cap)
+    except GradstatError as exc:
+        training = Section("training", TRAINING_TITLE, error=str(exc))
+    if training is not None:
+        sections.append(training)
     subtitle = (
         f"{cap.path} · {cap.world_size} learners · {len(cap.steps)} recorded steps · "
         f"status {cap.status} · made {time.strftime('%Y-%m-%d %H:%M')}"
