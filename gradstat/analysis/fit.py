@@ -215,7 +215,7 @@ class Fit:
         self.method = method
         self.scopes: list[Scope] = cap.scopes(scope)
         self.steps = select_steps(cap.steps, steps)
-        self.learners = select_learners(cap.world_size, learners)
+        self.learners = select_learners(cap.learners, learners)
         self.ratios = parse_ratios(ratios)
         self.stages = parse_stages(stages)
         self.estimators = parse_estimators(estimators)

@@ -151,8 +151,12 @@ class Replay:
         self.capture = capture
         self.link = link
         self.steps = select_steps(capture.steps, steps)
-        self.learners = select_learners(capture.world_size, learners)
-        self.cost_learners = cost_learners or len(self.learners)
+        self.learners = select_learners(capture.learners, learners)
+        # the cluster whose communication is modelled: the learners the user selected,
+        # else the run's (also when only a sample of its learners recorded)
+        self.cost_learners = cost_learners or (
+            len(self.learners) if learners else capture.world_size
+        )
         if self.cost_learners < 1:
             raise UsageError(f"the cost model needs at least one learner, got {cost_learners}")
         self.schemes: list[tuple[Scope, Scheme]] = []

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.store.ranks import format_ranks
 
 
 def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
@@ -54,18 +55,25 @@ def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
     return wanted
 
 
-def select_learners(world_size: int, spec: str | None, minimum: int = 1) -> list[int]:
-    """Learners chosen by ``"0,2"`` (default all), at least ``minimum`` of them."""
+def select_learners(recorded: Sequence[int], spec: str | None, minimum: int = 1) -> list[int]:
+    """Learners chosen by ``"0,2"`` (default all recorded), at least ``minimum`` of them.
+
+    Learners are named by their rank in the run; ``recorded`` are those with a rank file
+    (all ranks unless the capture used ``--record-ranks``).
+    """
+    recorded = [int(r) for r in recorded]
     if not spec:
-        chosen = list(range(world_size))
+        chosen = recorded
     else:
         try:
             chosen = [int(part) for part in spec.split(",")]
         except ValueError:
             raise UsageError(f"--learners {spec!r}: expected comma-separated ranks") from None
-        bad = [r for r in chosen if not 0 <= r < world_size]
+        bad = [r for r in chosen if r not in recorded]
         if bad:
-            raise UsageError(f"learner {bad[0]} is not in the capture (0..{world_size - 1})")
+            raise UsageError(
+                f"learner {bad[0]} is not in the capture (recorded: {format_ranks(recorded)})"
+            )
         if len(set(chosen)) != len(chosen):
             raise UsageError(f"--learners {spec!r} names a learner twice")
     if len(chosen) < minimum:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from gradstat.errors import GradstatWarning
+from gradstat.store.dtypes import buffer_to_disk
 from gradstat.store.writer import RankFileWriter
 
 #: Space kept free beside each row for HDF5 metadata (chunk index, superblock).
@@ -71,6 +72,7 @@ class BackgroundWriter:
         dtype: str,
         release: Callable[[torch.Tensor], None],
         max_queue: int = 4,
+        compression: str = "none",
         sent: bool = False,
     ) -> None:
         self.path = Path(path)
@@ -81,7 +83,7 @@ class BackgroundWriter:
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
         try:
             self._file: RankFileWriter | None = RankFileWriter(
-                self.path, rank, numel, dtype, sent=sent
+                self.path, rank, numel, dtype, compression, sent=sent
             )
         except OSError as exc:
             self._file = None
@@ -123,8 +125,10 @@ class BackgroundWriter:
                     if row.ready is not None:
                         row.ready.synchronize()
                     self._ensure_space(row.buffer.numel() * row.buffer.element_size())
-                    sent = None if row.sent is None else row.sent.numpy()
-                    self._file.append(row.step, row.loss, row.buffer.numpy(), sent, row.sent_bytes)
+                    sent = None if row.sent is None else buffer_to_disk(row.sent)
+                    self._file.append(
+                        row.step, row.loss, buffer_to_disk(row.buffer), sent, row.sent_bytes
+                    )
                     self.rows_written += 1
                     self.bytes_written += row.buffer.numel() * row.buffer.element_size()
             except Exception as exc:  # disk full, permission, quota: stop, never crash

@@ -27,7 +27,7 @@ from gradstat.cli.options import (
     ScopeOpt,
     StepsOpt,
 )
-from gradstat.cli.output import df_table, emit, err_console, progress, to_json
+from gradstat.cli.output import df_table, emit, err_console, note_sample, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
@@ -149,11 +149,12 @@ def replay_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     check_plot_path(plot)
     with open_capture(capture) as cap, _torch_threads(threads):
+        note_sample(cap)
         run = Replay(
             cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
         )
         records = run.run(lambda items: progress(items, "replay", total=len(run.steps)))
-    n = len(run.learners)
+    n = run.cost_learners
     summary = summarize_replay(records, link, n)
     dense = ", ".join(
         f"{scope_name}: {dense_seconds(int(d), n, link) * 1e3:.3g} ms"
@@ -165,7 +166,8 @@ def replay_command(
         tables.append(
             df_table(
                 _display(rows, _TRAFFIC_COLUMNS),
-                f"replay of {n} learners over {len(run.steps)} steps, scope {scope_name}, "
+                f"replay of {len(run.learners)} learners over {len(run.steps)} steps "
+                f"(cost model: {n} learners), scope {scope_name}, "
                 f"{_link_text(link)}; means over steps. q = selected/k, B = union/k, bytes "
                 "sent per learner per step, comm = predicted communication, speed-up = "
                 f"dense fp32 all-reduce ({dense}) / (comm + compress)",
@@ -185,7 +187,9 @@ def replay_command(
         csv=csv,
         tables=tables,
         json_document={
-            "learners": n,
+            "learners": len(run.learners),
+            "world_size": cap.world_size,
+            "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
             "latency_seconds": link.latency,
             "records": records.to_dict(orient="records"),
@@ -225,7 +229,7 @@ def recommend_command(
     cluster: int | None = typer.Option(
         None,
         "--learners",
-        help="Cluster size for the cost model (default: the capture's learners).",
+        help="Cluster size for the cost model (default: the run's world size).",
     ),
     target: str = typer.Option(
         "cpu-here",
@@ -258,6 +262,7 @@ def recommend_command(
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     with open_capture(capture) as cap, _torch_threads(threads):
+        note_sample(cap)
         result = recommend(
             cap,
             error_budget=error_budget,

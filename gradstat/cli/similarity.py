@@ -23,7 +23,7 @@ from gradstat.cli.options import (
     ScopeOpt,
     StepsOpt,
 )
-from gradstat.cli.output import df_table, emit, progress
+from gradstat.cli.output import df_table, emit, note_sample, progress
 from gradstat.errors import UsageError
 from gradstat.plots.paths import check_plot_path
 from gradstat.store import Capture, open_capture
@@ -46,12 +46,12 @@ OnOpt = typer.Option(
 
 
 def _select(cap: Capture, steps: str | None, learners: str | None, minimum: int, what: str):
-    if cap.world_size < minimum:
+    if len(cap.learners) < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
-            f"{cap.path} has {cap.world_size}"
+            f"{cap.path} recorded {len(cap.learners)} of {cap.world_size}"
         )
-    return select_steps(cap.steps, steps), select_learners(cap.world_size, learners, minimum)
+    return select_steps(cap.steps, steps), select_learners(cap.learners, learners, minimum)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -80,6 +80,7 @@ def similarity_command(
     (ratio,) = parse_ratios([ratio])
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _select(cap, steps, learners, 2, "similarity")
         result = similarity(
             cap,
@@ -167,6 +168,7 @@ def buildup_command(
     chosen_ratios = parse_ratios(ratios)
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _select(cap, steps, learners, 2, "build-up")
         records = buildup(
             cap,
@@ -229,6 +231,7 @@ def overlap_command(
     (ratio,) = parse_ratios([ratio])
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         chosen_steps, chosen = _select(cap, steps, learners, 1, "overlap")
         records = temporal_overlap(
             cap,

@@ -18,12 +18,16 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError, UsageError
+from gradstat.store.compression import ensure_readable
+from gradstat.store.dtypes import DISK_DTYPES, read_row
+from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     FORMAT_NAME,
     ROOT_FILE,
     SCHEMA_VERSION,
     Layer,
     rank_file_name,
+    recorded_ranks,
 )
 from gradstat.store.scope import Scope, resolve_scopes
 
@@ -91,8 +95,12 @@ class Capture:
             except KeyError as exc:
                 raise DataError(f"{root_path}: the layer table is missing or damaged") from exc
         self.meta = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
-        self.world_size = int(self.meta["world_size"])
+        self.world_size = int(self.meta["world_size"])  # the run's learners
+        self.recorded_ranks = recorded_ranks(self.meta)  # those with a rank file
+        self._position = {rank: i for i, rank in enumerate(self.recorded_ranks)}
         self.dtype = str(self.meta["dtype"])
+        if self.dtype not in DISK_DTYPES:
+            raise DataError(f"{root_path}: unknown storage dtype {self.dtype!r}")
         self.workload = str(self.meta.get("workload", "unknown"))
         self.numel = self.layers[-1].stop if self.layers else 0
         self._files: list[h5py.File] = []
@@ -114,12 +122,17 @@ class Capture:
 
     def _open_ranks(self) -> None:
         committed, running = [], False
-        for rank in range(self.world_size):
+        for rank in self.recorded_ranks:
             path = self.path / rank_file_name(rank)
             f = _open_h5(path, swmr=True)
             self._files.append(f)
             try:
                 grad = f["grad"]
+                if grad.dtype != DISK_DTYPES[self.dtype]:
+                    raise DataError(
+                        f"{path}: /grad holds {grad.dtype}, capture.h5 says {self.dtype}"
+                    )
+                ensure_readable(grad, path)
                 rows = int(f.attrs["committed"])
                 for name in ("step", "loss"):
                     if f[name].shape[0] < rows:
@@ -142,12 +155,13 @@ class Capture:
         losses = (
             np.stack([f["loss"][:rows] for f in self._files])
             if rows
-            else np.zeros((self.world_size, 0))
+            else np.zeros((len(self._files), 0))
         )
-        for rank, f in enumerate(self._files[1:], start=1):
+        for rank, f in zip(self.recorded_ranks[1:], self._files[1:], strict=True):
             if rows and not np.array_equal(f["step"][:rows], steps):
                 raise DataError(
-                    f"{self.path}: learner {rank} recorded different steps than learner 0"
+                    f"{self.path}: learner {rank} recorded different steps than "
+                    f"learner {self.recorded_ranks[0]}"
                 )
         self.steps = np.asarray(steps, dtype=np.int64)
         self.losses = np.asarray(losses, dtype=np.float64)
@@ -169,7 +183,20 @@ class Capture:
     # --- metadata ---------------------------------------------------------------------
     @property
     def learners(self) -> list[int]:
-        return list(range(self.world_size))
+        """The recorded learners, named by their rank in the run."""
+        return list(self.recorded_ranks)
+
+    @property
+    def is_sample(self) -> bool:
+        """Whether only some of the run's learners recorded (``--record-ranks``)."""
+        return len(self.recorded_ranks) < self.world_size
+
+    def learners_text(self) -> str:
+        """``4 learners``, or ``2 of 8 learners (ranks 0,4)`` for a sample."""
+        if not self.is_sample:
+            return f"{self.world_size} learners"
+        ranks = format_ranks(self.recorded_ranks)
+        return f"{len(self.recorded_ranks)} of {self.world_size} learners (ranks {ranks})"
 
     @property
     def nbytes(self) -> int:
@@ -189,8 +216,10 @@ class Capture:
             "status": self.status,
             "learners": len(self.learners),
             "world_size": self.world_size,
+            "recorded_ranks": self.learners,
             "backend": self.meta.get("backend"),
             "dtype": self.dtype,
+            "compression": self.meta.get("compression", "none"),
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
@@ -235,9 +264,10 @@ class Capture:
         if learners is None:
             return self.learners
         for learner in learners:
-            if learner not in range(self.world_size):
+            if learner not in self._position:
                 raise UsageError(
-                    f"learner {learner} is not in the capture (0..{self.world_size - 1})"
+                    f"learner {learner} is not in the capture "
+                    f"(recorded: {format_ranks(self.learners)})"
                 )
         return list(learners)
 
@@ -259,11 +289,7 @@ class Capture:
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            source = self._files[learner][dataset]
-            if source.dtype == np.float32:
-                source.read_direct(out, np.s_[row], np.s_[i])
-            else:
-                out[i] = source[row]
+            read_row(self._files[self._position[learner]][dataset], row, out[i], self.dtype)
         return torch.from_numpy(out)
 
     def iter_steps(
@@ -287,7 +313,8 @@ class Capture:
 
     def __repr__(self) -> str:
         return (
-            f"Capture({str(self.path)!r}, learners={self.world_size}, steps={len(self.steps)}, "
+            f"Capture({str(self.path)!r}, learners={len(self.learners)}/{self.world_size}, "
+            f"steps={len(self.steps)}, "
             f"numel={self.numel}, status={self.status!r})"
         )
 
