@@ -153,7 +153,7 @@ BUILTIN: dict[str, Target] = {
 TARGET_NAMES = ("cpu-here", *BUILTIN)
 
 
-def _best_seconds(run, repeats: int = 3) -> float:
+def _best_seconds(run, repeats: int = 7) -> float:
     """The smallest CPU time of this thread over ``repeats`` calls after one warm-up.
 
     Thread CPU time, not wall time: on a shared machine a descheduled thread's wall time
