@@ -80,17 +80,20 @@ def to_disk_values(row: np.ndarray, dtype: str) -> np.ndarray:
     return row
 
 
-def read_row(dataset: h5py.Dataset, row: int, out: np.ndarray, dtype: str) -> None:
-    """Read ``dataset[row]`` into the float32 vector ``out``, converting from ``dtype``.
+def read_row(
+    dataset: h5py.Dataset, row: int, out: np.ndarray, dtype: str, columns: slice = slice(None)
+) -> None:
+    """Read ``dataset[row, columns]`` into the float32 vector ``out``, converting from
+    ``dtype``.
 
     float32 rows go straight into ``out`` (``read_direct``, no copy); bfloat16 rows are
     read into the upper halves' bit patterns and shifted in place.
     """
     if dtype == "float32":
-        dataset.read_direct(out, np.s_[row])
+        dataset.read_direct(out, np.s_[row, columns])
     elif dtype == "bfloat16":
         bits = np.empty(out.shape, dtype=np.uint16)
-        dataset.read_direct(bits, np.s_[row])
+        dataset.read_direct(bits, np.s_[row, columns])
         bfloat16_bits_to_float32(bits, out)
     else:
-        out[...] = dataset[row]
+        out[...] = dataset[row, columns]

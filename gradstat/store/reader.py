@@ -292,6 +292,37 @@ class Capture:
             read_row(self._files[self._position[learner]][dataset], row, out[i], self.dtype)
         return torch.from_numpy(out)
 
+    def read_row(
+        self,
+        step: int,
+        learner: int,
+        out: np.ndarray | None = None,
+        columns: slice | None = None,
+    ) -> np.ndarray:
+        """One learner's gradient at one recorded step as float32, straight from the file.
+
+        ``columns``: a contiguous ``slice(start, stop)`` of the flat vector (default: all);
+        ``out``: a preallocated float32 array of that length to read into (HDF5 copies
+        into it directly, no temporary), else a new one. Analyses reuse one ``out`` per
+        row so that a step never holds more than the rows it needs.
+        """
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        (learner,) = self._learner_list([learner])
+        start, stop, stride = (columns or slice(None)).indices(self.numel)
+        if stride != 1:
+            raise ValueError("columns must be a contiguous slice")
+        width = max(0, stop - start)
+        if out is None:
+            out = np.empty(width, dtype=np.float32)
+        elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 array of {width} values")
+        if width:
+            dataset = self._files[self._position[learner]]["grad"]
+            read_row(dataset, row, out, self.dtype, slice(start, stop))
+        return out
+
     def iter_steps(
         self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
     ) -> Iterator[tuple[int, torch.Tensor]]:
