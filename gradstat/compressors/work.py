@@ -93,11 +93,11 @@ class Ops:
 
 
 #: Measured / counted work on the calibration CPU (benchmarks/cost_model.py: median over
-#: every compressor at 2^18, 2^20 and 2^21 elements: 2.2, 2.1, 1.5 and 1.3 in four runs on
-#: the shared 2-core machine, the profile's rates moving with the load; 1.8 is their
-#: middle). The counts are the arithmetic passes; temporaries, dtype conversions and
-#: dispatch add about as much again. Applied to every profile: the missing work is memory
-#: traffic on any machine.
+#: every compressor at 2^18, 2^20 and 2^21 elements: 1.3 to 2.5 in five runs on the shared
+#: 2-core machine, the profile's rates moving with the load; 1.8 is their middle). The
+#: counts are the arithmetic passes; temporaries, dtype conversions and dispatch add about
+#: as much again. Applied to every profile: the missing work is memory traffic on any
+#: machine.
 CALIBRATION = 1.8
 
 
