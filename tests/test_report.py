@@ -71,6 +71,7 @@ def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys)
     assert len(parser.images) >= 5
     assert all(src.startswith("data:image/png;base64,") for src in parser.images)
     assert "http://" not in page and "https://" not in page  # nothing to fetch
+    assert "Assumed: cluster" in page and "target: cpu-here" in page  # what it assumed
 
 
 def test_report_on_an_interrupted_capture_says_so(synthetic_capture, tmp_path, capsys):

@@ -284,7 +284,7 @@ def _replay(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Secti
 
 def _recommend(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Section:
     result = choose(shared.run, shared.records, error_budget=settings.error_budget)
-    reading = " ".join(result.explanation())
+    reading = " ".join(result.explanation() + ["Assumed: " + a + "." for a in result.assumptions()])
     if result.winner is not None and result.settings:
         reading += (
             " Settings: " + ", ".join(f"{k} = {v:g}" for k, v in result.settings.items()) + "."
