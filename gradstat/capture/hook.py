@@ -327,6 +327,11 @@ class GradientCapture:
         sent.copy_(self.hook_state.sent)
         return sent, float(self.hook_state.payload_bytes)
 
+    def flush(self) -> None:
+        """Wait until every recorded row handed to the writer is in the rank file."""
+        if self.writer is not None:
+            self.writer.drain()
+
     def close(self) -> None:
         """Flush the writer; rank 0 marks the capture complete once every rank is done.
 

@@ -137,6 +137,11 @@ class BackgroundWriter:
                 self._release(row.buffer)
                 if row.sent is not None:
                     self._release(row.sent)
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until every submitted row is written (or dropped after a failure)."""
+        self._queue.join()
 
     def close(self) -> None:
         """Write what is queued, stop the thread and close the file."""
