@@ -63,6 +63,8 @@ ESTIMATOR_OPS = {
     "dgc": (3 + 2 + 2, 1 + 1, 1 + 1),
     "gaussiank": (4 + 3 + 2 * 2 + 2, 2 + 1, 1),
     "redsync": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
+    # RedSync's search seeded by a SIDCo estimate: taken as RedSync's (not calibrated)
+    "redsync-sidco": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
     "hard": (2 + 2, 1 + 1, 1),
 }
 
