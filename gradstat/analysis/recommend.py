@@ -241,10 +241,10 @@ class RecommendParams:
     link: Link
     cost_learners: int | None = None
     baseline: str = "fp32"
-    target: Target | None = None
     compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
     ratios: str | Sequence[float] = DEFAULT_RATIOS
     seed: int = 0
+    target: Target | None = None  # last: callers pass the others by position
 
     def __post_init__(self) -> None:
         check_options(self.error_budget, self.baseline, self.cost_learners)
