@@ -72,6 +72,7 @@ def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys)
     assert len(parser.images) >= 5
     assert all(src.startswith("data:image/png;base64,") for src in parser.images)
     assert "http://" not in page and "https://" not in page  # nothing to fetch
+    assert "Assumed: cluster" in page and "target: cpu-here" in page  # what it assumed
 
 
 def test_report_leads_with_the_summary_box_and_states_its_assumptions(

@@ -2,13 +2,18 @@
 
 Every candidate (compressor, ratio) is replayed over the capture
 (:mod:`gradstat.analysis.replay`); its predicted time per step is the alpha-beta
-communication time (docs/methods.md 5, for ``cost_learners`` learners) plus the measured
-compression time per learner. Among the candidates whose mean relative error
-``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the fastest wins; it is
-judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md 5: compression
-pays only if it beats the exposed dense communication, judge against 16-bit too).
-Errors and build-up are those measured with the capture's learners; only the cost model
-is extrapolated to ``cost_learners``.
+communication time (docs/methods.md 5, for ``cost_learners`` learners) plus the compression
+time per learner *on the target hardware*: the compressor's work model
+(:mod:`gradstat.compressors.work`) at the cluster size, timed with the target's profile
+(:mod:`gradstat.compressors.targets`; default ``cpu-here``, measured now). The time the
+replay took here is kept as ``measured_compress_seconds``. Among the candidates whose
+mean relative error ``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the
+fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md
+5: compression pays only if it beats the exposed dense communication, judge against
+16-bit too).
+Errors are those measured with the capture's learners; the cost model is evaluated at
+``cost_learners``, and the build-up of all-gathered sets is extrapolated there with the
+stated model of :mod:`gradstat.analysis.cluster`.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
+from gradstat.compressors.targets import Target, builtin_target
+from gradstat.compressors.work import compressor_work, seconds
 from gradstat.errors import UsageError
 from gradstat.store import Capture
 
@@ -32,6 +40,13 @@ from gradstat.store import Capture
 DEFAULT_CANDIDATES = ",".join(name for name, entry in REGISTRY.items() if entry.candidate)
 DEFAULT_RATIOS = "0.1,0.01,0.001"
 BASELINE_BYTES = {"fp32": 4, "fp16": 2}
+#: The collective algorithms the alpha-beta model assumes (gradstat/compressors/cost.py).
+ALGORITHMS = {
+    "allreduce": "ring",
+    "allgather": "ring",
+    "broadcast": "binomial tree",
+    "reduce": "binomial tree",
+}
 
 
 @dataclass
@@ -52,6 +67,34 @@ class Recommendation:
     ranking: pd.DataFrame
     winner: dict | None
     settings: dict[str, float]
+    target: Target | None = None
+    buildup: dict[str, BuildupModel] | None = None
+
+    def assumptions(self) -> list[str]:
+        """What the prediction assumes: target, link, collective algorithms, cluster."""
+        algorithms = ", ".join(f"{c} {a}" for c, a in ALGORITHMS.items())
+        lines = [
+            f"cluster: {self.cost_learners} learners (the capture has {self.learners}); "
+            f"link: {self.link.bandwidth * 8 / 1e9:.4g} Gbit/s per learner, latency "
+            f"{self.link.latency * 1e6:.4g} us; collectives: {algorithms} (alpha-beta model)",
+        ]
+        if self.target is not None:
+            t = self.target
+            lines.append(
+                f"target: {t.name} ({t.description}); compression time = work model x "
+                f"profile: memory {t.bandwidth / 1e9:.3g} GB/s, top-k "
+                f"{t.topk_rate / 1e9:.3g} G elements/s, launch {t.launch * 1e6:.3g} us"
+            )
+        for label, model in (self.buildup or {}).items():
+            if self.cost_learners > self.learners and math.isfinite(model.at_cluster):
+                measured = ", ".join(f"{b:.3g}" for b in model.measured)
+                lines.append(
+                    f"build-up of {label}: measured B(1..{self.learners}) = {measured}; "
+                    f"B(m) = B(1) m^{model.exponent:.3g} gives B({self.cost_learners}) = "
+                    f"{model.at_cluster:.3g}"
+                )
+                break
+        return lines
 
     @property
     def pays_off(self) -> bool:
@@ -100,8 +143,8 @@ class Recommendation:
             )
         if self.cost_learners != self.learners:
             lines.append(
-                f"Errors and build-up were measured with {self.learners} learners; only the "
-                f"cost model is extrapolated to {self.cost_learners}."
+                f"Errors were measured with {self.learners} learners; the cost model and "
+                f"the build-up are extrapolated to {self.cost_learners}."
             )
         return lines
 
@@ -124,8 +167,18 @@ class Recommendation:
             "steps": self.steps,
             "learners": self.learners,
             "cost_learners": self.cost_learners,
+            "cluster_size": self.cost_learners,
             "bandwidth_bytes_per_second": self.link.bandwidth,
             "latency_seconds": self.link.latency,
+            "link": {
+                "bandwidth_bytes_per_second": self.link.bandwidth,
+                "latency_seconds": self.link.latency,
+                "algorithms": ALGORITHMS,
+                "model": "alpha-beta (METHODS.md 5)",
+            },
+            "target": self.target.to_dict() if self.target is not None else None,
+            "buildup": {k: v.to_dict() for k, v in (self.buildup or {}).items()},
+            "assumptions": self.assumptions(),
             "explanation": self.explanation(),
             "candidates": [
                 {
@@ -147,6 +200,8 @@ _KEYS = (
     "bytes_per_learner",
     "comm_seconds",
     "compress_seconds",
+    "measured_compress_seconds",
+    "buildup_at_cluster",
     "seconds",
     "speedup",
 )
@@ -179,7 +234,8 @@ def check_options(error_budget: float, baseline: str, cost_learners: int | None)
 class RecommendParams:
     """What to choose among and how to judge: the ``error_budget`` (largest acceptable
     mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
-    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``."""
+    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``, and
+    the ``target`` hardware compression is timed on (default ``cpu-here``)."""
 
     error_budget: float
     link: Link
@@ -188,6 +244,7 @@ class RecommendParams:
     compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
     ratios: str | Sequence[float] = DEFAULT_RATIOS
     seed: int = 0
+    target: Target | None = None  # last: callers pass the others by position
 
     def __post_init__(self) -> None:
         check_options(self.error_budget, self.baseline, self.cost_learners)
@@ -219,17 +276,62 @@ def recommend(
         raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
     run = Replay(capture, selection, params.replay_params(), compute=compute)
     records = run.run(progress)
-    return choose(run, records, error_budget=params.error_budget, baseline=params.baseline)
+    return choose(
+        run,
+        records,
+        error_budget=params.error_budget,
+        baseline=params.baseline,
+        target=params.target,
+    )
+
+
+def target_times(
+    run: Replay, ranking: pd.DataFrame, records: pd.DataFrame, target: Target
+) -> dict[str, BuildupModel]:
+    """Replace the measured compression time by the work model's on ``target`` at the
+    cluster size (in place) and add ``buildup_at_cluster``; returns the build-up models."""
+    n = run.cost_learners
+    models: dict[str, BuildupModel] = {}
+    compress, buildup = [], []
+    for row in ranking.itertuples():
+        ratio = _ratio(row.ratio)
+        scope, scheme = next(
+            (sc, s)
+            for sc, s in run.schemes
+            if sc.name == row.scope and s.spec.label == row.compressor and _ratio(s.ratio) == ratio
+        )
+        work = compressor_work(scheme.compressor, scheme.memory, scope.numel)
+        compress.append(seconds(work.online(n), target))
+        mask = (records["compressor"] == row.compressor) & (
+            records["ratio"].fillna(-1) == (ratio if ratio is not None else -1)
+        )
+        model = buildup_model(records[mask & (records["scope"] == row.scope)], n)
+        if model is not None:
+            models[_name({"compressor": row.compressor, "ratio": row.ratio})] = model
+        buildup.append(model.at_cluster if model is not None else math.nan)
+    ranking["measured_compress_seconds"] = ranking["compress_seconds"]
+    ranking["compress_seconds"] = compress
+    ranking["buildup_at_cluster"] = buildup
+    ranking["seconds"] = ranking["comm_seconds"] + ranking["compress_seconds"]
+    return models
 
 
 def choose(
-    run: Replay, records: pd.DataFrame, *, error_budget: float, baseline: str = "fp32"
+    run: Replay,
+    records: pd.DataFrame,
+    *,
+    error_budget: float,
+    baseline: str = "fp32",
+    target: Target | None = None,
 ) -> Recommendation:
     """Rank the candidates of a finished replay (``run`` produced ``records``) and pick
-    the fastest whose mean relative error is within ``error_budget``."""
+    the fastest whose mean relative error is within ``error_budget``; compression times
+    are the work model's on ``target`` (default ``cpu-here``)."""
     check_options(error_budget, baseline, None)
     link, n = run.link, run.cost_learners
+    target = target or builtin_target("cpu-here")
     ranking = summarize_replay(records, link, n)
+    models = target_times(run, ranking, records, target)
     ranking["within_budget"] = ranking["rel_error"] <= error_budget
     ranking = pd.concat(
         [
@@ -265,4 +367,6 @@ def choose(
         ranking=ranking,
         winner=winner,
         settings=settings,
+        target=target,
+        buildup=models,
     )

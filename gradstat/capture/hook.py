@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradstat import __version__
 from gradstat.capture.budget import API_SUGGESTION, CapturePlan, budget_problem, free_bytes
 from gradstat.capture.budget import recorded_rows as count_rows
-from gradstat.capture.writer_thread import BackgroundWriter, PendingRow
+from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store.compression import check_compression
 from gradstat.store.dtypes import check_dtype, torch_dtype
@@ -107,7 +107,9 @@ class GradientCapture:
             or would exceed ``max_bytes``.
         hook, hook_state: the communication hook to wrap and its state
             (default: plain all-reduce), e.g. PyTorch's ``fp16_compress_hook`` or
-            ``powerSGD_hook`` with a ``PowerSGDState``.
+            ``powerSGD_hook`` with a ``PowerSGDState``, or gradstat's own
+            ``gradstat.hooks.compression_hook``: then each learner's contribution after
+            compression is recorded too, as the ``sent`` dataset (docs/online.md).
         meta: extra attributes for ``capture.h5`` (workload, command line, ...).
         max_queue: rows that may wait for the writer before training blocks.
     """
@@ -162,6 +164,11 @@ class GradientCapture:
         self._warned_second_backward = False
         self._closed = False
         self.writer: BackgroundWriter | None = None
+        # a gradstat compression hook: bind it to the model, record what it sent
+        self._records_sent = hasattr(hook_state, "bind_for_capture")
+        if self._records_sent:
+            hook_state.bind_for_capture(model.module, layers)
+            meta = {**(meta or {}), **compression_meta(hook_state)}
 
         # hook first, files after: a model that cannot take the hook leaves nothing behind
         self._check_no_comm_hook(model)
@@ -192,6 +199,7 @@ class GradientCapture:
             self._release,
             max_queue,
             compression,
+            sent=self._records_sent,
         )
 
     def _inner_state(self) -> Any:
@@ -347,12 +355,21 @@ class GradientCapture:
             row_step = self._iteration if step is None else int(step)
             row_loss = float("nan") if loss is None else float(loss)
             if self._copied == self.numel and self.writer is not None:
-                self.writer.submit(PendingRow(row_step, row_loss, self._pending, ready))
+                row = PendingRow(row_step, row_loss, self._pending, ready)
+                if self._records_sent:
+                    row.sent, row.sent_bytes = self._sent_row()
+                self.writer.submit(row)
             else:  # a step without a (complete) backward: nothing consistent to record
                 self._release(self._pending)
             self._pending = None
             self._buckets_seen.clear()
         self._iteration += 1
+
+    def _sent_row(self) -> tuple[torch.Tensor, float]:
+        """The compression hook's contribution of this step, in the capture's dtype."""
+        sent = self._acquire()
+        sent.copy_(self.hook_state.sent)
+        return sent, float(self.hook_state.payload_bytes)
 
     def flush(self) -> None:
         """Wait until every recorded row handed to the writer is in the rank file."""

@@ -78,6 +78,8 @@ class CaptureOptions:
     master_port: int | None = None
     backend: str = "auto"
     comm_hook: str = "allreduce"
+    compressor: str | None = None
+    ratio: float | None = None
     record_ranks: str = "all"
     compression: str = "none"
     max_bytes: int | None = None
@@ -120,6 +122,10 @@ class CaptureOptions:
             raise UsageError(
                 f"--comm-hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}"
             )
+        if self.compressor is not None:
+            self._check_compressor()
+        elif self.ratio is not None:
+            raise UsageError("--ratio applies to --compressor only")
         if self.backend == "nccl" and not torch.cuda.is_available():
             raise UsageError("--backend nccl needs CUDA GPUs; none is visible (use gloo)")
         if self.backend == "nccl" and self.nproc_per_node > torch.cuda.device_count():
@@ -170,10 +176,31 @@ class CaptureOptions:
             root=self.node_rank == 0,
         )
 
+    def _check_compressor(self) -> None:
+        """``--compressor NAME[:PARAM=VALUE]`` with ``--ratio`` for sparsifiers."""
+        from gradstat.compressors.registry import parse_compressors
+
+        specs = parse_compressors(self.compressor or "")
+        if len(specs) != 1:
+            raise UsageError("--compressor takes one compressor")
+        if self.comm_hook != "allreduce":
+            raise UsageError("--compressor replaces --comm-hook: give one of them")
+        if self.layers:
+            raise UsageError("--compressor compresses the whole model: drop --layers")
+        if self.backend == "nccl":
+            raise UsageError("--compressor runs its collectives on gloo: use --backend gloo")
+        if specs[0].fixed_rate:
+            if self.ratio is not None:
+                raise UsageError(f"{specs[0].name} has a fixed rate: drop --ratio")
+        elif self.ratio is None or not 0.0 < self.ratio < 1.0:
+            raise UsageError(f"{specs[0].name} is a sparsifier: give --ratio in (0, 1)")
+
     @property
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
+        if self.compressor is not None:
+            return "gloo"
         return (
             "nccl"
             if torch.cuda.is_available() and torch.cuda.device_count() >= self.nproc_per_node
@@ -227,6 +254,8 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "seed": options.seed,
         "backend": options.resolved_backend,
         "comm_hook": options.comm_hook,
+        "compressor": options.compressor,
+        "ratio": options.ratio,
         "record_ranks": options.record_ranks,
         "compression": options.compression,
         "command": options.command,

@@ -60,6 +60,15 @@ def _inner_hook(name: str, process_group):
     raise GradstatError(f"unknown comm hook {name!r}")
 
 
+def _compression_hook(spec: str, ratio: float | None, seed: int):
+    """``--compressor NAME[:PARAM=VALUE]``: gradstat's hook for that compressor."""
+    from gradstat.hooks import compression_hook
+
+    name, *assignments = spec.split(":")
+    params = {key: float(value) for key, _, value in (a.partition("=") for a in assignments)}
+    return compression_hook(name, ratio=ratio, seed=seed, **params)
+
+
 def train(args: argparse.Namespace) -> None:
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -78,6 +87,8 @@ def train(args: argparse.Namespace) -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     hook, hook_state = _inner_hook(args.comm_hook, None)
+    if getattr(args, "compressor", None):
+        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed)
     meta = {
         "workload": args.workload,
         "workload_description": workload.description,

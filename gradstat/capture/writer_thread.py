@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import queue
 import resource
@@ -56,6 +57,17 @@ class PendingRow:
     loss: float
     buffer: torch.Tensor
     ready: torch.cuda.Event | None  # set when the copies were asynchronous (GPU)
+    sent: torch.Tensor | None = None  # a compression hook's contribution (docs/online.md)
+    sent_bytes: float = float("nan")
+
+
+def compression_meta(state) -> dict:
+    """Root attributes that describe a gradstat compression hook (docs/format.md)."""
+    return {
+        "compressor": state.label,
+        "compressor_ratio": float("nan") if state.ratio is None else float(state.ratio),
+        "compressor_settings": json.dumps(state.settings()),
+    }
 
 
 class BackgroundWriter:
@@ -70,6 +82,7 @@ class BackgroundWriter:
         release: Callable[[torch.Tensor], None],
         max_queue: int = 4,
         compression: str = "none",
+        sent: bool = False,
     ) -> None:
         self.path = Path(path)
         self.rows_written = 0
@@ -79,7 +92,7 @@ class BackgroundWriter:
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
         try:
             self._file: RankFileWriter | None = RankFileWriter(
-                self.path, rank, numel, dtype, compression
+                self.path, rank, numel, dtype, compression, sent=sent
             )
         except OSError as exc:
             self._file = None
@@ -95,6 +108,8 @@ class BackgroundWriter:
         """Queue a row (blocks while ``max_queue`` rows wait: memory stays bounded)."""
         if self.failed:
             self._release(row.buffer)
+            if row.sent is not None:
+                self._release(row.sent)
             return
         self._queue.put(row)
 
@@ -128,13 +143,18 @@ class BackgroundWriter:
                     if row.ready is not None:
                         row.ready.synchronize()
                     self._ensure_space(row.buffer.numel() * row.buffer.element_size())
-                    self._file.append(row.step, row.loss, buffer_to_disk(row.buffer))
+                    sent = None if row.sent is None else buffer_to_disk(row.sent)
+                    self._file.append(
+                        row.step, row.loss, buffer_to_disk(row.buffer), sent, row.sent_bytes
+                    )
                     self.rows_written += 1
                     self.bytes_written += row.buffer.numel() * row.buffer.element_size()
             except Exception as exc:  # disk full, permission, quota: stop, never crash
                 self._fail(exc, row.step)
             finally:
                 self._release(row.buffer)
+                if row.sent is not None:
+                    self._release(row.sent)
                 self._queue.task_done()
 
     def drain(self) -> None:

@@ -112,6 +112,13 @@ def capture_command(
     comm_hook: str = typer.Option(
         "allreduce", "--comm-hook", help="The DDP hook gradstat wraps: allreduce, fp16 or powersgd."
     ),
+    compressor: str = typer.Option(
+        None,
+        "--compressor",
+        help="Train with this compressor as the DDP hook, NAME[:PARAM=VALUE] as in replay; "
+        "records what each learner sent too (docs/online.md).",
+    ),
+    ratio: float = typer.Option(None, "--ratio", help="Density k/d of a --compressor sparsifier."),
 ) -> None:
     """Train with DistributedDataParallel and record each learner's local gradient.
 
@@ -142,6 +149,8 @@ def capture_command(
         backend=backend,
         comm_hook=comm_hook,
         join_timeout=join_timeout,
+        compressor=compressor,
+        ratio=ratio,
         record_ranks=record_ranks,
         compression=compression,
         max_bytes=None if max_bytes is None else parse_bytes(max_bytes),

@@ -16,6 +16,7 @@ from rich.markup import escape
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
 from gradstat.cli.command import Command, Group, unwrap
+from gradstat.cli.compare import compare_command
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
 from gradstat.cli.merge import merge_command
@@ -52,6 +53,7 @@ COMMANDS = {
     "overlap": overlap_command,
     "replay": replay_command,
     "recommend": recommend_command,
+    "compare": compare_command,
     "report": report_command,
 }
 for _name, _function in COMMANDS.items():

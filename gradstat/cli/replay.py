@@ -71,6 +71,7 @@ from gradstat.cli.output import (
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import parse_compressors
+from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
 from gradstat.report.answers import replay_answer
@@ -89,6 +90,22 @@ Candidates = Annotated[
         metavar="LIST",
         show_default="every compressor but none",
         help="Candidates, comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+    ),
+]
+Target = Annotated[
+    str,
+    typer.Option(
+        "--target",
+        metavar="NAME",
+        help=f"Hardware the learners compress on: {', '.join(TARGET_NAMES)} (docs/replay.md).",
+    ),
+]
+TargetFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--target-file",
+        metavar="PATH",
+        help="A hardware profile as JSON (docs/replay.md), instead of --target.",
     ),
 ]
 #: Over-budget candidates the recommend table shows (closest first); --json has all.
@@ -241,6 +258,8 @@ def recommend_command(
     bandwidth: Bandwidth = BANDWIDTH,
     latency: Latency = LATENCY,
     cluster_size: ClusterSize = None,
+    target: Target = "cpu-here",
+    target_file: TargetFile = None,
     baseline: BaselineOpt = Baseline.fp32,
     compressors: Candidates = DEFAULT_CANDIDATES,
     ratios: Ratios = DEFAULT_RATIOS,
@@ -263,9 +282,12 @@ def recommend_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
+    profile = resolve_target(None if target_file and target == "cpu-here" else target, target_file)
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
-    params = RecommendParams(error_budget, link, cluster_size, baseline.value, specs, ratios, seed)
+    params = RecommendParams(
+        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile
+    )
     compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
@@ -292,11 +314,15 @@ def recommend_command(
         err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 
+def _target_name(result: Recommendation) -> str:
+    return result.target.name if result.target is not None else "this machine"
+
+
 def recommend_result(result: Recommendation) -> Result:
     fits = int(result.ranking["within_budget"].sum())
     shown = result.ranking.iloc[: fits + OVER_BUDGET_SHOWN]
     hidden = len(result.ranking) - len(shown)
-    answer = result.explanation()
+    answer = result.explanation() + ["Assumed: " + a + "." for a in result.assumptions()]
     if result.pays_off:
         settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
         use = f"Use {result.winner['compressor']}" + (f" with {settings}." if settings else ".")
@@ -313,11 +339,13 @@ def recommend_result(result: Recommendation) -> Result:
                     "rel_error": "rel error",
                     "fits": "fits",
                     "bytes_per_learner": "bytes",
+                    "compress_ms": "compress ms",
                     "ms": "ms/step",
                     "speedup": "speed-up",
                 },
-                f"{link_text(result.link)}. Within budget fastest first, then the rest by "
-                "error; ms/step = predicted communication + compression; speed-up over the "
+                f"{link_text(result.link)}; compression on {_target_name(result)}. Within "
+                "budget fastest first, then the rest by error; ms/step = predicted communication + "
+                "compression (compress ms on the target, from the work model); speed-up over the "
                 f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),
             )

@@ -64,9 +64,13 @@ class RandomK(Compressor):
         self.k = k
         self.generator = torch.Generator().manual_seed(seed)
 
+    def draw(self, d: int) -> torch.Tensor:
+        """This step's k indices: the same on every learner (shared seed)."""
+        return torch.randperm(d, generator=self.generator)[: self.k]
+
     def exchange(self, corrected: torch.Tensor) -> Exchange:
         n, d = corrected.shape
-        indices = torch.randperm(d, generator=self.generator)[: self.k]
+        indices = self.draw(d)
         values = corrected[:, indices]
         sent = torch.zeros_like(corrected)
         sent[:, indices] = values
@@ -92,10 +96,15 @@ class CLTK(Compressor):
         self.beta = beta
         self.step_count = 0
 
-    def exchange(self, corrected: torch.Tensor) -> Exchange:
-        n, d = corrected.shape
+    def next_leader(self, n: int) -> int:
+        """The learner whose top-k indices everyone uses this step: ``t mod n``."""
         leader = self.step_count % n
         self.step_count += 1
+        return leader
+
+    def exchange(self, corrected: torch.Tensor) -> Exchange:
+        n, d = corrected.shape
+        leader = self.next_leader(n)
         indices = top_indices(corrected[leader], self.k)
         values = corrected[:, indices]
         sent = torch.zeros_like(corrected)

@@ -40,6 +40,8 @@ from gradstat.plots.replay import plot_replay
 from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
 from gradstat.report import answers
 from gradstat.report.html import Section, render
+from gradstat.report.training import TITLE as TRAINING_TITLE
+from gradstat.report.training import training_section
 from gradstat.store import Capture
 
 
@@ -314,6 +316,7 @@ def _replay(ctx: ReportContext) -> Part:
 def _recommend(ctx: ReportContext) -> Part:
     result = ctx.recommendation
     lines = result.explanation()
+    assumed = ["Assumed: " + a + "." for a in result.assumptions()]
     if result.winner is not None and result.settings:
         lines.append(
             "Settings: " + ", ".join(f"{k} = {v:g}" for k, v in result.settings.items()) + "."
@@ -324,7 +327,8 @@ def _recommend(ctx: ReportContext) -> Part:
     verdict.append(f"Link: {link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us.")
     if result.winner is None:
         verdict = ["No candidate fits the error budget: " + lines[0]]
-    return Part(" ".join(lines), [], [("candidates", _human(result.ranking[columns]))], verdict)
+    reading = " ".join(lines + assumed)
+    return Part(reading, [], [("candidates", _human(result.ranking[columns]))], verdict)
 
 
 def _gap(row: pd.Series) -> str:
@@ -460,6 +464,12 @@ def build_report(
         sections.append(Section(spec.key, spec.title, part.reading, part.figures, part.tables))
         if part.verdict:
             verdicts.append((spec.title, part.verdict))
+    try:  # only when compressed runs of this training sit beside the capture
+        training = training_section(cap)
+    except GradstatError as exc:
+        training = Section("training", TRAINING_TITLE, error=str(exc))
+    if training is not None:
+        sections.append(training)
     subtitle = (
         f"{cap.path} · {cap.learners_text()} · {len(cap.steps)} recorded steps · "
         f"status {cap.status} · gradstat {__version__}"

@@ -208,6 +208,12 @@ class Capture:
                 )
         self.steps = np.asarray(steps, dtype=np.int64)
         self.losses = np.asarray(losses, dtype=np.float64)
+        self.has_sent = bool(self._files) and all("sent" in f for f in self._files)
+        self.sent_bytes = (
+            np.stack([f["sent_bytes"][:rows] for f in self._files])
+            if self.has_sent and rows
+            else np.zeros((len(self._files), 0))
+        )
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
         stopped = [
@@ -304,6 +310,8 @@ class Capture:
             "schema": self.schema,
             "verification": self.verification,
             "damage": [self._damage_record(damage) for damage in self.damage],
+            "datasets": ["grad", "sent"] if self.has_sent else ["grad"],
+            "compressor": self.compressor,
             "bytes": self.nbytes,
             "layers": [
                 {
@@ -325,6 +333,19 @@ class Capture:
             "versions": json.loads(self.meta["versions"]) if "versions" in self.meta else None,
         }
 
+    @property
+    def compressor(self) -> dict | None:
+        """The compression hook the capture trained with (``capture --compressor``), or
+        ``None``: its name, ratio (``None`` for fixed-rate ones) and settings."""
+        if "compressor" not in self.meta:
+            return None
+        ratio = float(self.meta.get("compressor_ratio", float("nan")))
+        return {
+            "name": str(self.meta["compressor"]),
+            "ratio": None if np.isnan(ratio) else ratio,
+            "settings": json.loads(self.meta.get("compressor_settings", "{}")),
+        }
+
     # --- data -------------------------------------------------------------------------
     def _learner_list(self, learners: Sequence[int] | None) -> list[int]:
         if learners is None:
@@ -337,8 +358,18 @@ class Capture:
                 )
         return list(learners)
 
-    def read_step(self, step: int, learners: Sequence[int] | None = None) -> torch.Tensor:
-        """Gradients of one recorded training step: float32 tensor ``(learners, numel)``."""
+    def read_step(
+        self, step: int, learners: Sequence[int] | None = None, dataset: str = "grad"
+    ) -> torch.Tensor:
+        """Gradients of one recorded training step: float32 tensor ``(learners, numel)``.
+
+        ``dataset="sent"`` reads what each learner contributed after compression instead
+        (captures trained with a compression hook, ``has_sent``).
+        """
+        if dataset not in ("grad", "sent"):
+            raise UsageError(f"dataset must be grad or sent, got {dataset!r}")
+        if dataset == "sent" and not self.has_sent:
+            raise UsageError(f"{self.path} holds no sent rows (not trained with --compressor)")
         row = self._row_of.get(int(step))
         if row is None:
             raise UsageError(f"step {step} is not a committed step of this capture")
@@ -346,8 +377,9 @@ class Capture:
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
             position = self._position[learner]
-            stored = read_row(self._files[position]["grad"], row, out[i], self.dtype)
-            self._verify(position, row, int(step), stored)
+            stored = read_row(self._files[position][dataset], row, out[i], self.dtype)
+            if dataset == "grad":  # only grad rows carry a checksum
+                self._verify(position, row, int(step), stored)
         return torch.from_numpy(out)
 
     def read_row(

@@ -39,6 +39,11 @@ class RankFileWriter:
 
     A context manager, like ``h5py.File``: ``with RankFileWriter(...) as w: w.append(...)``
     closes the file (marking it ``closed``) however the block ends.
+
+    With ``sent`` it also keeps, per row, what a compression hook made the learner
+    contribute (``sent``, same shape and storage as ``grad``) and the payload bytes it put
+    into the collectives (``sent_bytes``; docs/format.md, docs/online.md). Only ``grad``
+    rows carry a checksum.
     """
 
     def __init__(
@@ -48,6 +53,7 @@ class RankFileWriter:
         numel: int,
         dtype: str = "float32",
         compression: str = "none",
+        sent: bool = False,
     ) -> None:
         np_dtype = disk_dtype(dtype)
         filters = dataset_filters(compression)
@@ -80,6 +86,21 @@ class RankFileWriter:
             CHECKSUM_DATASET, (0,), maxshape=(None,), dtype="uint32", chunks=(1024,)
         )
         self._datasets = (self._grad, self._step, self._loss, self._crc)
+        self._sent = self._sent_bytes = None
+        if sent:
+            self._sent = self._file.create_dataset(
+                "sent",
+                (0, numel),
+                maxshape=(None, numel),
+                dtype=np_dtype,
+                chunks=(1, chunk_cols),
+                **filters,
+            )
+            self._sent.attrs[DTYPE_ATTR] = dtype
+            self._sent_bytes = self._file.create_dataset(
+                "sent_bytes", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
+            )
+            self._datasets += (self._sent, self._sent_bytes)
         attrs = self._file.attrs
         attrs["format"] = FORMAT_NAME
         attrs["schema"] = SCHEMA_VERSION
@@ -90,12 +111,22 @@ class RankFileWriter:
         attrs["closed"] = np.int8(0)  # an integer, not an HDF5 enum: every tool reads it
         self._file.swmr_mode = True
 
-    def append(self, step: int, loss: float, row: np.ndarray) -> None:
+    def append(
+        self,
+        step: int,
+        loss: float,
+        row: np.ndarray,
+        sent: np.ndarray | None = None,
+        sent_bytes: float = float("nan"),
+    ) -> None:
         """Write one row, flush it, then raise ``committed`` (the commit point).
 
-        ``row`` holds float values (rounded here to the storage type) or, for bfloat16,
-        already rounded bit patterns (``uint16``, as the capture hook hands them over).
+        ``row`` (and ``sent``) hold float values (rounded here to the storage type) or,
+        for bfloat16, already rounded bit patterns (``uint16``, as the capture hook hands
+        them over).
         """
+        if (sent is None) != (self._sent is None):
+            raise UsageError("give a sent row exactly when the file records sent rows")
         n = self.rows + 1
         with np.errstate(over="ignore"):  # float16 overflows to inf, as HDF5 would cast
             stored = np.asarray(to_disk_values(row, self.dtype), dtype=self._grad.dtype)
@@ -105,6 +136,10 @@ class RankFileWriter:
         self._step[n - 1] = step
         self._loss[n - 1] = loss
         self._crc[n - 1] = row_checksum(stored)
+        if self._sent is not None and self._sent_bytes is not None:
+            with np.errstate(over="ignore"):
+                self._sent[n - 1] = to_disk_values(sent, self.dtype)
+            self._sent_bytes[n - 1] = sent_bytes
         for dataset in self._datasets:
             dataset.flush()
         self._file.attrs["committed"] = np.int64(n)
@@ -184,19 +219,24 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
         if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in ranks):
             return  # a failed writer, or multi-node without a shared folder
         sources = []
+        with_sent = []
         for rank in ranks:
             with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
                 sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
+                with_sent.append("sent" in f)
         rows = min(committed for committed, _, _ in sources)
         numel, dtype = sources[0][1], sources[0][2]
-        for name in ("grad", "step", "loss"):
-            if name in root:
-                del root[name]
-        for name, shape, dt in (
+        datasets = [
             ("grad", (rows, numel), dtype),
             ("step", (rows,), np.int64),
             ("loss", (rows,), np.float64),
-        ):
+        ]
+        if all(with_sent):
+            datasets += [("sent", (rows, numel), dtype), ("sent_bytes", (rows,), np.float64)]
+        for name in ("grad", "step", "loss", "sent", "sent_bytes"):
+            if name in root:
+                del root[name]
+        for name, shape, dt in datasets:
             layout = h5py.VirtualLayout(shape=(len(ranks), *shape), dtype=dt)
             for i, rank in enumerate(ranks):
                 layout[i] = h5py.VirtualSource(
@@ -204,6 +244,8 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
                 )[:rows]
             root.create_virtual_dataset(name, layout)
         root["grad"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
+        if "sent" in root:
+            root["sent"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
         root.attrs["committed"] = rows
 
 

@@ -1,0 +1,295 @@
+"""Compare training runs of one workload: dense and compressed, online against replay.
+
+For every run: its loss curves (per learner and their mean). For every run trained with
+a compression hook (``capture --compressor``, docs/online.md), per recorded step:
+
+* **measured online**: the relative error ``||g_hat - g||^2 / ||g||^2`` of the update the
+  learners applied (the aggregate of their recorded ``sent`` rows) against the mean of
+  their recorded local gradients ``g`` (DGC: the dense momentum update, as the replay),
+  and the payload bytes each learner put into the collectives (``sent_bytes``);
+* **replayed on the run itself**: the replay of the same compressor over this run's own
+  ``grad`` rows. It follows the same trajectory, so it reproduces the online error and
+  bytes (exactly for deterministic compressors): a check of the hook and the replay;
+* **predicted open-loop**: the replay over the *dense* run's ``grad`` rows (the first
+  run without a compressor). This is what ``gradstat replay`` predicts before anyone
+  trains with the compressor. It follows the dense trajectory, not the compressed one,
+  so it diverges as the compressed model drifts away: ``divergence_step`` is the first
+  step where the predicted error differs from the measured one by more than
+  ``tolerance`` (relative).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gradstat.analysis.replay import scope_shapes
+from gradstat.analysis.selection import k_for
+from gradstat.compressors.base import LocalCompressor
+from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
+from gradstat.errors import GradstatWarning, UsageError
+from gradstat.store import Capture, open_capture
+
+#: Relative gap between predicted and measured error that counts as divergence.
+DIVERGENCE_TOLERANCE = 0.25
+
+
+@dataclass
+class Run:
+    """One capture's identity and loss curves."""
+
+    path: str
+    name: str
+    compressor: dict | None
+    workload: str
+    seed: object
+    learners: int
+    steps: list[int]
+    losses: np.ndarray  # (learners, steps)
+
+    @property
+    def label(self) -> str:
+        if self.compressor is None:
+            return "dense"
+        ratio = self.compressor["ratio"]
+        return self.compressor["name"] + ("" if ratio is None else f" at {ratio:g}")
+
+
+@dataclass
+class Comparison:
+    """What ``gradstat compare`` shows: runs, loss curves, and online against replay."""
+
+    runs: list[Run]
+    losses: pd.DataFrame
+    errors: pd.DataFrame
+    summary: pd.DataFrame
+    dense: str | None
+    tolerance: float = DIVERGENCE_TOLERANCE
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "runs": [
+                {
+                    "path": r.path,
+                    "label": r.label,
+                    "compressor": r.compressor,
+                    "workload": r.workload,
+                    "seed": r.seed,
+                    "learners": r.learners,
+                    "steps": r.steps,
+                    "loss_mean": r.losses.mean(axis=0).tolist(),
+                    "loss_per_learner": r.losses.tolist(),
+                }
+                for r in self.runs
+            ],
+            "dense_run": self.dense,
+            "divergence_tolerance": self.tolerance,
+            "summary": _records(self.summary),
+            "errors": _records(self.errors),
+            "notes": self.notes,
+        }
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [
+        {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+        for row in frame.to_dict(orient="records")
+    ]
+
+
+def _run(cap: Capture, path: str) -> Run:
+    return Run(
+        path=path,
+        name=Path(path).name,
+        compressor=cap.compressor,
+        workload=cap.workload,
+        seed=cap.meta.get("seed"),
+        learners=cap.world_size,
+        steps=[int(s) for s in cap.steps],
+        losses=cap.losses,
+    )
+
+
+def _scheme(cap: Capture, compressor: dict, numel: int) -> Scheme:
+    spec = parse_compressors(compressor["name"])[0]
+    ratio = compressor["ratio"]
+    k = None if ratio is None else k_for(ratio, numel)
+    shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
+    return build_scheme(spec, ratio, k, numel=numel, shapes=shapes, seed=0)
+
+
+def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
+    reference = reference.double()
+    denominator = float(reference.square().sum())
+    if denominator == 0:
+        return math.nan
+    return float((estimate.double() - reference).square().sum()) / denominator
+
+
+def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
+    """The update the learners applied: the aggregate of their sent rows (the mean, or
+    the compressor's own aggregate such as signSGD's majority vote)."""
+    if isinstance(scheme.compressor, LocalCompressor):
+        return scheme.compressor.aggregate(sent)
+    return sent.mean(dim=0)
+
+
+def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
+    """Measured and self-replayed error and bytes of one compressed run, per step."""
+    assert cap.compressor is not None
+    measured_scheme = _scheme(cap, cap.compressor, cap.numel)
+    replayed = _scheme(cap, cap.compressor, cap.numel)
+    rows = []
+    for i, step in enumerate(steps):
+        grads = cap.read_step(step)
+        sent = cap.read_step(step, dataset="sent")
+        reference = measured_scheme.reference(grads.mean(dim=0))
+        applied = _applied(measured_scheme, sent)
+        exchange = replayed.step(grads)
+        rows.append(
+            {
+                "step": int(step),
+                "measured_rel_error": _rel_error(applied, reference),
+                "measured_bytes": float(cap.sent_bytes[:, i].mean()),
+                "replayed_rel_error": _rel_error(exchange.estimate, reference),
+                "replayed_bytes": exchange.bytes_per_learner,
+            }
+        )
+    return rows
+
+
+def _predicted(dense: Capture, compressor: dict, steps: Sequence[int]) -> dict[int, dict]:
+    """The open-loop replay of ``compressor`` over the dense run's gradients."""
+    scheme = _scheme(dense, compressor, dense.numel)
+    out = {}
+    for step, grads in dense.iter_steps(steps):
+        reference = scheme.reference(grads.mean(dim=0))
+        exchange = scheme.step(grads)
+        out[step] = {
+            "predicted_rel_error": _rel_error(exchange.estimate, reference),
+            "predicted_bytes": exchange.bytes_per_learner,
+        }
+    return out
+
+
+def compare(paths: Sequence[str | Path], tolerance: float = DIVERGENCE_TOLERANCE) -> Comparison:
+    """Compare the runs at ``paths`` (see the module docstring)."""
+    if len(paths) < 2:
+        raise UsageError("compare needs at least two runs")
+    if not tolerance > 0:
+        raise UsageError(f"--tolerance must be positive, got {tolerance}")
+    caps = [open_capture(p) for p in paths]
+    try:
+        runs = [_run(cap, str(p)) for cap, p in zip(caps, paths, strict=True)]
+        notes = _check_same_training(runs, caps)
+        losses = pd.DataFrame(
+            [
+                {"run": r.name, "label": r.label, "step": s, "learner": learner, "loss": v}
+                for r in runs
+                for learner in range(r.learners)
+                for s, v in zip(r.steps, r.losses[learner], strict=True)
+            ]
+        )
+        dense_index = next((i for i, r in enumerate(runs) if r.compressor is None), None)
+        rows = []
+        for cap, run in zip(caps, runs, strict=True):
+            if run.compressor is None:
+                continue
+            if not cap.has_sent:
+                raise UsageError(f"{run.path}: names a compressor but holds no sent rows")
+            steps = run.steps
+            online = _online_errors(cap, steps)
+            predicted: dict[int, dict] = {}
+            if dense_index is not None:
+                dense_cap = caps[dense_index]
+                common = [s for s in steps if s in set(runs[dense_index].steps)]
+                if dense_cap.numel != cap.numel:
+                    raise UsageError(
+                        f"{run.path} and {runs[dense_index].path} train different models"
+                    )
+                predicted = _predicted(dense_cap, run.compressor, common)
+            for row in online:
+                extra = predicted.get(
+                    row["step"], {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
+                )
+                rows.append({"run": run.name, "label": run.label, **row, **extra})
+        errors = pd.DataFrame(rows, columns=_ERROR_COLUMNS)
+        if dense_index is None and len(errors):
+            notes.append("no dense run among the runs: no open-loop prediction")
+        summary = _summary(runs, errors, tolerance)
+        return Comparison(
+            runs=runs,
+            losses=losses,
+            errors=errors,
+            summary=summary,
+            dense=runs[dense_index].name if dense_index is not None else None,
+            tolerance=tolerance,
+            notes=notes,
+        )
+    finally:
+        for cap in caps:
+            cap.close()
+
+
+_ERROR_COLUMNS = [
+    "run",
+    "label",
+    "step",
+    "measured_rel_error",
+    "measured_bytes",
+    "replayed_rel_error",
+    "replayed_bytes",
+    "predicted_rel_error",
+    "predicted_bytes",
+]
+
+
+def _check_same_training(runs: list[Run], caps: list[Capture]) -> list[str]:
+    """Warn when the runs do not share workload, seed and model: curves then differ for
+    other reasons than compression."""
+    notes = []
+    first = runs[0]
+    for run, cap in zip(runs[1:], caps[1:], strict=True):
+        if run.workload != first.workload or run.seed != first.seed or cap.numel != caps[0].numel:
+            message = (
+                f"{run.name} ({run.workload}, seed {run.seed}, {cap.numel:,} parameters) and "
+                f"{first.name} ({first.workload}, seed {first.seed}, {caps[0].numel:,}) are "
+                "not the same training"
+            )
+            warnings.warn(message, GradstatWarning, stacklevel=3)
+            notes.append(message)
+    return notes
+
+
+def _divergence(errors: pd.DataFrame, tolerance: float) -> float:
+    gap = (errors["predicted_rel_error"] - errors["measured_rel_error"]).abs()
+    over = errors["step"][gap > tolerance * errors["measured_rel_error"].abs()]
+    return float(over.iloc[0]) if len(over) else math.nan
+
+
+def _summary(runs: list[Run], errors: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        mean = run.losses.mean(axis=0)
+        row = {
+            "run": run.name,
+            "label": run.label,
+            "steps": len(run.steps),
+            "loss_first": float(mean[0]) if mean.size else math.nan,
+            "loss_last": float(mean[-1]) if mean.size else math.nan,
+            "loss_min": float(mean.min()) if mean.size else math.nan,
+        }
+        mine = errors[errors["run"] == run.name]
+        for column in _ERROR_COLUMNS[3:]:
+            row[column] = float(mine[column].mean()) if len(mine) else math.nan
+        row["divergence_step"] = _divergence(mine, tolerance) if len(mine) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,107 @@
+"""``gradstat compare``: dense and compressed runs of one workload side by side, and the
+replay's prediction against what the compression hook measured online."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gradstat.analysis.compare import DIVERGENCE_TOLERANCE, compare
+from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot
+from gradstat.cli.output import Output, Result, View, show
+
+Runs = Annotated[
+    list[Path],
+    typer.Argument(
+        metavar="RUN",
+        help="Capture folders of the same workload and seed: dense and --compressor runs.",
+        show_default=False,
+    ),
+]
+Tolerance = Annotated[
+    float,
+    typer.Option(
+        "--tolerance",
+        help="Relative gap between predicted and measured error that counts as divergence.",
+    ),
+]
+
+_LOSS_COLUMNS = {
+    "run": "run",
+    "label": "compressor",
+    "steps": "steps",
+    "loss_first": "loss first",
+    "loss_last": "loss last",
+    "loss_min": "loss min",
+}
+_ERROR_COLUMNS = {
+    "run": "run",
+    "measured_rel_error": "online err",
+    "replayed_rel_error": "own replay",
+    "predicted_rel_error": "open-loop",
+    "measured_bytes": "bytes",
+    "predicted_bytes": "predicted",
+    "divergence_step": "diverges",
+}
+
+
+def _integer(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"
+
+
+def compare_command(
+    runs: Runs,
+    tolerance: Tolerance = DIVERGENCE_TOLERANCE,
+    as_json: Json = False,
+    csv: Csv = None,
+    plot: Plot = None,
+    dpi: Dpi = DPI,
+) -> None:
+    """Dense and compressed runs of one training side by side.
+
+    Loss curves of dense and compressed runs; for each compressed run the relative error
+    and bytes per step measured online (from its grad and sent rows), the replay over its
+    own gradients, and the replay's open-loop prediction over the dense run's gradients,
+    with the step where prediction and measurement part.
+
+    Example: gradstat compare captures/lm captures/lm-topk --plot compare.png
+    """
+    result = compare([str(r) for r in runs], tolerance)
+    summary = result.summary
+    views = [
+        View(
+            "loss of each run, mean over learners",
+            summary,
+            _LOSS_COLUMNS,
+            "Per learner and per step: --json, --plot.",
+        )
+    ]
+    compressed = summary[summary["label"] != "dense"]
+    if len(compressed):
+        dense = result.dense or "none"
+        shown = compressed.copy()
+        for column in ("measured_bytes", "predicted_bytes", "divergence_step"):
+            shown[column] = [_integer(v) for v in shown[column]]
+        views.append(
+            View(
+                "compressed runs, means over steps",
+                shown,
+                _ERROR_COLUMNS,
+                "Relative error ||ĝ-g||²/||g||² of the update applied online (online err), "
+                "of the replay over the run's own gradients (own replay) and over the dense "
+                f"run's, {dense} (open-loop); payload bytes per learner per step, online and "
+                "predicted; first step where the open-loop error is off by more than "
+                f"{tolerance:g} (relative).",
+            )
+        )
+
+    def figure():
+        from gradstat.plots.compare import plot_compare
+
+        return plot_compare(result.losses, result.errors)
+
+    shown_result = Result(result.errors, summary=views, document=result.to_dict(), figure=figure)
+    show(shown_result, Output(as_json, csv, False, plot, dpi))

@@ -1,0 +1,292 @@
+"""Target hardware profiles: the rates a compressor's work is timed with.
+
+The analysis machine is rarely the training machine: ``torch.topk`` on 8M values takes
+hundreds of milliseconds on a 2-core CPU and well under a millisecond on a data-centre
+GPU. A :class:`Target` holds the few rates the work model
+(:mod:`gradstat.compressors.work`) needs:
+
+* ``bandwidth``: effective memory bandwidth (bytes/s) of streaming element-wise kernels;
+* ``topk_rate``: input elements per second of a top-k selection, plus
+  ``topk_per_selected`` seconds per selected element (writing and, on CPUs, the heap);
+* ``sort_rate`` and ``randperm_rate``: elements per second of a key-value sort and of a
+  random permutation;
+* ``compare_rate``, ``compact_rate``, ``random_rate``: elements per second of a
+  comparison to a boolean mask, of a compaction (``nonzero``, ``masked_select``) and of
+  uniform random numbers (bandwidth-bound on GPUs, compute-bound on CPUs);
+* ``flops`` and ``matmul_bandwidth``: float32 matrix-product rate and the bytes per
+  second a thin product ``M Q`` (rank r << columns) reads ``M`` at (PowerSGD); a product
+  costs ``max(flops / flops rate, bytes / matmul_bandwidth)``;
+* ``launch``: fixed seconds per kernel launch (GPU) or operator call (CPU).
+
+Built-in GPU profiles take the memory bandwidth and float32 rate from the vendor's
+datasheet; the effective bandwidth is 85 % of the datasheet peak (streaming kernels such
+as BabelStream reach 80-90 % of HBM peak). Their top-k, sort and permutation rates are
+*derived* from the bandwidth, not measured (no GPU was available when they were set up):
+top-k as a radix select of float32 keys (4 digit passes of 8 bits plus a gather, PyTorch's
+multi-block ``topk`` for large inputs; Shanbhag et al. 2018, "Efficient Top-K Query
+Processing on Massively Parallel Hardware", find radix select near memory bandwidth),
+sort and ``randperm`` as an LSD radix sort of 32-bit keys with 32-bit values (4 passes,
+each reading and writing 8 bytes per element, CUB's ``DeviceRadixSort``). ``cpu-here``
+is measured when first used, on one torch thread (replay's default ``--threads 1``).
+``--target-file`` reads the same fields from JSON (:func:`load_target`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from gradstat.errors import UsageError
+
+#: Fraction of the datasheet memory bandwidth streaming kernels reach (assumed).
+STREAM_EFFICIENCY = 0.85
+#: Bytes a radix-select top-k reads per input element: 4 digit passes + 1 gather pass.
+RADIX_SELECT_BYTES = 5 * 4
+#: Bytes a 4-pass LSD radix sort of (32-bit key, 32-bit value) moves per element.
+RADIX_SORT_BYTES = 4 * 2 * 8
+#: Seconds per CUDA kernel launch (assumed; typically 3-10 us end to end).
+GPU_LAUNCH = 5e-6
+
+
+@dataclass(frozen=True)
+class Target:
+    """The rates of one machine (see the module docstring); ``sources`` says where each
+    figure comes from."""
+
+    name: str
+    description: str
+    bandwidth: float
+    topk_rate: float
+    topk_per_selected: float
+    sort_rate: float
+    randperm_rate: float
+    compare_rate: float
+    compact_rate: float
+    random_rate: float
+    flops: float
+    matmul_bandwidth: float
+    launch: float
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.type == "float":
+                value = getattr(self, f.name)
+                positive = value >= 0 if f.name in ("launch", "topk_per_selected") else value > 0
+                if not (isinstance(value, (int, float)) and math.isfinite(value) and positive):
+                    raise UsageError(
+                        f"target {self.name!r}: {f.name} must be positive, got {value}"
+                    )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _gpu(
+    name: str, description: str, datasheet_bandwidth: float, fp32: float, sheet: str
+) -> Target:
+    bandwidth = STREAM_EFFICIENCY * datasheet_bandwidth
+    return Target(
+        name=name,
+        description=description,
+        bandwidth=bandwidth,
+        topk_rate=bandwidth / RADIX_SELECT_BYTES,
+        topk_per_selected=2 * 8 / bandwidth,
+        sort_rate=bandwidth / RADIX_SORT_BYTES,
+        randperm_rate=bandwidth / RADIX_SORT_BYTES,
+        compare_rate=bandwidth / 5,
+        compact_rate=bandwidth / 10,
+        random_rate=bandwidth / 4,
+        flops=fp32,
+        matmul_bandwidth=bandwidth,
+        launch=GPU_LAUNCH,
+        sources={
+            "bandwidth": f"{STREAM_EFFICIENCY:g} x {datasheet_bandwidth / 1e9:,.0f} GB/s ({sheet})",
+            "flops": f"{fp32 / 1e12:g} TFLOP/s float32, non-tensor-core ({sheet})",
+            "topk_rate": f"derived: radix select reads {RADIX_SELECT_BYTES} B per element",
+            "sort_rate": f"derived: radix sort moves {RADIX_SORT_BYTES} B per element",
+            "randperm_rate": "derived: randperm sorts random keys (as sort_rate)",
+            "compare_rate": "derived: reads 4 B, writes 1 B per element",
+            "compact_rate": "derived: reads mask and value, scans, writes 4 B (10 B)",
+            "random_rate": "derived: writes 4 B per element (Philox is compute-cheap)",
+            "matmul_bandwidth": "derived: thin products read M at the streaming bandwidth",
+            "launch": f"assumed {GPU_LAUNCH * 1e6:g} us per kernel",
+        },
+    )
+
+
+BUILTIN: dict[str, Target] = {
+    "v100": _gpu(
+        "v100",
+        "NVIDIA V100 SXM2 (HBM2)",
+        900e9,
+        15.7e12,
+        "NVIDIA Tesla V100 datasheet",
+    ),
+    "a100": _gpu(
+        "a100",
+        "NVIDIA A100 SXM 80GB (HBM2e)",
+        2039e9,
+        19.5e12,
+        "NVIDIA A100 datasheet",
+    ),
+    "h100": _gpu(
+        "h100",
+        "NVIDIA H100 SXM5 80GB (HBM3)",
+        3.35e12,
+        67e12,
+        "NVIDIA H100 datasheet",
+    ),
+    "h200": _gpu(
+        "h200",
+        "NVIDIA H200 SXM 141GB (HBM3e)",
+        4.8e12,
+        67e12,
+        "NVIDIA H200 datasheet",
+    ),
+}
+TARGET_NAMES = ("cpu-here", *BUILTIN)
+
+
+def _best_seconds(run, repeats: int = 7) -> float:
+    """The smallest CPU time of this thread over ``repeats`` calls after one warm-up.
+
+    Thread CPU time, not wall time: on a shared machine a descheduled thread's wall time
+    measures the other jobs (torch runs its operators on the calling thread when it has
+    one thread; with more, the figure is the calling thread's share).
+    """
+    run()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.thread_time()
+        run()
+        best = min(best, time.thread_time() - start)
+    return max(best, 1e-9)
+
+
+def measure_cpu(numel: int = 1 << 20) -> Target:
+    """Measure this machine's rates on the current torch thread count (about a second).
+
+    Every operation allocates its output as the compressors do. Bandwidth from
+    ``a + b`` (12 bytes per element); top-k at densities 0.001 and 0.1 (solving
+    ``t = d / rate + k * per_selected``); sort of ``numel / 4`` values; ``randperm``;
+    ``a > 0.5``; ``nonzero`` of a mask with 2 % set; ``rand``; a 512^3 matrix product; a
+    thin product pair ``M Q``, ``M^T P`` (M 1024 x 1024, rank 4, as PowerSGD's); the
+    cost of one call on a 1-element tensor.
+    """
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(numel, generator=generator)
+    b = torch.randn(numel, generator=generator)
+    add = _best_seconds(lambda: a + b)
+    small_k, large_k = numel // 1000, numel // 10
+    t_small = _best_seconds(lambda: torch.topk(a, small_k, sorted=False))
+    t_large = _best_seconds(lambda: torch.topk(a, large_k, sorted=False))
+    per_selected = max((t_large - t_small) / (large_k - small_k), 0.0)
+    topk_rate = numel / max(t_small - small_k * per_selected, 1e-9)
+    sort = _best_seconds(lambda: torch.sort(a[: numel // 4]))
+    perm = _best_seconds(lambda: torch.randperm(numel, generator=generator))
+    compare = _best_seconds(lambda: a > 0.5)
+    mask = a > 2.05
+    compact = _best_seconds(lambda: torch.nonzero(mask))
+    random = _best_seconds(lambda: torch.rand(numel, generator=generator))
+    m = torch.randn(512, 512, generator=generator)
+    matmul = _best_seconds(lambda: m @ m)
+    tall = torch.randn(1, 1024, 1024, generator=generator)
+    q = torch.randn(1024, 4, generator=generator)
+    thin = _best_seconds(lambda: (tall @ q, tall.transpose(1, 2) @ q))
+    one = torch.ones(1)
+    launch = _best_seconds(lambda: [torch.add(one, one) for _ in range(100)]) / 100
+    threads = torch.get_num_threads()
+    how = f"measured now on {threads} torch thread(s)"
+    return Target(
+        name="cpu-here",
+        description=f"this machine's CPU, {threads} torch thread(s)",
+        bandwidth=12 * numel / add,
+        topk_rate=topk_rate,
+        topk_per_selected=per_selected,
+        sort_rate=(numel // 4) / sort,
+        randperm_rate=numel / perm,
+        compare_rate=numel / compare,
+        compact_rate=numel / compact,
+        random_rate=numel / random,
+        flops=2 * 512**3 / matmul,
+        matmul_bandwidth=2 * 4 * 1024 * 1024 / thin,
+        launch=launch,
+        sources={
+            "bandwidth": f"{how}: a + b of {numel:,} float32 (12 B per element)",
+            "topk_rate": f"{how}: torch.topk of {numel:,} at densities 0.001 and 0.1",
+            "sort_rate": f"{how}: torch.sort of {numel // 4:,} float32",
+            "randperm_rate": f"{how}: torch.randperm({numel:,})",
+            "compare_rate": f"{how}: a > 0.5 on {numel:,} float32",
+            "compact_rate": f"{how}: torch.nonzero of a {numel:,}-element mask",
+            "random_rate": f"{how}: torch.rand({numel:,})",
+            "flops": f"{how}: 512x512 @ 512x512 float32",
+            "matmul_bandwidth": f"{how}: M Q and M^T Q, M 1024x1024, Q 1024x4",
+            "launch": f"{how}: torch.add on 1-element tensors",
+        },
+    )
+
+
+_MEASURED: dict[int, Target] = {}
+
+
+def builtin_target(name: str) -> Target:
+    """A built-in profile by name; ``cpu-here`` is measured once per thread count."""
+    if name == "cpu-here":
+        threads = torch.get_num_threads()
+        if threads not in _MEASURED:
+            _MEASURED[threads] = measure_cpu()
+        return _MEASURED[threads]
+    if name not in BUILTIN:
+        raise UsageError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}")
+    return BUILTIN[name]
+
+
+def load_target(path: str | Path) -> Target:
+    """A profile from a JSON object with the fields of :class:`Target`.
+
+    ``name``, ``description`` and ``sources`` are optional; every rate is required, in
+    SI units (bytes/s, elements/s, FLOP/s, seconds).
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"--target-file {path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--target-file {path}: not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"--target-file {path}: expected a JSON object")
+    rates = [f.name for f in fields(Target) if f.type == "float"]
+    missing = [name for name in rates if name not in document]
+    if missing:
+        raise UsageError(f"--target-file {path}: missing {', '.join(missing)}")
+    known = {f.name for f in fields(Target)}
+    unknown = sorted(set(document) - known)
+    if unknown:
+        raise UsageError(f"--target-file {path}: unknown field {unknown[0]!r}")
+    try:
+        values = {name: float(document[name]) for name in rates}
+    except (TypeError, ValueError):
+        raise UsageError(f"--target-file {path}: every rate must be a number") from None
+    return Target(
+        name=str(document.get("name", path.stem)),
+        description=str(document.get("description", f"from {path}")),
+        sources={str(k): str(v) for k, v in dict(document.get("sources", {})).items()}
+        or {"all": f"user profile {path}"},
+        **values,
+    )
+
+
+def resolve_target(name: str | None, path: str | Path | None) -> Target:
+    """``--target NAME`` or ``--target-file PATH`` (not both); default ``cpu-here``."""
+    if name and path:
+        raise UsageError("give --target or --target-file, not both")
+    if path:
+        return load_target(path)
+    return builtin_target(name or "cpu-here")
