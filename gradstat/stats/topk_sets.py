@@ -78,6 +78,32 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], k)
 
 
+def kth_largest(magnitudes: torch.Tensor, ks: list[int]) -> list[float]:
+    """The k-th largest of ``magnitudes`` (a flat non-negative vector) for each k in ``ks``.
+
+    Exact, from one pass and one sort of candidates: as ``topk_indices``, the vector is
+    first cut to the candidates ``>= t`` with ``t`` an upper quantile of a strided sample
+    (about 1.5 max(ks) survive), which are sorted once for every k; if fewer than max(ks)
+    survive, ``torch.topk`` of the whole vector. (Also for densities above 1/16, where
+    ``topk_indices`` does not pre-filter, since one sort serves every k.)
+    """
+    d, kmax = magnitudes.numel(), max(ks)
+    if not 0 < kmax <= d:
+        raise ValueError(f"k={kmax} must be in 1..{d}")
+    top = None
+    if d >= PREFILTER_MIN_NUMEL and 2 * kmax < d:
+        sample = magnitudes[:: d // PREFILTER_SAMPLE]
+        s = sample.numel()
+        rank = min(s, math.ceil(1.5 * kmax * s / d) + 32)
+        t = torch.topk(sample, rank, sorted=False).values.amin()
+        candidates = torch.cat([c[c >= t] for c in magnitudes.split(PREFILTER_CHUNK)])
+        if candidates.numel() >= kmax:
+            top = torch.sort(candidates, descending=True).values
+    if top is None:
+        top = torch.topk(magnitudes, kmax, sorted=True).values
+    return [float(top[k - 1]) for k in ks]
+
+
 def set_overlaps(indices: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pairwise intersections of the sets ``indices [s, k]`` and the multiplicity histogram.
 
