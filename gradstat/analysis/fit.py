@@ -380,9 +380,8 @@ class _Fitter:
                 except GradstatError as exc:
                     empirical[ratio] = str(exc)
         computable = [r for r in self.ratios if r not in empirical]
-        if computable:
-            magnitudes = values.abs()
-            kth = kth_largest(magnitudes, [ks[r] for r in computable])
+        if computable:  # k <= non-zeros: the k-th largest |g| is a non-zero one
+            kth = kth_largest(split.magnitudes, [ks[r] for r in computable])
             empirical.update(zip(computable, kth, strict=True))
         return empirical
 
