@@ -9,9 +9,11 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats
 
 from gradstat.analysis.fit import Fit
+from gradstat.stats.thresholds import estimate_threshold
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import assert_clean_error, run_cli
 
@@ -36,7 +38,7 @@ REQUIRED = (
 def _records(capsys, *args) -> pd.DataFrame:
     result = run_cli(capsys, "fit", *args, "--json")
     assert result.code == 0, result
-    return pd.DataFrame(json.loads(result.stdout))
+    return pd.DataFrame(json.loads(result.stdout)["records"])
 
 
 def test_json_records_against_brute_force(synthetic_capture, capsys):
@@ -106,8 +108,9 @@ def test_tables_csv_and_plot(synthetic_capture, capsys, tmp_path):
         "3",
     )
     assert result.code == 0, result
-    assert "distributions ranked by median KS" in result.stdout
-    assert "estimation quality" in result.stdout
+    assert "ranked by median KS" in result.stdout and "median q = selected / k" in result.stdout
+    assert "fits |g| best" in result.stdout  # the answer
+    assert "fits per record" not in result.stdout  # per-row tables only with --detail
     table = pd.read_csv(csv)
     assert set(table["step"]) == {1, 3} and set(table["learner"]) == {0, 2}
     assert json.loads(table["params"].dropna().iloc[0]).keys() >= {"c", "scale"}
@@ -145,6 +148,20 @@ def test_hard_threshold(synthetic_capture, capsys):
     assert len(hard) == 3
     for row in hard.itertuples(index=False):
         assert row.selected == (np.abs(grads[row.learner, 2]) >= 2.5).sum()
+
+
+def test_zeros_and_stage_fit_reach_the_estimators(synthetic_capture, capsys):
+    path, grads = synthetic_capture
+    args = ("--steps", "2", "--ratios", "0.01", "--stages", "3", "--dist", "exp")
+    estimators = ("--estimators", "sidco-gpd,gaussiank,redsync-sidco")
+    records = _records(capsys, path, *args, *estimators, "--zeros", "include", "--stage-fit", "mle")
+    for row in records[records["kind"] == "estimator"].itertuples(index=False):
+        values = torch.from_numpy(grads[row.learner, 2])
+        expected = estimate_threshold(
+            values, 0.01, row.estimator, stages=3, zeros="include", stage_fit="mle"
+        )
+        assert (row.threshold, row.selected) == (expected.threshold, expected.selected)
+    assert set(records["estimator"].dropna()) == {"sidco-gpd", "gaussiank", "redsync-sidco"}
 
 
 def test_mle_is_at_least_as_likely_as_moments(synthetic_capture):
@@ -194,7 +211,7 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
     assert "Traceback" not in result.stderr
     assert "3 NaN/Inf values excluded" in result.stderr
     assert "records not computed" in result.stderr
-    records = pd.DataFrame(json.loads(result.stdout))
+    records = pd.DataFrame(json.loads(result.stdout)["records"])
     zero = records[records["scope"] == "zero"]
     assert zero["error"].notna().all() and zero["threshold"].isna().all()
     sparse = records[(records["scope"] == "sparse") & (records["kind"] == "estimator")]
@@ -219,6 +236,8 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
         (["--stages", "0"], 2, "stage counts"),
         (["--estimators", "magic"], 2, "unknown estimator"),
         (["--estimators", "hard"], 2, "needs a threshold"),
+        (["--zeros", "some"], 2, "--zeros 'some'"),
+        (["--stage-fit", "lsq"], 2, "--stage-fit 'lsq'"),
         (["--plot", "out.gif"], 2, "suffix"),
         (["--plot-step", "1", "--steps", "0"], 2, "plot-step"),
         (["--scope", "zero"], 1, "nothing could be computed"),
