@@ -14,7 +14,6 @@ from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.errors import UsageError
 from gradstat.store import open_capture
-from tests.helpers import assert_clean_error, run_cli
 
 
 def test_text_and_python_values_select_the_same(synthetic_capture):
@@ -92,12 +91,3 @@ def test_compute_validates_and_sizes_blocks():
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
     with pytest.raises(UsageError, match="memory='lots'"):
         parse_bytes("lots")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
-@pytest.mark.parametrize("command", ["similarity", "buildup", "overlap", "fit", "replay"])
-def test_cuda_without_a_gpu_is_one_clean_error(synthetic_capture, capsys, command):
-    path, _ = synthetic_capture
-    result = run_cli(capsys, command, path, "--device", "cuda")
-    assert_clean_error(result, 2)
-    assert "no CUDA GPU" in result.stderr

@@ -17,6 +17,7 @@ from gradstat.stats.topk_sets import (
     buildup_curve,
     contraction_ok,
     energy_captured,
+    kth_largest,
     paired_intersection_sizes,
     random_overlap,
     random_union,
@@ -237,3 +238,13 @@ def test_replay_steps_walks_from_the_first_recorded_step_and_warns_on_gaps():
         assert replay_steps([3, 4, 5, 6], [5]) == [3, 4, 5]
     with pytest.warns(GradstatWarning, match="gaps up to 10"):
         assert replay_steps([0, 10, 20, 30], [10, 20]) == [0, 10, 20]
+
+
+@pytest.mark.parametrize(
+    ("d", "ks"), [(100, [1, 50, 100]), (200_003, [20_000, 2_000, 1]), (1 << 17, [60_000])]
+)
+def test_kth_largest_matches_a_full_sort(d, ks):
+    x = torch.from_numpy(np.random.default_rng(d).standard_t(2, size=d).astype(np.float32)).abs()
+    x[::7] = 0.0  # ties at zero do not matter above them
+    expected = np.sort(x.numpy())[::-1]
+    assert kth_largest(x, ks) == [float(expected[k - 1]) for k in ks]

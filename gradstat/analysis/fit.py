@@ -57,9 +57,11 @@ from gradstat.stats.sidco import AdaptiveStages, check_choices
 from gradstat.stats.thresholds import (
     DEFAULT_ESTIMATORS,
     ESTIMATORS,
+    ThresholdResult,
     estimate_threshold,
     get_estimator,
 )
+from gradstat.stats.topk_sets import kth_largest
 from gradstat.store import Capture, Scope
 
 COLUMNS = (
@@ -266,13 +268,16 @@ def fit_unit(
     compute: Compute,
     steps: Sequence[int],
 ) -> list[dict]:
-    """Records of ``steps``, one learner's row in memory at a time."""
+    """Records of ``steps``, one learner's row in memory at a time (read into one buffer,
+    then moved to the compute device)."""
     fitter = _Fitter(params)
     scopes = selection.scopes(cap)
+    device = compute.torch_device()
+    buffer = np.empty(cap.numel, dtype=np.float32)
     rows: list[dict] = []
     for step in steps:
         for learner in selection.learners:
-            row = cap.read_step(step, [learner])[0]
+            row = torch.from_numpy(cap.read_row(step, learner, out=buffer)).to(device)
             for scope in scopes:
                 rows.extend(fitter.one(step, learner, scope, scope.take(row)))
     return rows
@@ -358,15 +363,28 @@ class _Fitter:
             "zeros": split.zeros,
             "nonfinite": split.nonfinite,
         }
-        empirical = {}
-        for ratio in self.ratios:
-            try:
-                empirical[ratio] = estimate_threshold(values, ratio, "topk").threshold
-            except GradstatError as exc:
-                empirical[ratio] = str(exc)
+        empirical = self._empirical(values, split)
         rows = self._fits(base, values, split, empirical)
         rows += self._estimators(base, values, empirical)
         return rows
+
+    def _empirical(self, values: torch.Tensor, split: SplitValues) -> dict[float, float | str]:
+        """The k-th largest |g| at each ratio (what ``topk`` selects), from one sort of
+        candidates for every ratio (``kth_largest``); where k exceeds the non-zeros, the
+        ``topk`` estimator's error message."""
+        empirical: dict[float, float | str] = {}
+        ks = {ratio: k_for(ratio, values.numel()) for ratio in self.ratios}
+        for ratio, k in ks.items():
+            if k > split.signed.numel():
+                try:
+                    estimate_threshold(values, ratio, "topk")
+                except GradstatError as exc:
+                    empirical[ratio] = str(exc)
+        computable = [r for r in self.ratios if r not in empirical]
+        if computable:  # k <= non-zeros: the k-th largest |g| is a non-zero one
+            kth = kth_largest(split.magnitudes, [ks[r] for r in computable])
+            empirical.update(zip(computable, kth, strict=True))
+        return empirical
 
     def _fits(
         self, base: dict, values: torch.Tensor, split: SplitValues, empirical: dict
@@ -413,6 +431,30 @@ class _Fitter:
         adaptive = self._adaptive.setdefault(key, AdaptiveStages())
         return [(adaptive.stages, True)]
 
+    def _estimate(
+        self,
+        values: torch.Tensor,
+        ratio: float,
+        estimator: str,
+        stages: int,
+        generator: torch.Generator,
+        empirical: dict,
+    ) -> ThresholdResult:
+        """One estimator's threshold; ``topk`` is the empirical quantile already found."""
+        if estimator == "topk" and not isinstance(empirical[ratio], str):
+            k = k_for(ratio, values.numel())
+            return ThresholdResult(empirical[ratio], k, k, 1, "topk", inclusive=True)
+        return estimate_threshold(
+            values,
+            ratio,
+            estimator,
+            stages=stages,
+            threshold=self.hard_threshold,
+            generator=generator,
+            zeros=self.params.zeros,
+            stage_fit=self.params.stage_fit,
+        )
+
     def _estimators(self, base: dict, values: torch.Tensor, empirical: dict) -> list[dict]:
         rows = []
         generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
@@ -429,15 +471,8 @@ class _Fitter:
                         "adaptive": adaptive,
                     }
                     try:
-                        result = estimate_threshold(
-                            values,
-                            ratio,
-                            estimator,
-                            stages=stages,
-                            threshold=self.hard_threshold,
-                            generator=generator,
-                            zeros=self.params.zeros,
-                            stage_fit=self.params.stage_fit,
+                        result = self._estimate(
+                            values, ratio, estimator, stages, generator, empirical
                         )
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))

@@ -230,8 +230,10 @@ class Replay:
         """Records of the schemes ``indices`` over every step (key ``scheme``: the index)."""
         n = len(self.learners)
         chosen = [(i, *self.schemes[i]) for i in indices]
+        device = self.compute.torch_device()
         records = []
         for step, grads in self.capture.iter_steps(self.steps, self.learners):
+            grads = grads.to(device)
             require_finite(step, grads, self.learners, "replay")
             for i, sc, scheme in chosen:
                 record = self._step(step, sc.name, sc.take(grads), scheme, n)

@@ -1,10 +1,11 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
 The top-k set analyses never stack a step's learners: each learner's row is read into
-one reused buffer, moved to the compute device, added to a float64 running sum (the
-mean gradient, exact to float32 rounding of the final division) and cut to its top-k
-candidates. Memory is one row buffer, the float64 sum and O(learners x k) for the index
-sets, whatever the number of learners.
+one reused buffer, moved to the compute device and scanned once in cache-sized chunks:
+checked for NaN/Inf, added to a compensated float32 running sum (Kahan; the mean
+gradient, as accurate as a float64 sum) and cut to its top-k candidates. Memory is one
+row buffer, the sum and its compensation (three float32 rows) and O(learners x k) for
+the index sets, whatever the number of learners.
 
 When a row of the scope is longer than the memory budget allows
 (``Compute.block_numel``), the scope is processed in column blocks: every learner's
@@ -25,11 +26,15 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError
-from gradstat.stats.topk_sets import topk_indices
+from gradstat.stats.topk_sets import (
+    PREFILTER_MAX_DENSITY_INV,
+    PREFILTER_MIN_NUMEL,
+    PREFILTER_SAMPLE,
+)
 from gradstat.store import Capture, Scope
 
-#: Elements per chunk when turning the float64 sum into the float32 mean and summing its
-#: squares: bounds the temporaries to a few MiB.
+#: Elements per chunk of the one pass over a row (4 MiB of float32: its temporaries stay
+#: in cache).
 CHUNK = 1 << 20
 
 
@@ -105,10 +110,43 @@ def read_block(
     return view
 
 
-def _require_finite(step: int, learner: int, x: torch.Tensor) -> None:
-    """A float64 sum of float32 values cannot overflow, so it is finite iff every value is."""
-    if not math.isfinite(float(x.sum(dtype=torch.float64))):
-        bad = int((~torch.isfinite(x)).sum())
+class _CompensatedSum:
+    """A running sum of float32 rows in float32 with Kahan's compensation (Kahan 1965):
+    y = x - c, t = s + y, c = (t - s) - y, s = t. Its error stays about 2 eps sum |x_i|
+    whatever the number of rows, as a float64 sum would, at float32's memory and speed
+    (a float64 accumulator needs a slow mixed-type add). The sum is s - c."""
+
+    def __init__(self, width: int, device: torch.device) -> None:
+        self.total = torch.zeros(width, dtype=torch.float32, device=device)
+        self.error = torch.zeros(width, dtype=torch.float32, device=device)
+        chunk = min(width, CHUNK)
+        self._y = torch.empty(chunk, dtype=torch.float32, device=device)
+        self._t = torch.empty(chunk, dtype=torch.float32, device=device)
+
+    def add(self, start: int, x: torch.Tensor) -> None:
+        """Add ``x`` (at most ``CHUNK`` values) to columns ``start:start + len(x)``."""
+        s = self.total[start : start + x.numel()]
+        c = self.error[start : start + x.numel()]
+        y, t = self._y[: x.numel()], self._t[: x.numel()]
+        torch.sub(x, c, out=y)
+        torch.add(s, y, out=t)
+        torch.sub(t, s, out=c)
+        c.sub_(y)
+        s.copy_(t)
+
+    def mean(self, n: int, *, out: torch.Tensor) -> torch.Tensor:
+        """(s - c) / n into ``out``."""
+        torch.sub(self.total, self.error, out=out)
+        return out.div_(n)
+
+
+def _require_finite(step: int, learner: int, x: torch.Tensor, chunk_sums: list) -> None:
+    """Every value finite, checked from the chunks' float32 sums (finite when every value
+    is, short of an overflow far beyond any gradient); an exact count when one is not."""
+    if chunk_sums and bool(torch.stack(chunk_sums).isfinite().all()):
+        return
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
         raise DataError(
             f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
             "analysis needs finite gradients (leave the step out with --steps; "
@@ -116,8 +154,33 @@ def _require_finite(step: int, learner: int, x: torch.Tensor) -> None:
         )
 
 
-def _block_candidates(x: torch.Tensor, k: int, start: int) -> _Running:
-    idx = topk_indices(x, min(k, x.numel()))
+def _scan_row(
+    x: torch.Tensor, k: int, start: int, total: _CompensatedSum | None, step: int, learner: int
+) -> _Running:
+    """One pass over a learner's block in cache-sized chunks: finiteness, the running sum,
+    and the top-k candidates (|x| >= t for a sampled t as in ``topk_indices``; all of it
+    when the block is short or dense); then the exact top-k of the candidates."""
+    d = x.numel()
+    k = min(k, d)
+    prefilter = d >= PREFILTER_MIN_NUMEL and k * PREFILTER_MAX_DENSITY_INV <= d
+    if prefilter:
+        sample = x[:: d // PREFILTER_SAMPLE].abs()
+        rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
+        threshold = torch.topk(sample, rank, sorted=False).values.amin()
+    sums, found = [], []
+    for lo in range(0, d, CHUNK):
+        chunk = x[lo : lo + CHUNK]
+        sums.append(chunk.sum())
+        if total is not None:
+            total.add(lo, chunk)
+        if prefilter:
+            found.append((chunk.abs() >= threshold).nonzero().squeeze(1) + lo)
+    _require_finite(step, learner, x, sums)
+    candidates = torch.cat(found) if prefilter else None
+    if candidates is not None and candidates.numel() >= k:
+        idx = candidates[torch.topk(x[candidates].abs(), k, sorted=False).indices]
+    else:
+        idx = torch.topk(x.abs(), k, sorted=False).indices
     return _Running(x[idx].abs(), idx + start)
 
 
@@ -144,21 +207,19 @@ def stream_step_sets(
     total = torch.zeros((), dtype=torch.float64, device=device)
     for start, stop in column_blocks(d, block):
         width = stop - start
-        total_sum = torch.zeros(width, dtype=torch.float64, device=device) if with_mean else None
+        sums = _CompensatedSum(width, device) if with_mean else None
         candidates = []
         for learner in learners:
             x = torch.from_numpy(read_block(cap, step, learner, scope, start, stop, buffer))
             x = x.to(device)
-            _require_finite(step, learner, x)
-            if total_sum is not None:
-                total_sum.add_(x)
-            candidates.append(_block_candidates(x, kmax, start))
-        if total_sum is not None:
-            mean = _mean(total_sum, n, buffer, device)
-            del total_sum
+            candidates.append(_scan_row(x, kmax, start, sums, step, learner))
+        if sums is not None:
+            mean = sums.mean(n, out=x)  # the last row is no longer needed
+
+            del sums
             for chunk in mean.split(CHUNK):
                 total += torch.linalg.vector_norm(chunk, dtype=torch.float64).square()
-            candidates.append(_block_candidates(mean, kmax, start))
+            candidates.append(_scan_row(mean, kmax, start, None, step, -1))
             for c in candidates:
                 c.mean_values = mean[c.indices - start].double()
         for i, c in enumerate(candidates):
@@ -174,17 +235,3 @@ def stream_step_sets(
             energy = torch.stack([t.mean_values.square().sum() for t in tops]) / total
         out.append(StepSets(k, d, indices, energy, sparse))
     return out
-
-
-def _mean(
-    total_sum: torch.Tensor, n: int, buffer: np.ndarray, device: torch.device
-) -> torch.Tensor:
-    """float32(sum / n), chunk by chunk; on the CPU into the (now free) row buffer."""
-    width = total_sum.numel()
-    if device.type == "cpu":
-        mean = torch.from_numpy(buffer[:width])
-    else:
-        mean = torch.empty(width, dtype=torch.float32, device=device)
-    for target, source in zip(mean.split(CHUNK), total_sum.split(CHUNK), strict=True):
-        target.copy_(source / n)
-    return mean

@@ -1,0 +1,186 @@
+"""Analyses at scale: time against the read floor and peak memory, side by side in one run.
+
+Writes synthetic schema-1 captures row by row (a heavy-tailed shared signal, normal
+scaled by a log-normal factor, plus per-learner normal noise; 8 equal layers; one step's
+shared signal and one row in memory at a time, through gradstat's ``RankFileWriter``),
+for each numel per learner and learner count, then runs in a fresh subprocess each:
+
+* ``read``: every selected row once (``Capture.read_row`` into one buffer): the floor;
+* ``similarity`` (ratio 0.001), ``buildup`` (0.001) and ``overlap`` (0.001, lag 1) over
+  every step and learner;
+* ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at the first step,
+  against the read of that one row.
+
+Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
+the default thread policy) and reports its own wall time without the interpreter start;
+peak RSS is the subprocess's (``wait4``). Also prints HDF5 reads against a raw read of
+the same bytes. Targets (issue 9): similarity / buildup / overlap <= 2x the read, fit <= 4x,
+peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x k bytes.
+
+    python benchmarks/scale.py --sizes 8M,32M --learners 4,16 --dir /work/tmp-scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gradstat.store import RankFileWriter, finalize_root, layer_table, write_root
+
+SIZES = {"8M": 8 << 20, "32M": 32 << 20, "128M": 128 << 20}
+RATIO = 0.001
+LAYERS = 8
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+from gradstat.store import open_capture
+from gradstat.analysis.compute import Compute
+from gradstat.analysis.selection import Selection
+
+path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
+compute = Compute(device="cpu", jobs=1)
+with open_capture(path) as cap:
+    steps = [int(s) for s in cap.steps]
+    start = time.perf_counter()
+    if what in ("read", "read-one"):
+        buffer = np.empty(cap.numel, dtype=np.float32)
+        learners = cap.learners if what == "read" else cap.learners[:1]
+        for step in steps if what == "read" else steps[:1]:
+            for learner in learners:
+                cap.read_row(step, learner, out=buffer)
+    elif what == "similarity":
+        from gradstat.analysis.similarity import SimilarityParams, similarity
+        similarity(cap, Selection.of(cap), SimilarityParams(ratio), compute=compute)
+    elif what == "buildup":
+        from gradstat.analysis.buildup import BuildupParams, buildup
+        buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
+    elif what == "overlap":
+        from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+        temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
+    elif what == "fit":
+        from gradstat.analysis.fit import FitParams, fit
+        selection = Selection.of(cap, steps[:1], cap.learners[:1])
+        fit(cap, selection, FitParams(dists="gpd"), compute=compute)
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: int = 0) -> None:
+    """A schema-1 capture written row by row: shared heavy-tailed signal + learner noise."""
+    layers = layer_table([(f"layer{i}.weight", (numel // LAYERS,)) for i in range(LAYERS)])
+    folder.mkdir(parents=True)
+    write_root(folder, layers, learners, "float32", {"workload": "synthetic-scale"})
+    writers = [RankFileWriter(folder / f"rank-{r:05d}.h5", r, numel) for r in range(learners)]
+    row = np.empty(numel, dtype=np.float32)
+    for step in range(steps):
+        rng = np.random.default_rng([seed, step])
+        shared = rng.standard_normal(numel, dtype=np.float32)
+        shared *= np.exp(0.7 * rng.standard_normal(numel, dtype=np.float32))
+        for rank, writer in enumerate(writers):
+            noise = np.random.default_rng([seed, step, rank + 1])
+            noise.standard_normal(numel, dtype=np.float32, out=row)
+            row += shared
+            writer.append(step, 1.0, row)
+        del shared
+    for writer in writers:
+        writer.close()
+    finalize_root(folder)
+
+
+def run_child(path: Path, what: str) -> tuple[float, float]:
+    """(seconds inside the child, peak RSS of the child in bytes, from ``wait4``)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(path), what, str(RATIO)], stdout=out, stderr=err
+        )
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if child.returncode:
+            raise RuntimeError(f"{what} failed:\n{err.read()}")
+        seconds = json.loads(out.read().strip().splitlines()[-1])["seconds"]
+    return seconds, usage.ru_maxrss * 1024
+
+
+def raw_vs_h5py(path: Path, numel: int) -> float:
+    """Raw read of one row's bytes over the HDF5 read of that row (both warm)."""
+    from gradstat.store import open_capture
+
+    rank_file = path / "rank-00000.h5"
+    buffer = np.empty(numel, dtype=np.float32)
+    raw = bytearray(numel * 4)
+    best_h5 = best_raw = float("inf")
+    with open_capture(path) as cap:
+        for _ in range(3):
+            start = time.perf_counter()
+            cap.read_row(int(cap.steps[-1]), 0, out=buffer)
+            best_h5 = min(best_h5, time.perf_counter() - start)
+            with open(rank_file, "rb", buffering=0) as f:
+                f.seek(max(0, rank_file.stat().st_size - numel * 4))
+                start = time.perf_counter()
+                f.readinto(raw)
+                best_raw = min(best_raw, time.perf_counter() - start)
+    return best_raw / best_h5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="8M,32M,128M", help="numel per learner: 8M,32M,128M")
+    parser.add_argument("--learners", default="4,16")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path("/work/tmp-scale"))
+    parser.add_argument(
+        "--analyses", default="similarity,buildup,overlap,fit", help="comma-separated"
+    )
+    args = parser.parse_args()
+    analyses = args.analyses.split(",")
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    header = (
+        f"{'numel':>6} {'n':>3} {'analysis':>10} {'s/step':>8} {'x read':>7} "
+        f"{'peak RSS':>9} {'RSS target':>10}"
+    )
+    print(header)
+    for size in args.sizes.split(","):
+        numel = SIZES[size]
+        for learners in (int(n) for n in args.learners.split(",")):
+            folder = args.dir / f"scale-{size}-{learners}"
+            if folder.exists():
+                shutil.rmtree(folder)
+            write_synthetic(folder, numel, learners, args.steps)
+            try:
+                read_all, _ = run_child(folder, "read")
+                read_one, _ = run_child(folder, "read-one")
+                k = max(1, round(RATIO * numel))
+                target = 600e6 + 3 * numel * 4 + 16 * learners * k
+                print(
+                    f"{size:>6} {learners:>3} {'h5py/raw':>10} raw/h5py read "
+                    f"{raw_vs_h5py(folder, numel):.2f}"
+                )
+                print(f"{size:>6} {learners:>3} {'read':>10} {read_all / args.steps:8.2f}")
+                for what in analyses:
+                    seconds, peak = run_child(folder, what)
+                    floor = read_one if what == "fit" else read_all
+                    per_step = seconds if what == "fit" else seconds / args.steps
+                    print(
+                        f"{size:>6} {learners:>3} {what:>10} {per_step:8.2f} "
+                        f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB {target / 1e6:8.0f}MB",
+                        flush=True,
+                    )
+            finally:
+                shutil.rmtree(folder)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
