@@ -148,7 +148,7 @@ def test_recommend_on_a_target_states_its_assumptions(capsys, synthetic_capture)
     path, _ = synthetic_capture
     args = ("recommend", path, "--error-budget", "2", "--compressors", "topk,fp16,clt-k")
     result = run_cli(
-        capsys, *args, "--ratios", "0.1", "--learners", "64", "--target", "h100", "--json"
+        capsys, *args, "--ratios", "0.1", "--cluster-size", "64", "--target", "h100", "--json"
     )
     assert result.code == 0, result.stderr
     doc = json.loads(result.stdout)
