@@ -5,8 +5,9 @@ module decides where the units run:
 
 * one process, ``jobs=1`` (or a single unit): a plain loop in this process;
 * ``jobs=N``: N worker processes on this machine (:mod:`gradstat.parallel.pool`);
-* under torchrun (:mod:`gradstat.parallel.distributed`): rank r computes the units
-  ``i mod world_size == r`` (each rank with its own ``--jobs`` workers), rank 0 gathers.
+* under torchrun (:mod:`gradstat.parallel.distributed`): rank r computes the r-th
+  contiguous run of the units (each rank with its own ``--jobs`` workers), rank 0
+  gathers them.
 
 Whatever the mode, records come back in unit order, pass through the same JSON
 encoding, and warnings and the first error surface as one process would show them, so
