@@ -94,7 +94,8 @@ def throughput() -> None:
 _CHILD = """
 import re, sys
 from pathlib import Path
-from gradstat.analysis.replay import replay
+from gradstat.analysis.replay import ReplayParams, replay
+from gradstat.analysis.selection import Selection
 from gradstat.compressors import parse_link
 from gradstat.store import open_capture
 
@@ -106,10 +107,11 @@ path, steps, compressors = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with open_capture(path) as cap:
     spec = f"{cap.steps[0]}:{cap.steps[steps - 1] + 1}"
     link = parse_link("10Gbit/s", "5us")
-    replay(cap, compressors, "0.01", link=link, steps=f"{cap.steps[0]}:{cap.steps[1] + 1}")
+    params = ReplayParams(compressors, "0.01", link)
+    replay(cap, Selection.of(cap, f"{cap.steps[0]}:{cap.steps[1] + 1}"), params)
     before = status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
-    records = replay(cap, compressors, "0.01", link=link, steps=spec)
+    records = replay(cap, Selection.of(cap, spec), params)
     peak = status("VmHWM")
 print(peak - before, len(records))
 """

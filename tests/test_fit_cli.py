@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from gradstat.analysis.fit import fit
+from gradstat.analysis.fit import Fit
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import assert_clean_error, run_cli
 
@@ -117,7 +117,7 @@ def test_tables_csv_and_plot(synthetic_capture, capsys, tmp_path):
 def test_layers_scope_and_mle(synthetic_capture):
     path, grads = synthetic_capture
     with open_capture(path) as cap:
-        records = fit(
+        records = Fit(
             cap,
             dists="gpd",
             method="mle",
@@ -126,7 +126,7 @@ def test_layers_scope_and_mle(synthetic_capture):
             learners="0",
             ratios=(0.1,),
             estimators=(),
-        )
+        ).run()
     assert list(records["scope"]) == ["conv.weight", "conv.bias", "fc.weight"]
     fc = np.abs(grads[0, 0, 80:].astype(np.float64))
     row = records.set_index("scope").loc["fc.weight"]
@@ -151,8 +151,8 @@ def test_mle_is_at_least_as_likely_as_moments(synthetic_capture):
     path, _ = synthetic_capture
     options = {"dists": "all", "steps": "4", "ratios": (0.01,), "estimators": (), "sample": None}
     with open_capture(path) as cap:
-        moments = fit(cap, method="moments", **options)
-        mle = fit(cap, method="mle", **options)
+        moments = Fit(cap, method="moments", **options).run()
+        mle = Fit(cap, method="mle", **options).run()
     assert moments["error"].isna().all() and mle["error"].isna().all()
     keys = ["learner", "dist", "loglik"]
     both = moments[keys].merge(mle[keys], on=["learner", "dist"], suffixes=("", "_mle"))
@@ -241,9 +241,9 @@ def test_real_capture_sidco_p_three_stages(real_capture):
     stays between 0.5 and 1.2 (measured: 0.63 to 0.95, median ~0.77), far better than
     one exponential stage (q ~ 5)."""
     with open_capture(real_capture) as cap:
-        records = fit(
+        records = Fit(
             cap, dists="gpd", ratios=(0.001,), stages=(1, 3), estimators=("sidco-gpd", "sidco-exp")
-        )
+        ).run()
         steps, learners = list(cap.steps), cap.learners
     one_exp = records[(records["estimator"] == "sidco-exp") & (records["stages"] == 1)]
     assert one_exp["quality"].median() > 2.0

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradstat.analysis.buildup import buildup
-from gradstat.analysis.replay import replay
+from gradstat.analysis.buildup import BuildupParams, buildup
+from gradstat.analysis.replay import ReplayParams, replay
+from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link, allgather_seconds, allreduce_seconds
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import assert_clean_error, run_cli
@@ -78,8 +79,9 @@ def test_topk_allgather_union_equals_gradstat_buildup(synthetic_capture):
     """The union a top-k replay all-gathers is B(n) * k of `gradstat buildup --on ef`."""
     path, grads = synthetic_capture
     with open_capture(path) as cap:
-        records = replay(cap, "topk", "0.05,0.2", link=LINK)
-        built = buildup(cap, [0.05, 0.2], on="ef")
+        everything = Selection.of(cap)
+        records = replay(cap, everything, ReplayParams("topk", "0.05,0.2", LINK))
+        built = buildup(cap, everything, BuildupParams([0.05, 0.2], on="ef"))
     full = built[built["m"] == grads.shape[0]]
     for ratio in (0.05, 0.2):
         ours = records[records["ratio"] == ratio].set_index("step")["union"]
@@ -265,7 +267,7 @@ def test_recommend_budget_nobody_meets(capsys, synthetic_capture):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--error-budget", "-1"], "--error-budget"),
+        (["--error-budget", "-1"], "error_budget"),
         (["--error-budget", "0.2", "--baseline", "fp8"], "fp8"),
         (["--error-budget", "0.2", "--learners", "1"], "at least 2"),
         (["--error-budget", "0.2", "--bandwidth", "10 apples/s"], "--bandwidth"),

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradstat.analysis.buildup import buildup
+from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.ef_vectors import ef_vectors
-from gradstat.analysis.overlap import temporal_overlap
-from gradstat.analysis.selection import k_for
-from gradstat.analysis.similarity import overlap_matrix, similarity
+from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.selection import Selection, k_for
+from gradstat.analysis.similarity import SimilarityParams, overlap_matrix, similarity
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import Result, assert_clean_error, run_cli
 
@@ -47,7 +47,9 @@ def test_similarity_matches_numpy_sets(synthetic_capture):
     path, grads = synthetic_capture
     ratio = 0.05
     with open_capture(path) as cap:
-        result = similarity(cap, ratio, steps=[1, 4], learners=[0, 2])
+        result = similarity(
+            cap, Selection.of(cap, steps=[1, 4], learners=[0, 2]), SimilarityParams(ratio)
+        )
     k = k_for(ratio, grads.shape[2])
     for step in (1, 4):
         g = grads[[0, 2], step]
@@ -88,14 +90,14 @@ def test_buildup_identical_disjoint_and_brute_force(tmp_path):
     for i in range(3):  # learner i lives on its own third of b.weight
         disjoint[i, :, 204 + i * 100 : 204 + (i + 1) * 100] = rng.normal(5.0, 1.0, (3, 100))
     with open_capture(_capture(tmp_path, same, name="same")) as cap:
-        df = buildup(cap, [0.02, 0.1])
+        df = buildup(cap, Selection.of(cap), BuildupParams([0.02, 0.1]))
     assert np.allclose(df["buildup"], 1.0)
     with open_capture(_capture(tmp_path, disjoint, name="disjoint")) as cap:
-        df = buildup(cap, [0.02], scope="b.weight")
+        df = buildup(cap, Selection.of(cap, scope="b.weight"), BuildupParams([0.02]))
     assert np.allclose(df["buildup"], df["m"])
     noisy = rng.laplace(size=(4, 2, D))
     with open_capture(_capture(tmp_path, noisy, name="noisy")) as cap:
-        df = buildup(cap, [0.05], steps=[1])
+        df = buildup(cap, Selection.of(cap, steps=[1]), BuildupParams([0.05]))
     k = k_for(0.05, D)
     sets = [_topk(noisy[i, 1], k) for i in range(4)]
     last = df[df["m"] == 4].iloc[0]
@@ -111,7 +113,7 @@ def test_temporal_overlap_matches_numpy_sets(tmp_path):
     grads = drift + 0.3 * rng.laplace(size=(2, 5, D))
     path = _capture(tmp_path, grads, steps=[0, 10, 20, 30, 40])
     with open_capture(path) as cap:
-        df = temporal_overlap(cap, 0.05, lag=2)
+        df = temporal_overlap(cap, Selection.of(cap), OverlapParams(0.05, lag=2))
     k = k_for(0.05, D)
     assert sorted(set(zip(df["step"], df["next_step"], strict=True))) == [
         (0, 20),
@@ -205,7 +207,7 @@ def test_bad_input_is_one_clean_error(synthetic_capture, tmp_path, capsys):
     assert_error(run(capsys, "similarity", path, "--ratio", "1.5"), "outside (0, 1)")
     assert_error(run(capsys, "buildup", path, "--ratios", "0.1,x"))
     assert_error(run(capsys, "similarity", path, "--on", "dense"))
-    assert_error(run(capsys, "overlap", path, "--lag", "6"), "--lag 6")
+    assert_error(run(capsys, "overlap", path, "--lag", "6"), "lag=6")
     assert_error(run(capsys, "similarity", path, "--plot", tmp_path / "fig.jpg"), "suffix")
     assert_error(run(capsys, "overlap", tmp_path / "missing"))
     assert run(capsys, "overlap", single, "--ratio", "0.05")[0] == 0  # one learner is enough
@@ -222,13 +224,14 @@ def test_ef_with_gaps_warns(tmp_path, capsys):
 def test_ef_with_several_ratios_replays_each_ratio_separately(synthetic_capture):
     path, _ = synthetic_capture
     with open_capture(path) as cap:
-        both = buildup(cap, [0.05, 0.2], on="ef")
+        everything = Selection.of(cap)
+        both = buildup(cap, everything, BuildupParams([0.05, 0.2], on="ef"))
         for ratio in (0.05, 0.2):
-            alone = buildup(cap, [ratio], on="ef")
+            alone = buildup(cap, everything, BuildupParams([ratio], on="ef"))
             pd.testing.assert_frame_equal(
                 both[both["ratio"] == ratio].reset_index(drop=True), alone
             )
-        raw = buildup(cap, [0.05])
+        raw = buildup(cap, everything, BuildupParams([0.05]))
     assert not np.allclose(raw["union"], both[both["ratio"] == 0.05]["union"])
 
 
@@ -254,7 +257,7 @@ def test_analyses_import_no_cli_or_plotting():
 def test_real_capture_overlaps_far_above_random(real_capture):
     """ScaleCom's observation on real training: local top-k sets overlap far above k/d."""
     with open_capture(real_capture) as cap:
-        result = similarity(cap, 0.01)
+        result = similarity(cap, Selection.of(cap), SimilarityParams(0.01))
     steps = result.steps
     assert (steps["mean_overlap"] > 5 * steps["random_overlap"]).all()
     assert (steps["mean_overlap_global"] > 5 * steps["random_overlap"]).all()

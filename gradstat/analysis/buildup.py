@@ -10,12 +10,16 @@ random baseline assumes independent uniformly random k-subsets.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.similarity import check_learners, scoped_vectors
+from gradstat.analysis.selection import Selection, parse_ratios
+from gradstat.analysis.similarity import check_on, plan_sets, scoped_vectors
+from gradstat.analysis.units import Work, run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
     multiplicity_histogram,
@@ -30,14 +34,24 @@ INDEX_BYTES = 4
 VALUE_BYTES = 4
 
 
+@dataclass(frozen=True)
+class BuildupParams:
+    """``ratios``: densities k/d (``"0.01,0.001"`` or a sequence); ``on``: ``raw`` or ``ef``."""
+
+    ratios: tuple[float, ...] = (0.01, 0.001)
+    on: str = "raw"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
+        check_on(self.on)
+
+
 def buildup(
     cap: Capture,
-    ratios: Sequence[float],
+    selection: Selection | None = None,
+    params: BuildupParams | None = None,
     *,
-    scope: str = "model",
-    steps: Sequence[int] | None = None,
-    learners: Sequence[int] | None = None,
-    on: str = "raw",
+    compute: Compute | None = None,
     progress: Progress = no_progress,
 ) -> pd.DataFrame:
     """B(m) per step, scope and ratio, against the random baseline.
@@ -48,37 +62,58 @@ def buildup(
     (int32 index, float32 value) pairs over those of a dense float32 ring all-reduce,
     (m - 1) k (s_i + s_v) / (2 (m - 1) / m d s_v) = m k (s_i + s_v) / (2 d s_v)
     (METHODS.md 5; for m = 1 the limit); below 1 the sparse all-gather moves fewer bytes.
+    Units: steps (``plan_sets``).
     """
-    learners = check_learners(cap.learners if learners is None else learners, 2, "build-up")
-    n = len(learners)
-    m = torch.arange(1, n + 1)
+    selection = selection or Selection.of(cap)
+    params = params or BuildupParams()
+    compute = compute or Compute()
+    units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up")
+    work = Work(buildup_unit, str(cap.path), selection, params)
+    return pd.DataFrame(run_units(cap, work, units, compute, progress))
+
+
+def buildup_unit(
+    cap: Capture,
+    selection: Selection,
+    params: BuildupParams,
+    compute: Compute,
+    steps: Sequence[int],
+) -> list[dict]:
+    """Records of ``steps``: one per (step, scope, ratio, m)."""
+    n = len(selection.learners)
     rows = []
-    for step, sc, ratio, k, x in scoped_vectors(
-        cap, ratios, scope=scope, steps=steps, learners=learners, on=on, progress=progress
-    ):
-        d = sc.numel
-        _, holders = set_overlaps(topk_indices(x, k), d, n)
+    for step, sc, ratio, k, x in scoped_vectors(cap, selection, params.ratios, params.on, steps):
+        _, holders = set_overlaps(topk_indices(x, k), sc.numel, n)
         union = buildup_curve(multiplicity_histogram(holders, n), n)
-        rand = random_union(d, k, m)
-        traffic = m.double() * k * (INDEX_BYTES + VALUE_BYTES) / (2 * d * VALUE_BYTES)
-        for i in range(n):
-            rows.append(
-                {
-                    "step": step,
-                    "scope": sc.name,
-                    "ratio": ratio,
-                    "k": k,
-                    "d": d,
-                    "m": i + 1,
-                    "union": float(union[i]),
-                    "buildup": float(union[i]) / k,
-                    "random_union": float(rand[i]),
-                    "random_buildup": float(rand[i]) / k,
-                    "density": float(union[i]) / d,
-                    "allgather_vs_allreduce": float(traffic[i]),
-                }
-            )
-    return pd.DataFrame(rows)
+        rows.extend(buildup_records(step, sc.name, ratio, k, sc.numel, union))
+    return rows
+
+
+def buildup_records(
+    step: int, scope: str, ratio: float, k: int, d: int, union: torch.Tensor
+) -> list[dict]:
+    """One record per m = 1..n from E[U(m)] (``union``, float64 ``[n]``)."""
+    n = union.numel()
+    m = torch.arange(1, n + 1)
+    rand = random_union(d, k, m)
+    traffic = m.double() * k * (INDEX_BYTES + VALUE_BYTES) / (2 * d * VALUE_BYTES)
+    return [
+        {
+            "step": step,
+            "scope": scope,
+            "ratio": ratio,
+            "k": k,
+            "d": d,
+            "m": i + 1,
+            "union": float(union[i]),
+            "buildup": float(union[i]) / k,
+            "random_union": float(rand[i]),
+            "random_buildup": float(rand[i]) / k,
+            "density": float(union[i]) / d,
+            "allgather_vs_allreduce": float(traffic[i]),
+        }
+        for i in range(n)
+    ]
 
 
 def buildup_summary(records: pd.DataFrame) -> pd.DataFrame:

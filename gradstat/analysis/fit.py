@@ -10,7 +10,7 @@ For every selected (step, learner, scope) the analysis
 * runs the threshold estimators (METHODS.md 2) at each ratio, SIDCo with each fixed stage
   count or the adaptive rule.
 
-It streams: one step of all selected learners is in memory at a time. MLE fits and the
+It streams: one learner's row of one step is in memory at a time. MLE fits and the
 KS/AD scores use a uniform subsample of ``sample`` values when the scope is larger;
 moment fits, thresholds and quantile errors always use every value.
 """
@@ -20,13 +20,22 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
+from gradstat.analysis.selection import (
+    LearnersSpec,
+    Selection,
+    StepsSpec,
+    k_for,
+    parse_ratios,
+)
+from gradstat.analysis.units import Work, run_units
 from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
 from gradstat.stats.distributions import (
     DISTRIBUTIONS,
@@ -105,19 +114,21 @@ def parse_dists(spec: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_stages(spec: str | Sequence[int]) -> list[int] | None:
+def parse_stages(spec: str | Sequence[int] | None) -> list[int] | None:
     """``1,2,3`` (fixed stage counts) or ``auto`` (None: the adaptive rule)."""
+    if spec is None:
+        return None
     if isinstance(spec, str):
         if spec.strip() == "auto":
             return None
         try:
             stages = [int(part) for part in spec.split(",")]
         except ValueError:
-            raise UsageError(f"--stages {spec!r}: expected N,M,... or auto") from None
+            raise UsageError(f"stages={spec!r}: expected N,M,... or auto") from None
     else:
-        stages = list(spec)
+        stages = [int(s) for s in spec]
     if not stages or any(s < 1 for s in stages):
-        raise UsageError(f"--stages {spec!r}: stage counts must be >= 1")
+        raise UsageError(f"stages={spec!r}: stage counts must be >= 1")
     return list(dict.fromkeys(stages))
 
 
@@ -179,69 +190,156 @@ class _Scorer:
         }
 
 
-class Fit:
-    """The fit analysis of one capture; :meth:`run` returns the tidy records.
+@dataclass(frozen=True)
+class FitParams:
+    """The fit's parameters, parsed and validated (text as on the command line or Python
+    values): ``dists`` (``"all"``, a name or names), ``method`` (moments or mle),
+    ``ratios``, ``stages`` (stage counts, or ``"auto"``/None for the adaptive rule),
+    ``estimators``, ``hard_threshold`` (runs the ``hard`` estimator), ``sample`` (MLE and
+    KS/AD subsample size; None or 0: every value) and ``seed``."""
 
-    One record per (step, learner, scope) and
-    * distribution and ratio (``kind`` = ``fit``, ``stages`` = 1): parameters (scipy names),
-      scores, the fitted upper quantile as a threshold;
+    dists: tuple[str, ...] = ("gpd",)
+    method: str = "moments"
+    ratios: tuple[float, ...] = (0.1, 0.01, 0.001)
+    stages: tuple[int, ...] | None = (1, 2, 3)
+    estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
+    hard_threshold: float | None = None
+    sample: int | None = 1_000_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            choices = ", ".join(METHODS)
+            raise UsageError(f"unknown fit method {self.method!r}; choose from {choices}")
+        sample = self.sample or None
+        if sample is not None and sample < 10:
+            raise UsageError(f"sample={sample}: use at least 10 values (or 0 for all)")
+        stages = None if self.stages is None else parse_stages(self.stages)
+        estimators = parse_estimators(self.estimators)
+        if "hard" in estimators and self.hard_threshold is None:
+            raise UsageError("the hard estimator needs a threshold (hard_threshold)")
+        if self.hard_threshold is not None and "hard" not in estimators:
+            estimators.append("hard")
+        set_ = object.__setattr__
+        set_(self, "dists", tuple(parse_dists(self.dists)))
+        set_(self, "ratios", tuple(parse_ratios(self.ratios)))
+        set_(self, "stages", None if stages is None else tuple(stages))
+        set_(self, "estimators", tuple(estimators))
+        set_(self, "sample", sample)
+
+
+def fit(
+    cap: Capture,
+    selection: Selection | None = None,
+    params: FitParams | None = None,
+    *,
+    compute: Compute | None = None,
+    progress: Progress = no_progress,
+) -> pd.DataFrame:
+    """The fit analysis: one record per (step, learner, scope) and
+
+    * distribution and ratio (``kind`` = ``fit``, ``stages`` = 1): parameters (scipy
+      names), scores, the fitted upper quantile as a threshold;
     * estimator, ratio and stage count (``kind`` = ``estimator``).
+
     ``quality`` = selected / k with k = ratio * numel; the densities fitted are
     k / (non-zeros). A record that could not be computed carries its reason in ``error``.
+    Units: steps; one unit of every step with adaptive stages (``stages=None``), whose
+    stage counts carry from step to step.
     """
+    selection = selection or Selection.of(cap)
+    params = params or FitParams()
+    compute = compute or Compute()
+    steps = selection.steps
+    units = [steps] if params.stages is None else [(step,) for step in steps]
+    work = Work(fit_unit, str(cap.path), selection, params)
+    records = pd.DataFrame(run_units(cap, work, units, compute, progress), columns=list(COLUMNS))
+    counts = ("n_fit", "stages", "k", "selected")
+    records = records.astype(dict.fromkeys(counts, "Int64"))
+    if records["error"].notna().all():
+        raise DataError(f"nothing could be computed: {records['error'].iloc[0]}")
+    return records
+
+
+def fit_unit(
+    cap: Capture,
+    selection: Selection,
+    params: FitParams,
+    compute: Compute,
+    steps: Sequence[int],
+) -> list[dict]:
+    """Records of ``steps``, one learner's row in memory at a time."""
+    fitter = _Fitter(params)
+    scopes = selection.scopes(cap)
+    rows: list[dict] = []
+    for step in steps:
+        for learner in selection.learners:
+            row = cap.read_step(step, [learner])[0]
+            for scope in scopes:
+                rows.extend(fitter.one(step, learner, scope, scope.take(row)))
+    return rows
+
+
+class Fit:
+    """The fit analysis with keyword options (the command line's text or Python values):
+    ``Fit(cap, dists="all", steps="::10", learners=[0]).run()`` equals
+    ``fit(cap, Selection.of(cap, steps, learners, scope), FitParams(...))``."""
 
     def __init__(
         self,
         cap: Capture,
         *,
+        scope: str = "model",
+        steps: StepsSpec = None,
+        learners: LearnersSpec = None,
+        compute: Compute | None = None,
         dists: str | Sequence[str] = "gpd",
         method: str = "moments",
-        scope: str = "model",
-        steps: str | None = None,
-        learners: str | None = None,
         ratios: str | Sequence[float] = (0.1, 0.01, 0.001),
-        stages: str | Sequence[int] = (1, 2, 3),
+        stages: str | Sequence[int] | None = (1, 2, 3),
         estimators: str | Sequence[str] = DEFAULT_ESTIMATORS,
         hard_threshold: float | None = None,
         sample: int | None = 1_000_000,
         seed: int = 0,
     ) -> None:
-        if method not in METHODS:
-            raise UsageError(f"unknown fit method {method!r}; choose from {', '.join(METHODS)}")
-        if sample is not None and sample < 10:
-            raise UsageError(f"--sample {sample}: use at least 10 values (or 0 for all)")
         self.cap = cap
-        self.dists = parse_dists(dists)
-        self.method = method
-        self.scopes: list[Scope] = cap.scopes(scope)
-        self.steps = select_steps(cap.steps, steps)
-        self.learners = select_learners(cap.world_size, learners)
-        self.ratios = parse_ratios(ratios)
-        self.stages = parse_stages(stages)
-        self.estimators = parse_estimators(estimators)
-        if "hard" in self.estimators and hard_threshold is None:
-            raise UsageError("the hard estimator needs a threshold (--hard LAMBDA)")
-        if hard_threshold is not None and "hard" not in self.estimators:
-            self.estimators.append("hard")
-        self.hard_threshold = hard_threshold
-        self.sample = sample
-        self.seed = seed
-        self._adaptive: dict[tuple, AdaptiveStages] = {}
+        self.params = FitParams(
+            dists=dists,
+            method=method,
+            ratios=ratios,
+            stages=stages,
+            estimators=estimators,
+            hard_threshold=hard_threshold,
+            sample=sample,
+            seed=seed,
+        )
+        self.selection = Selection.of(cap, steps, learners, scope)
+        self.compute = compute or Compute()
+        self.steps = list(self.selection.steps)
+        self.learners = list(self.selection.learners)
+        self.scopes: list[Scope] = self.selection.scopes(cap)
 
     def run(self, progress: Progress = no_progress) -> pd.DataFrame:
-        rows: list[dict] = []
-        for step, grads in progress(self.cap.iter_steps(self.steps, self.learners)):
-            for i, learner in enumerate(self.learners):
-                for scope in self.scopes:
-                    rows.extend(self._one(step, learner, scope, scope.take(grads[i])))
-        records = pd.DataFrame(rows, columns=list(COLUMNS))
-        counts = ("n_fit", "stages", "k", "selected")
-        records = records.astype(dict.fromkeys(counts, "Int64"))
-        if records["error"].notna().all():
-            raise DataError(f"nothing could be computed: {records['error'].iloc[0]}")
-        return records
+        return fit(self.cap, self.selection, self.params, compute=self.compute, progress=progress)
 
-    def _one(self, step: int, learner: int, scope: Scope, values: torch.Tensor) -> list[dict]:
+
+class _Fitter:
+    """Fits, scores and estimators for one (step, learner, scope) vector at a time; keeps
+    the adaptive stage counts of a run of steps."""
+
+    def __init__(self, params: FitParams) -> None:
+        self.params = params
+        self.dists = params.dists
+        self.method = params.method
+        self.ratios = params.ratios
+        self.stages = params.stages
+        self.estimators = params.estimators
+        self.hard_threshold = params.hard_threshold
+        self.sample = params.sample
+        self.seed = params.seed
+        self._adaptive: dict[tuple, AdaptiveStages] = {}
+
+    def one(self, step: int, learner: int, scope: Scope, values: torch.Tensor) -> list[dict]:
         split = split_values(values)
         where = f"step {step}, learner {learner}, scope {scope.name}"
         if split.nonfinite:
@@ -362,11 +460,6 @@ class Fit:
                         )
                     )
         return rows
-
-
-def fit(cap: Capture, progress: Progress = no_progress, **options) -> pd.DataFrame:
-    """Run the fit analysis (options as :class:`Fit`) and return its records."""
-    return Fit(cap, **options).run(progress)
 
 
 def rank_distributions(records: pd.DataFrame) -> pd.DataFrame:

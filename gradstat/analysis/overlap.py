@@ -8,14 +8,18 @@ selected recorded steps, so each row states the real training-step gap.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.similarity import scoped_vectors
+from gradstat.analysis.selection import Selection, parse_ratios
+from gradstat.analysis.similarity import check_on, plan_sets, scoped_vectors
+from gradstat.analysis.units import Work, run_units
 from gradstat.errors import UsageError
 from gradstat.stats.topk_sets import (
     jaccard,
@@ -24,66 +28,143 @@ from gradstat.stats.topk_sets import (
     random_overlap,
     topk_indices,
 )
-from gradstat.store import Capture
+from gradstat.store import Capture, Scope
+
+
+@dataclass(frozen=True)
+class OverlapParams:
+    """``ratio``: density k/d; ``lag``: compare each selected step with the one ``lag``
+    selected steps on; ``on``: ``raw`` or ``ef``."""
+
+    ratio: float = 0.001
+    lag: int = 1
+    on: str = "raw"
+
+    def __post_init__(self) -> None:
+        (ratio,) = parse_ratios(self.ratio)
+        object.__setattr__(self, "ratio", ratio)
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 1:
+            raise UsageError(f"lag={self.lag!r}: must be an integer of at least 1")
+        check_on(self.on)
 
 
 def temporal_overlap(
     cap: Capture,
-    ratio: float,
+    selection: Selection | None = None,
+    params: OverlapParams | None = None,
     *,
-    lag: int = 1,
-    scope: str = "model",
-    steps: Sequence[int] | None = None,
-    learners: Sequence[int] | None = None,
-    on: str = "raw",
+    compute: Compute | None = None,
     progress: Progress = no_progress,
 ) -> pd.DataFrame:
     """Overlap of each learner's (and the mean's) top-k sets between steps ``lag`` rows apart.
 
     Columns: step, next_step, gap (next_step - step, in training steps), scope, ratio,
-    k, d, learner (rank or "mean"), overlap, jaccard, random_overlap (k/d). Keeps only
-    the last ``lag`` steps' index sets, so memory is O(lag n k) beyond one step.
+    k, d, learner (rank or "mean"), overlap, jaccard, random_overlap (k/d). Units: the
+    pairs (step, step ``lag`` on) for ``on="raw"`` (each process keeps the index sets of
+    the last ``lag + 1`` steps, so a run of pairs reads each step once: memory
+    O(lag n k) beyond one step); one unit of every step for ``on="ef"``.
     """
-    steps = [int(s) for s in (cap.steps if steps is None else steps)]
-    learners = cap.learners if learners is None else list(learners)
-    if lag < 1:
-        raise UsageError(f"--lag {lag}: must be at least 1")
+    selection = selection or Selection.of(cap)
+    params = params or OverlapParams()
+    compute = compute or Compute()
+    steps, lag = selection.steps, params.lag
     if len(steps) <= lag:
         raise UsageError(
-            f"--lag {lag} needs more than {lag} selected steps; the selection has {len(steps)}"
+            f"lag={lag} needs more than {lag} selected steps; the selection has {len(steps)}"
         )
-    names: list[int | str] = [*learners, "mean"]
-    history: dict[tuple[str, float], deque] = {}
+    plan_sets(cap, selection, [params.ratio], params.on, 1, "overlap")
+    if params.on == "ef":
+        units = [steps]
+    else:
+        units = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
+    work = Work(overlap_unit, str(cap.path), selection, params)
+    return pd.DataFrame(run_units(cap, work, units, compute, progress))
+
+
+StepSets = dict[str, tuple[Scope, int, torch.Tensor]]
+#: Index sets of recently seen steps in this process: {key: {scope name: (scope, k,
+#: indices [n + 1, k])}}.
+_recent_sets: OrderedDict[tuple, StepSets] = OrderedDict()
+
+
+def _step_sets(cap: Capture, selection: Selection, params: OverlapParams, step: int) -> StepSets:
+    """Top-k sets of every learner and of the mean at ``step`` per scope, cached for the
+    next ``lag`` pairs."""
+    key = (str(cap.path), selection, params, step)
+    if key in _recent_sets:
+        _recent_sets.move_to_end(key)
+        return _recent_sets[key]
+    sets = {}
+    for _, sc, _, k, x in scoped_vectors(cap, selection, [params.ratio], "raw", [step]):
+        sets[sc.name] = (sc, k, _with_mean(x, k))
+    _recent_sets[key] = sets
+    while len(_recent_sets) > params.lag + 1:
+        _recent_sets.popitem(last=False)
+    return sets
+
+
+def _with_mean(x: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.cat([topk_indices(x, k), topk_indices(x.mean(dim=0), k)[None]])
+
+
+def overlap_unit(
+    cap: Capture,
+    selection: Selection,
+    params: OverlapParams,
+    compute: Compute,
+    steps: Sequence[int],
+) -> list[dict]:
+    """Records of a unit: a pair (step, step ``lag`` on), or (``on="ef"``) every step."""
+    if params.on == "raw":
+        first_step, step = steps
+        first, second = (_step_sets(cap, selection, params, s) for s in steps)
+        rows = []
+        for name, (sc, k, indices) in second.items():
+            before = first[name][2]
+            rows += _pair_records(selection, params, sc, k, first_step, before, step, indices)
+        return rows
+    history: dict[str, deque] = {}
     rows = []
-    for step, sc, ratio_, k, x in scoped_vectors(
-        cap, [ratio], scope=scope, steps=steps, learners=learners, on=on, progress=progress
-    ):
-        d = sc.numel
-        indices = torch.cat([topk_indices(x, k), topk_indices(x.mean(dim=0), k)[None]])
-        past = history.setdefault((sc.name, ratio_), deque(maxlen=lag + 1))
-        past.append((step, indices))
-        if len(past) <= lag:
-            continue
-        first_step, first = past[0]
-        inter = paired_intersection_sizes(first, indices, d)
-        over, jac = overlap(inter, k), jaccard(inter, k)
-        for i, name in enumerate(names):
-            rows.append(
-                {
-                    "step": first_step,
-                    "next_step": step,
-                    "gap": step - first_step,
-                    "scope": sc.name,
-                    "ratio": ratio_,
-                    "k": k,
-                    "d": d,
-                    "learner": name,
-                    "overlap": float(over[i]),
-                    "jaccard": float(jac[i]),
-                    "random_overlap": random_overlap(d, k),
-                }
-            )
-    return pd.DataFrame(rows)
+    for step, sc, _, k, x in scoped_vectors(cap, selection, [params.ratio], "ef", steps):
+        past = history.setdefault(sc.name, deque(maxlen=params.lag + 1))
+        past.append((step, _with_mean(x, k)))
+        if len(past) > params.lag:
+            first_step, first = past[0]
+            rows += _pair_records(selection, params, sc, k, first_step, first, step, past[-1][1])
+    return rows
+
+
+def _pair_records(
+    selection: Selection,
+    params: OverlapParams,
+    sc: Scope,
+    k: int,
+    first_step: int,
+    first: torch.Tensor,
+    step: int,
+    indices: torch.Tensor,
+) -> list[dict]:
+    """One record per learner and the mean: the overlap of its sets at the two steps."""
+    d = sc.numel
+    inter = paired_intersection_sizes(first, indices, d)
+    over, jac = overlap(inter, k), jaccard(inter, k)
+    names: list[int | str] = [*selection.learners, "mean"]
+    return [
+        {
+            "step": first_step,
+            "next_step": step,
+            "gap": step - first_step,
+            "scope": sc.name,
+            "ratio": params.ratio,
+            "k": k,
+            "d": d,
+            "learner": name,
+            "overlap": float(over[i]),
+            "jaccard": float(jac[i]),
+            "random_overlap": random_overlap(d, k),
+        }
+        for i, name in enumerate(names)
+    ]
 
 
 def overlap_summary(records: pd.DataFrame) -> pd.DataFrame:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
+from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.errors import UsageError
@@ -166,42 +168,58 @@ def _ms(seconds: float) -> str:
 def check_options(error_budget: float, baseline: str, cost_learners: int | None) -> None:
     """Refuse a bad budget, baseline or cluster size before any replay starts."""
     if not (error_budget > 0 and math.isfinite(error_budget)):
-        raise UsageError(f"--error-budget must be a positive number, got {error_budget}")
+        raise UsageError(f"error_budget={error_budget}: must be a positive number")
     if baseline not in BASELINE_BYTES:
-        raise UsageError(f"--baseline {baseline!r}: choose fp32 or fp16")
+        raise UsageError(f"baseline={baseline!r}: choose fp32 or fp16")
     if cost_learners is not None and cost_learners < 2:
-        raise UsageError(f"--learners {cost_learners}: a cluster needs at least 2 learners")
+        raise UsageError(f"cost_learners={cost_learners}: a cluster needs at least 2 learners")
+
+
+@dataclass(frozen=True)
+class RecommendParams:
+    """What to choose among and how to judge: the ``error_budget`` (largest acceptable
+    mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
+    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``."""
+
+    error_budget: float
+    link: Link
+    cost_learners: int | None = None
+    baseline: str = "fp32"
+    compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
+    ratios: str | Sequence[float] = DEFAULT_RATIOS
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_options(self.error_budget, self.baseline, self.cost_learners)
+
+    def replay_params(self) -> ReplayParams:
+        """The replay of every candidate; ratios a sparsifier cannot honour are skipped."""
+        return ReplayParams(
+            self.compressors,
+            self.ratios,
+            self.link,
+            cost_learners=self.cost_learners,
+            seed=self.seed,
+            skip_unfit=True,
+        )
 
 
 def recommend(
     capture: Capture,
+    selection: Selection | None = None,
+    params: RecommendParams | None = None,
     *,
-    error_budget: float,
-    link: Link,
-    cost_learners: int | None = None,
-    baseline: str = "fp32",
-    compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES,
-    ratios: str | Sequence[float] = DEFAULT_RATIOS,
-    steps: str | None = None,
-    seed: int = 0,
+    compute: Compute | None = None,
     progress: Progress = no_progress,
 ) -> Recommendation:
-    """Replay the candidates over the whole model and pick the fastest within budget.
-
-    Ratios a sparsifier cannot honour on this capture are skipped with a warning.
-    """
-    check_options(error_budget, baseline, cost_learners)
-    run = Replay(
-        capture,
-        compressors,
-        ratios,
-        link=link,
-        steps=steps,
-        cost_learners=cost_learners,
-        seed=seed,
-        skip_unfit=True,
-    )
-    return choose(run, run.run(progress), error_budget=error_budget, baseline=baseline)
+    """Replay the candidates over the selection (the whole model by default) and pick the
+    fastest within budget. Ratios a sparsifier cannot honour on this capture are skipped
+    with a warning."""
+    if params is None:
+        raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
+    run = Replay(capture, selection, params.replay_params(), compute=compute)
+    records = run.run(progress)
+    return choose(run, records, error_budget=params.error_budget, baseline=params.baseline)
 
 
 def choose(

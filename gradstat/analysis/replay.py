@@ -21,14 +21,17 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.selection import k_for, parse_ratios, select_learners, select_steps
+from gradstat.analysis.selection import Selection, k_for, parse_ratios
+from gradstat.analysis.units import Work, run_units
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
     CompressorSpec,
@@ -110,51 +113,74 @@ def _error_and_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[
     return rel, cos
 
 
-class Replay:
-    """A prepared replay: selections checked and every (scope, compressor, ratio) built.
+@dataclass(frozen=True)
+class ReplayParams:
+    """The replay's parameters: ``compressors`` (``"topk,dgc"`` or specs), ``ratios``,
+    the ``link`` of the cost model, ``cost_learners`` (cluster size for the cost model;
+    None: the replayed learners), ``seed``, and ``skip_unfit`` (skip, with one warning,
+    a compressor or ratio that cannot run on a scope instead of failing)."""
 
-    ``cost_learners`` evaluates the cost model for another cluster size than the number
-    of replayed learners (errors and build-up stay those measured). A compressor or ratio
-    that cannot run on a scope (a ratio keeping less than one element, PowerSGD without a
-    matrix) fails, unless ``skip_unfit`` is set or there are several scopes (``layers``):
-    then it is skipped with one warning.
+    compressors: tuple[CompressorSpec, ...]
+    ratios: tuple[float, ...]
+    link: Link
+    cost_learners: int | None = None
+    seed: int = 0
+    skip_unfit: bool = False
+
+    def __post_init__(self) -> None:
+        specs = self.compressors
+        specs = parse_compressors(specs) if isinstance(specs, str) else tuple(specs)
+        object.__setattr__(self, "compressors", tuple(specs))
+        object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
+        if self.cost_learners is not None and self.cost_learners < 1:
+            raise UsageError(
+                f"cost_learners={self.cost_learners}: the cost model needs at least one learner"
+            )
+
+
+class Replay:
+    """A prepared replay: every (scope, compressor, ratio) built.
+
+    ``params.cost_learners`` evaluates the cost model for another cluster size than the
+    number of replayed learners (errors and build-up stay those measured). A compressor
+    or ratio that cannot run on a scope (a ratio keeping less than one element, PowerSGD
+    without a matrix) fails, unless ``skip_unfit`` is set or there are several scopes
+    (``layers``): then it is skipped with one warning. Units: groups of schemes (indices
+    into ``schemes``), each replayed over every step; here one group of all of them, so
+    each step is read once.
     """
 
     def __init__(
         self,
         capture: Capture,
-        compressors: str | Sequence[CompressorSpec],
-        ratios: str | Sequence[float],
+        selection: Selection | None = None,
+        params: ReplayParams | None = None,
         *,
-        link: Link,
-        scope: str = "model",
-        steps: str | None = None,
-        learners: str | None = None,
-        cost_learners: int | None = None,
-        seed: int = 0,
-        skip_unfit: bool = False,
+        compute: Compute | None = None,
+        warn: bool = True,
     ) -> None:
-        specs = parse_compressors(compressors) if isinstance(compressors, str) else compressors
-        ratio_list = parse_ratios(ratios)
+        if params is None:
+            raise UsageError("a replay needs parameters: ReplayParams(compressors, ratios, link)")
         self.capture = capture
-        self.link = link
-        self.steps = select_steps(capture.steps, steps)
-        self.learners = select_learners(capture.world_size, learners)
-        self.cost_learners = cost_learners or len(self.learners)
-        if self.cost_learners < 1:
-            raise UsageError(f"the cost model needs at least one learner, got {cost_learners}")
+        self.selection = selection or Selection.of(capture)
+        self.params = params
+        self.compute = compute or Compute()
+        self.link = params.link
+        self.steps = list(self.selection.steps)
+        self.learners = list(self.selection.learners)
+        self.cost_learners = params.cost_learners or len(self.learners)
         self.schemes: list[tuple[Scope, Scheme]] = []
-        scopes = capture.scopes(scope)
-        skip = skip_unfit or len(scopes) > 1
+        scopes = self.selection.scopes(capture)
+        skip = params.skip_unfit or len(scopes) > 1
         skipped: list[str] = []
         for sc in scopes:
             shapes = scope_shapes(capture.layers, sc)
-            for spec in specs:
-                for ratio in [None] if spec.fixed_rate else ratio_list:
+            for spec in params.compressors:
+                for ratio in [None] if spec.fixed_rate else params.ratios:
                     k = None if ratio is None else k_for(ratio, sc.numel)
                     try:
                         scheme = build_scheme(
-                            spec, ratio, k, numel=sc.numel, shapes=shapes, seed=seed
+                            spec, ratio, k, numel=sc.numel, shapes=shapes, seed=params.seed
                         )
                     except UsageError as exc:
                         if not skip:
@@ -165,7 +191,7 @@ class Replay:
         if not self.schemes:
             reason = f" ({skipped[0]})" if skipped else ""
             raise UsageError(f"no compressor can run at the given ratios here{reason}")
-        if skipped:
+        if skipped and warn:
             warnings.warn(
                 f"skipped {len(skipped)} (scope, compressor, ratio) combination(s) that "
                 f"cannot run, e.g. {skipped[0]}",
@@ -174,15 +200,25 @@ class Replay:
             )
 
     def run(self, progress: Progress = no_progress) -> pd.DataFrame:
-        """Walk the steps once, all schemes side by side; one record per step and scheme."""
+        """Every scheme over every step; one record per step and scheme, in that order."""
         check_gaps([int(s) for s in self.capture.steps], self.steps)
-        n = len(self.learners)
-        records = []
-        for step, grads in progress(self.capture.iter_steps(self.steps, self.learners)):
-            require_finite(step, grads, self.learners, "replay")
-            for sc, scheme in self.schemes:
-                records.append(self._step(step, sc.name, sc.take(grads), scheme, n))
+        work = Work(replay_unit, str(self.capture.path), self.selection, self.params)
+        units = [tuple(range(len(self.schemes)))]
+        records = run_units(self.capture, work, units, self.compute, progress)
+        records.sort(key=lambda record: (record["step"], record.pop("scheme")))
         return pd.DataFrame.from_records(records, columns=list(COLUMNS))
+
+    def replay_schemes(self, indices: Sequence[int]) -> list[dict]:
+        """Records of the schemes ``indices`` over every step (key ``scheme``: the index)."""
+        n = len(self.learners)
+        chosen = [(i, *self.schemes[i]) for i in indices]
+        records = []
+        for step, grads in self.capture.iter_steps(self.steps, self.learners):
+            require_finite(step, grads, self.learners, "replay")
+            for i, sc, scheme in chosen:
+                record = self._step(step, sc.name, sc.take(grads), scheme, n)
+                records.append({**record, "scheme": i})
+        return records
 
     def _step(self, step: int, scope: str, grads: torch.Tensor, scheme: Scheme, n: int) -> dict:
         d = grads.shape[1]
@@ -223,31 +259,28 @@ class Replay:
         }
 
 
+def replay_unit(
+    cap: Capture,
+    selection: Selection,
+    params: ReplayParams,
+    compute: Compute,
+    schemes: Sequence[int],
+) -> list[dict]:
+    """Records of a group of schemes (indices into ``Replay.schemes``) over every step."""
+    return Replay(cap, selection, params, compute=compute, warn=False).replay_schemes(schemes)
+
+
 def replay(
     capture: Capture,
-    compressors: str | Sequence[CompressorSpec],
-    ratios: str | Sequence[float],
+    selection: Selection | None = None,
+    params: ReplayParams | None = None,
     *,
-    link: Link,
-    scope: str = "model",
-    steps: str | None = None,
-    learners: str | None = None,
-    cost_learners: int | None = None,
-    seed: int = 0,
+    compute: Compute | None = None,
     progress: Progress = no_progress,
 ) -> pd.DataFrame:
-    """Replay ``compressors`` at ``ratios`` over ``capture``: per-step records (COLUMNS)."""
-    return Replay(
-        capture,
-        compressors,
-        ratios,
-        link=link,
-        scope=scope,
-        steps=steps,
-        learners=learners,
-        cost_learners=cost_learners,
-        seed=seed,
-    ).run(progress)
+    """Replay ``params.compressors`` at ``params.ratios`` over ``capture``: per-step
+    records (COLUMNS)."""
+    return Replay(capture, selection, params, compute=compute).run(progress)
 
 
 def summarize_replay(records: pd.DataFrame, link: Link, n: int) -> pd.DataFrame:

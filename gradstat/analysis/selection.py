@@ -1,30 +1,47 @@
-"""Parsing and validating what an analysis looks at: steps, learners and ratios.
+"""What an analysis looks at: one validated :class:`Selection` (steps, learners, scope)
+and the parsing of ratios.
 
-Shared by every analysis so that ``--steps``, ``--learners`` and ``--ratios`` mean the
-same thing in every command.
+Shared by every analysis so that steps, learners, scope and ratios mean the same thing in
+every command and in Python: each accepts the command line's text (``"::10"``, ``"0,2"``,
+``"0.01,0.001"``) or Python values (``[0, 10]``, ``[0, 2]``, ``[0.01]``). Errors name the
+parameter (``learners=[7]``), so they read the same from the command line and from Python.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gradstat.errors import UsageError
 
+if TYPE_CHECKING:
+    from gradstat.store import Capture, Scope
 
-def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
+StepsSpec = str | int | Sequence[int] | None
+LearnersSpec = str | int | Sequence[int] | None
+
+
+def select_steps(recorded: Sequence[int], spec: StepsSpec) -> list[int]:
     """Recorded training steps chosen by ``spec``.
 
-    ``None`` or ``""``: all; ``"7"``: step 7; ``"START:STOP[:EVERY]"``: the recorded steps
-    s with START <= s < STOP (either end may be empty), then every EVERY-th of them;
-    ``"3,9,12"``: those steps. Asking for a step that was not recorded is an error.
+    ``None`` or ``""``: all; ``"7"`` or ``7``: step 7; ``"START:STOP[:EVERY]"``: the
+    recorded steps s with START <= s < STOP (either end may be empty), then every EVERY-th
+    of them; ``"3,9,12"`` or ``[3, 9, 12]``: those steps. Asking for a step that was not
+    recorded is an error.
     """
     recorded = [int(s) for s in recorded]
     if not recorded:
         raise UsageError("the capture has no committed steps")
-    if not spec:
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
         return recorded
+    if not isinstance(spec, str):
+        wanted = _integers(spec, "steps")
+        if not wanted:
+            raise UsageError("steps=[] selects no step")
+        return _recorded(wanted, recorded)
     try:
         if ":" in spec:
             parts = spec.split(":")
@@ -34,40 +51,63 @@ def select_steps(recorded: Sequence[int], spec: str | None) -> list[int]:
             stop = int(parts[1]) if len(parts) > 1 and parts[1] else recorded[-1] + 1
             every = int(parts[2]) if len(parts) > 2 and parts[2] else 1
             if every <= 0:
-                raise UsageError(f"--steps {spec!r}: the step must be positive")
+                raise UsageError(f"steps={spec!r}: the step must be positive")
             chosen = [s for s in recorded if start <= s < stop][::every]
             if not chosen:
                 raise UsageError(
-                    f"--steps {spec!r} selects no recorded step "
+                    f"steps={spec!r} selects no recorded step "
                     f"(recorded: {recorded[0]}..{recorded[-1]})"
                 )
             return chosen
         wanted = [int(part) for part in spec.split(",")]
     except ValueError:
-        raise UsageError(f"--steps {spec!r}: expected N, A,B,C or START:STOP[:STEP]") from None
+        raise UsageError(f"steps={spec!r}: expected N, A,B,C or START:STOP[:STEP]") from None
+    return _recorded(wanted, recorded)
+
+
+def _integers(spec: int | Sequence[int], name: str) -> list[int]:
+    """An int or a sequence of ints as a list (bools and floats refused)."""
+    items = [spec] if isinstance(spec, int | np.integer) else spec
+    try:
+        values = list(items)
+    except TypeError:
+        raise UsageError(f"{name}={spec!r}: expected integers") from None
+    if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values):
+        raise UsageError(f"{name}={spec!r}: expected integers")
+    return [int(v) for v in values]
+
+
+def _recorded(wanted: list[int], recorded: list[int]) -> list[int]:
     missing = sorted(set(wanted) - set(recorded))
     if missing:
         raise UsageError(
             f"step {missing[0]} was not recorded (recorded: {recorded[0]}..{recorded[-1]}, "
             f"{len(recorded)} steps)"
         )
+    if len(set(wanted)) != len(wanted):
+        raise UsageError(f"steps={wanted!r} names a step twice")
     return wanted
 
 
-def select_learners(world_size: int, spec: str | None, minimum: int = 1) -> list[int]:
-    """Learners chosen by ``"0,2"`` (default all), at least ``minimum`` of them."""
-    if not spec:
+def select_learners(world_size: int, spec: LearnersSpec, minimum: int = 1) -> list[int]:
+    """Learners chosen by ``"0,2"`` or ``[0, 2]`` (default all), at least ``minimum``."""
+    if spec is None or (isinstance(spec, str) and not spec.strip()):
         chosen = list(range(world_size))
     else:
-        try:
-            chosen = [int(part) for part in spec.split(",")]
-        except ValueError:
-            raise UsageError(f"--learners {spec!r}: expected comma-separated ranks") from None
+        if isinstance(spec, str):
+            try:
+                chosen = [int(part) for part in spec.split(",")]
+            except ValueError:
+                raise UsageError(f"learners={spec!r}: expected comma-separated ranks") from None
+        else:
+            chosen = _integers(spec, "learners")
+        if not chosen:
+            raise UsageError("learners=[] selects no learner")
         bad = [r for r in chosen if not 0 <= r < world_size]
         if bad:
             raise UsageError(f"learner {bad[0]} is not in the capture (0..{world_size - 1})")
         if len(set(chosen)) != len(chosen):
-            raise UsageError(f"--learners {spec!r} names a learner twice")
+            raise UsageError(f"learners={spec!r} names a learner twice")
     if len(chosen) < minimum:
         raise UsageError(
             f"this analysis needs at least {minimum} learners; the selection has {len(chosen)}"
@@ -75,12 +115,19 @@ def select_learners(world_size: int, spec: str | None, minimum: int = 1) -> list
     return chosen
 
 
-def parse_ratios(spec: str | Sequence[float]) -> list[float]:
-    """Target densities k/d, each strictly between 0 and 1."""
+def parse_ratios(spec: str | float | Sequence[float]) -> list[float]:
+    """Target densities k/d, each strictly between 0 and 1: ``"0.01,0.001"``, ``0.01`` or
+    a sequence."""
+    if isinstance(spec, str):
+        items = spec.split(",")
+    elif isinstance(spec, int | float):
+        items = [spec]
+    else:
+        items = list(spec)
     try:
-        ratios = [float(part) for part in spec.split(",")] if isinstance(spec, str) else list(spec)
-    except ValueError:
-        raise UsageError(f"ratios {spec!r}: expected numbers such as 0.01,0.001") from None
+        ratios = [float(item) for item in items]
+    except (TypeError, ValueError):
+        raise UsageError(f"ratios={spec!r}: expected numbers such as 0.01,0.001") from None
     for ratio in ratios:
         if not (0.0 < ratio < 1.0) or not np.isfinite(ratio):
             raise UsageError(f"ratio {ratio} is outside (0, 1)")
@@ -92,3 +139,51 @@ def parse_ratios(spec: str | Sequence[float]) -> list[float]:
 def k_for(ratio: float, numel: int) -> int:
     """Number of elements a density keeps: ``max(1, round(ratio * numel))``."""
     return max(1, round(ratio * numel))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The validated part of a capture an analysis looks at.
+
+    ``steps`` and ``learners`` are recorded steps and ranks in the order given; ``scope``
+    is ``"model"``, ``"layers"`` or a layer-name regex (``Capture.scopes``). Build one
+    with :meth:`of`; it is small and JSON-able (:meth:`to_dict`), so worker processes
+    and other ranks receive it as it is.
+    """
+
+    steps: tuple[int, ...]
+    learners: tuple[int, ...]
+    scope: str = "model"
+
+    @classmethod
+    def of(
+        cls,
+        cap: Capture,
+        steps: StepsSpec = None,
+        learners: LearnersSpec = None,
+        scope: str = "model",
+    ) -> Selection:
+        """Validate a selection of ``cap``: text as on the command line or Python values."""
+        chosen_steps = select_steps(cap.steps, steps)
+        chosen_learners = select_learners(cap.world_size, learners)
+        cap.scopes(scope)  # a scope that matches nothing is refused here
+        return cls(tuple(chosen_steps), tuple(chosen_learners), scope)
+
+    def scopes(self, cap: Capture) -> list[Scope]:
+        """The scopes of ``cap`` this selection names."""
+        return cap.scopes(self.scope)
+
+    def require_learners(self, minimum: int, what: str) -> None:
+        """Refuse a selection with fewer learners than ``what`` needs, saying why."""
+        if len(self.learners) < minimum:
+            raise UsageError(
+                f"{what} compares learners' top-k sets and needs at least {minimum} "
+                f"learners; the selection has {len(self.learners)}"
+            )
+
+    def to_dict(self) -> dict:
+        return {"steps": list(self.steps), "learners": list(self.learners), "scope": self.scope}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Selection:
+        return cls(tuple(data["steps"]), tuple(data["learners"]), data["scope"])

@@ -6,7 +6,8 @@ theory), the energy of the mean gradient that each learner's set captures, Scale
 contraction check with each learner as the CLT-k leader, and the random baseline k/d.
 
 ``scoped_vectors`` is the step walk shared with build-up and temporal overlap: raw
-gradients, or error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``).
+gradients, or error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``);
+``plan_sets`` checks a top-k set analysis once and cuts it into units (``units``).
 """
 
 from __future__ import annotations
@@ -18,32 +19,39 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.selection import k_for
+from gradstat.analysis.selection import Selection, k_for, parse_ratios
+from gradstat.analysis.units import Work, run_units
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.stats.topk_sets import random_overlap, random_union, topk_set_metrics
+from gradstat.stats.topk_sets import (
+    TopkSetMetrics,
+    random_overlap,
+    random_union,
+    topk_set_metrics,
+)
 from gradstat.store import Capture, Scope
 
 ON_CHOICES = ("raw", "ef")
+#: (capture, scope, ratio) pairs already warned about in this process (sparse vectors).
+_warned_sparse: set[tuple[str, str, float]] = set()
 
 
-def check_learners(learners: Sequence[int], minimum: int, what: str) -> list[int]:
-    """Refuse selections with fewer learners than ``what`` needs, saying why."""
-    learners = list(learners)
-    if len(learners) < minimum:
-        raise UsageError(
-            f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
-            f"the selection has {len(learners)}"
-        )
-    return learners
+def check_on(on: str) -> str:
+    """``raw`` or ``ef``."""
+    if on not in ON_CHOICES:
+        raise UsageError(f"on={on!r}: expected one of {', '.join(ON_CHOICES)}")
+    return on
 
 
-def usable_scopes(scopes: Sequence[Scope], ratios: Sequence[float]) -> list[Scope]:
+def usable_scopes(
+    scopes: Sequence[Scope], ratios: Sequence[float], *, warn: bool = True
+) -> list[Scope]:
     """Scopes in which every ratio keeps fewer than all elements (k < d).
 
-    A single scope where k >= d is an error; with several (``--scope layers``) such scopes
+    A single scope where k >= d is an error; with several (``scope="layers"``) such scopes
     are skipped with a warning.
     """
     usable, skipped = [], []
@@ -58,39 +66,49 @@ def usable_scopes(scopes: Sequence[Scope], ratios: Sequence[float]) -> list[Scop
             f"ratio {max(ratios):g} keeps k={k} of the {scope.numel} elements of scope "
             f"{scope.name!r}: every element would be selected; use a smaller ratio or scope"
         )
-    if skipped:
+    if skipped and warn:
         names = ", ".join(s.name for s in skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         warnings.warn(
             f"skipping {len(skipped)} scope(s) too small for ratio {max(ratios):g} (k >= numel): "
             f"{names}",
             GradstatWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     return usable
 
 
+def plan_sets(
+    cap: Capture, selection: Selection, ratios: Sequence[float], on: str, minimum: int, what: str
+) -> list[tuple[int, ...]]:
+    """Check a top-k set analysis once and return its units.
+
+    ``on="raw"``: one unit per step; ``on="ef"``: one unit of every selected step, since
+    the error-feedback memories carry from step to step.
+    """
+    check_on(on)
+    selection.require_learners(minimum, what)
+    usable_scopes(selection.scopes(cap), ratios)
+    if on == "ef":
+        return [selection.steps]
+    return [(step,) for step in selection.steps]
+
+
 def scoped_vectors(
     cap: Capture,
+    selection: Selection,
     ratios: Sequence[float],
-    *,
-    scope: str = "model",
-    steps: Sequence[int] | None = None,
-    learners: Sequence[int] | None = None,
-    on: str = "raw",
-    progress: Progress = no_progress,
+    on: str,
+    steps: Sequence[int],
 ) -> Iterator[tuple[int, Scope, float, int, torch.Tensor]]:
-    """Yield ``(step, scope, ratio, k, x [learners, scope numel])`` one step at a time.
+    """Yield ``(step, scope, ratio, k, x [learners, scope numel])`` at ``steps``.
 
     ``on="raw"``: the recorded gradients; ``on="ef"``: g + m from a top-k residual
-    error-feedback replay at that ratio (``ef_vectors``). Warns once per scope and ratio
-    when a vector has fewer than k non-zeros (the set is then partly arbitrary ties).
+    error-feedback replay at that ratio (``ef_vectors``; ``steps`` must then be a run's
+    steps in order). Warns once per scope and ratio when a vector has fewer than k
+    non-zeros (the set is then partly arbitrary ties).
     """
-    if on not in ON_CHOICES:
-        raise UsageError(f"--on {on!r}: expected one of {', '.join(ON_CHOICES)}")
-    steps = [int(s) for s in (cap.steps if steps is None else steps)]
-    learners = cap.learners if learners is None else list(learners)
-    scopes = usable_scopes(cap.scopes(scope), ratios)
-    warned: set[tuple[str, float]] = set()
+    learners = list(selection.learners)
+    scopes = usable_scopes(selection.scopes(cap), ratios, warn=False)
 
     def checked(step: int, sc: Scope, x: torch.Tensor, for_ratios: Sequence[float]):
         """Yield ``(step, scope, ratio, k, x)`` per ratio; warn once if x is too sparse."""
@@ -98,11 +116,12 @@ def scoped_vectors(
         fewest_nonzeros = None
         for ratio in for_ratios:
             k = k_for(ratio, sc.numel)
-            if (sc.name, ratio) not in warned:
+            key = (str(cap.path), sc.name, ratio)
+            if key not in _warned_sparse:
                 if fewest_nonzeros is None:
                     fewest_nonzeros = int((x != 0).sum(dim=1).min())
                 if fewest_nonzeros < k:
-                    warned.add((sc.name, ratio))
+                    _warned_sparse.add(key)
                     warnings.warn(
                         f"step {step}, scope {sc.name!r}: fewer than k={k} non-zero entries; "
                         "the top-k sets then include arbitrary zeros and overlap is not "
@@ -113,15 +132,28 @@ def scoped_vectors(
             yield step, sc, ratio, k, x
 
     if on == "ef":
-        for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios, progress):
+        for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
             for sc in scopes:
                 for ratio in ratios:
                     yield from checked(step, sc, vectors[sc.name, ratio], [ratio])
         return
-    for step in progress(steps):
+    for step in steps:
         grads = cap.read_step(step, learners)
         for sc in scopes:
             yield from checked(step, sc, sc.take(grads), ratios)
+
+
+@dataclass(frozen=True)
+class SimilarityParams:
+    """``ratio``: density k/d of the top-k sets; ``on``: ``raw`` or ``ef`` (``scoped_vectors``)."""
+
+    ratio: float = 0.001
+    on: str = "raw"
+
+    def __post_init__(self) -> None:
+        (ratio,) = parse_ratios(self.ratio)
+        object.__setattr__(self, "ratio", ratio)
+        check_on(self.on)
 
 
 @dataclass(frozen=True)
@@ -135,12 +167,10 @@ class SimilarityResult:
 
 def similarity(
     cap: Capture,
-    ratio: float,
+    selection: Selection | None = None,
+    params: SimilarityParams | None = None,
     *,
-    scope: str = "model",
-    steps: Sequence[int] | None = None,
-    learners: Sequence[int] | None = None,
-    on: str = "raw",
+    compute: Compute | None = None,
     progress: Progress = no_progress,
 ) -> SimilarityResult:
     """Top-k set similarity between learners and with the mean gradient, per step.
@@ -153,71 +183,93 @@ def similarity(
     full_intersection, union, buildup, random_buildup, energy_topk (E(I*)), mean_energy,
     leader (CLT-k leader: learner at position step mod n), leader_contraction_ok,
     contraction_breaks (how many learners break the condition as leader).
+    Units: steps (``plan_sets``).
     """
-    learners = check_learners(cap.learners if learners is None else learners, 2, "similarity")
-    n = len(learners)
-    pair_rows, step_rows = [], []
-    for step, sc, ratio_, k, x in scoped_vectors(
-        cap, [ratio], scope=scope, steps=steps, learners=learners, on=on, progress=progress
-    ):
+    selection = selection or Selection.of(cap)
+    params = params or SimilarityParams()
+    compute = compute or Compute()
+    units = plan_sets(cap, selection, [params.ratio], params.on, 2, "similarity")
+    work = Work(similarity_unit, str(cap.path), selection, params)
+    step_records = run_units(cap, work, units, compute, progress)
+    pairs = [pair for record in step_records for pair in record.pop("pairs")]
+    return SimilarityResult(pd.DataFrame(pairs), pd.DataFrame(step_records))
+
+
+def similarity_unit(
+    cap: Capture,
+    selection: Selection,
+    params: SimilarityParams,
+    compute: Compute,
+    steps: Sequence[int],
+) -> list[dict]:
+    """Records of ``steps``: one per (step, scope), its pair records under ``"pairs"``."""
+    records = []
+    for step, sc, ratio, k, x in scoped_vectors(cap, selection, [params.ratio], params.on, steps):
         metrics = topk_set_metrics(x, k)
-        d = sc.numel
-        base = {"step": step, "scope": sc.name, "ratio": ratio_, "k": k, "d": d}
-        over, jac, ham = metrics.overlap, metrics.jaccard, metrics.hamming
-        ok = metrics.contraction_ok
-        baseline = random_overlap(d, k)
-        for a in range(n):
-            for b in range(a + 1, n):
-                pair_rows.append(
-                    {
-                        **base,
-                        "learner_a": learners[a],
-                        "learner_b": learners[b],
-                        "overlap": float(over[a, b]),
-                        "jaccard": float(jac[a, b]),
-                        "hamming": int(ham[a, b]),
-                        "random_overlap": baseline,
-                        "energy": float("nan"),
-                        "contraction_ok": None,
-                    }
-                )
-        for a in range(n):
+        records.append(_similarity_record(step, sc.name, ratio, selection.learners, metrics))
+    return records
+
+
+def _similarity_record(
+    step: int, scope: str, ratio: float, learners: Sequence[int], metrics: TopkSetMetrics
+) -> dict:
+    """The step record of one (step, scope), with its pair records under ``"pairs"``."""
+    n, k, d = len(learners), metrics.k, metrics.d
+    base = {"step": step, "scope": scope, "ratio": ratio, "k": k, "d": d}
+    over, jac, ham = metrics.overlap, metrics.jaccard, metrics.hamming
+    ok = metrics.contraction_ok
+    baseline = random_overlap(d, k)
+    pair_rows = []
+    for a in range(n):
+        for b in range(a + 1, n):
             pair_rows.append(
                 {
                     **base,
                     "learner_a": learners[a],
-                    "learner_b": "mean",
-                    "overlap": float(over[a, n]),
-                    "jaccard": float(jac[a, n]),
-                    "hamming": int(ham[a, n]),
+                    "learner_b": learners[b],
+                    "overlap": float(over[a, b]),
+                    "jaccard": float(jac[a, b]),
+                    "hamming": int(ham[a, b]),
                     "random_overlap": baseline,
-                    "energy": float(metrics.energy[a]),
-                    "contraction_ok": bool(ok[a]),
+                    "energy": float("nan"),
+                    "contraction_ok": None,
                 }
             )
-        iu = torch.triu_indices(n, n, offset=1)
-        pair_overlap = over[:n, :n][iu[0], iu[1]]
-        leader = step % n
-        step_rows.append(
+    for a in range(n):
+        pair_rows.append(
             {
                 **base,
-                "learners": n,
-                "mean_overlap": float(pair_overlap.mean()),
-                "min_overlap": float(pair_overlap.min()),
-                "mean_overlap_global": float(over[:n, n].mean()),
+                "learner_a": learners[a],
+                "learner_b": "mean",
+                "overlap": float(over[a, n]),
+                "jaccard": float(jac[a, n]),
+                "hamming": int(ham[a, n]),
                 "random_overlap": baseline,
-                "full_intersection": metrics.full_intersection,
-                "union": metrics.union,
-                "buildup": metrics.union / k,
-                "random_buildup": float(random_union(d, k, n)) / k,
-                "energy_topk": float(metrics.energy[n]),
-                "mean_energy": float(metrics.energy[:n].mean()),
-                "leader": learners[leader],
-                "leader_contraction_ok": bool(ok[leader]),
-                "contraction_breaks": int((~ok).sum()),
+                "energy": float(metrics.energy[a]),
+                "contraction_ok": bool(ok[a]),
             }
         )
-    return SimilarityResult(pd.DataFrame(pair_rows), pd.DataFrame(step_rows))
+    iu = torch.triu_indices(n, n, offset=1)
+    pair_overlap = over[:n, :n][iu[0], iu[1]]
+    leader = step % n
+    return {
+        **base,
+        "learners": n,
+        "mean_overlap": float(pair_overlap.mean()),
+        "min_overlap": float(pair_overlap.min()),
+        "mean_overlap_global": float(over[:n, n].mean()),
+        "random_overlap": baseline,
+        "full_intersection": metrics.full_intersection,
+        "union": metrics.union,
+        "buildup": metrics.union / k,
+        "random_buildup": float(random_union(d, k, n)) / k,
+        "energy_topk": float(metrics.energy[n]),
+        "mean_energy": float(metrics.energy[:n].mean()),
+        "leader": learners[leader],
+        "leader_contraction_ok": bool(ok[leader]),
+        "contraction_breaks": int((~ok).sum()),
+        "pairs": pair_rows,
+    }
 
 
 def overlap_matrix(pairs: pd.DataFrame) -> pd.DataFrame:

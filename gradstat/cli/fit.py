@@ -18,12 +18,15 @@ from gradstat.analysis.fit import (
 from gradstat.cli.options import (
     CaptureArg,
     CsvOpt,
+    Device,
     DpiOpt,
     JsonOpt,
     LearnersOpt,
+    Memory,
     PlotOpt,
     ScopeOpt,
     StepsOpt,
+    compute_options,
 )
 from gradstat.cli.output import df_table, emit, progress, warn
 from gradstat.errors import UsageError
@@ -100,6 +103,8 @@ def fit_command(
     plot: Path | None = PlotOpt,
     plot_step: int | None = PlotStepOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Fit distributions to gradient magnitudes, score them (KS, Anderson-Darling, AIC/BIC,
     tail-quantile error) and compare threshold estimators (SIDCo-E/P/GP with M stages,
@@ -119,10 +124,11 @@ def fit_command(
             hard_threshold=hard,
             sample=sample or None,
             seed=seed,
+            compute=compute_options(device, memory),
         )
         if plot_step is not None and plot_step not in analysis.steps:
             raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
-        records = analysis.run(lambda items: progress(items, "fit", total=len(analysis.steps)))
+        records = analysis.run(lambda units: progress(units, "fit"))
         if plot is not None:
             _plot(cap, analysis, records, plot, plot_step, dpi, seed)
     failed = records.dropna(subset=["error"])

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
+
+from gradstat.analysis.compute import Compute, parse_bytes
 
 CaptureArg = typer.Argument(
     ...,
@@ -29,14 +32,43 @@ ScopeOpt = typer.Option(
     help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
 )
 
+Device = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="Where to compute: auto (a CUDA GPU when one is available), cpu or cuda.",
+    ),
+]
+Memory = Annotated[
+    str | None,
+    typer.Option(
+        "--memory",
+        help="Memory for full-length rows, e.g. 2GB (default: a quarter of the available "
+        "memory); a longer row is processed in column blocks.",
+        show_default=False,
+    ),
+]
+
+
+def compute_options(device: str = "auto", memory: str | None = None) -> Compute:
+    """The ``Compute`` of the ``--device`` and ``--memory`` options, checked before any
+    work starts (``--device cuda`` without a GPU is a usage error)."""
+    compute = Compute(device=device, memory=None if memory is None else parse_bytes(memory))
+    compute.torch_device()
+    return compute
+
+
 __all__ = [
     "CaptureArg",
     "CsvOpt",
+    "Device",
     "DpiOpt",
     "JsonOpt",
     "LearnersOpt",
+    "Memory",
     "Path",
     "PlotOpt",
     "ScopeOpt",
     "StepsOpt",
+    "compute_options",
 ]

@@ -15,17 +15,26 @@ import torch
 import typer
 from rich.panel import Panel
 
-from gradstat.analysis.recommend import DEFAULT_CANDIDATES, DEFAULT_RATIOS, recommend
-from gradstat.analysis.replay import Replay, dense_seconds, summarize_replay
+from gradstat.analysis.recommend import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_RATIOS,
+    RecommendParams,
+    recommend,
+)
+from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     CaptureArg,
     CsvOpt,
+    Device,
     DpiOpt,
     JsonOpt,
     LearnersOpt,
+    Memory,
     PlotOpt,
     ScopeOpt,
     StepsOpt,
+    compute_options,
 )
 from gradstat.cli.output import df_table, emit, err_console, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
@@ -140,6 +149,8 @@ def replay_command(
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Replay compressors with error feedback over consecutive recorded steps: density,
     estimation quality, build-up, bytes, predicted communication time (alpha-beta model),
@@ -147,11 +158,12 @@ def replay_command(
     link = parse_link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     check_plot_path(plot)
+    params = ReplayParams(specs, ratios, link, seed=seed)
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
-        run = Replay(
-            cap, specs, ratios, link=link, scope=scope, steps=steps, learners=learners, seed=seed
-        )
-        records = run.run(lambda items: progress(items, "replay", total=len(run.steps)))
+        selection = Selection.of(cap, steps, learners, scope)
+        run = Replay(cap, selection, params, compute=compute)
+        records = run.run(lambda units: progress(units, "replay"))
     n = len(run.learners)
     summary = summarize_replay(records, link, n)
     dense = ", ".join(
@@ -238,6 +250,8 @@ def recommend_command(
     out: Path | None = OutOpt,
     as_json: bool = JsonOpt,
     csv: Path | None = CsvOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """The compressor and rate with the lowest predicted time per step (communication +
     compression) whose mean relative error stays within the budget, against the dense
@@ -246,18 +260,23 @@ def recommend_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    params = RecommendParams(
+        error_budget,
+        link,
+        cost_learners=cluster,
+        baseline=baseline.value,
+        compressors=specs,
+        ratios=ratios,
+        seed=seed,
+    )
+    compute = compute_options(device, memory)
     with open_capture(capture) as cap, _torch_threads(threads):
         result = recommend(
             cap,
-            error_budget=error_budget,
-            link=link,
-            cost_learners=cluster,
-            baseline=baseline.value,
-            compressors=specs,
-            ratios=ratios,
-            steps=steps,
-            seed=seed,
-            progress=lambda items: progress(items, "recommend"),
+            Selection.of(cap, steps),
+            params,
+            compute=compute,
+            progress=lambda units: progress(units, "recommend"),
         )
     document = result.to_dict()
     fits = int(result.ranking["within_budget"].sum())

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from gradstat.analysis.selection import parse_ratios
-from gradstat.cli.options import CaptureArg
+from gradstat.cli.options import CaptureArg, Device, Memory, compute_options
 from gradstat.cli.output import console, progress
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import UsageError
@@ -41,6 +41,8 @@ def report_command(
     dpi: int = typer.Option(
         110, "--dpi", min=30, max=600, help="Resolution of the embedded figures."
     ),
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Write one self-contained HTML page (figures embedded, no network needed) with the
     capture's summary and loss curve, distribution fits and estimator quality,
@@ -60,6 +62,7 @@ def report_command(
         link=Link(parse_bandwidth(bandwidth), parse_latency(latency)),
         cost_learners=learners,
         dpi=dpi,
+        compute=compute_options(device, memory),
     )
     with open_capture(capture) as cap:
         page = build_report(cap, settings, lambda section: lambda items: progress(items, section))

@@ -9,19 +9,27 @@ from pathlib import Path
 import pandas as pd
 import typer
 
-from gradstat.analysis.buildup import buildup, buildup_summary
-from gradstat.analysis.overlap import overlap_summary, temporal_overlap
-from gradstat.analysis.selection import parse_ratios, select_learners, select_steps
-from gradstat.analysis.similarity import overlap_matrix, similarity, similarity_summary
+from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
+from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import (
+    SimilarityParams,
+    overlap_matrix,
+    similarity,
+    similarity_summary,
+)
 from gradstat.cli.options import (
     CaptureArg,
     CsvOpt,
+    Device,
     DpiOpt,
     JsonOpt,
     LearnersOpt,
+    Memory,
     PlotOpt,
     ScopeOpt,
     StepsOpt,
+    compute_options,
 )
 from gradstat.cli.output import df_table, emit, progress
 from gradstat.errors import UsageError
@@ -45,13 +53,15 @@ OnOpt = typer.Option(
 )
 
 
-def _select(cap: Capture, steps: str | None, learners: str | None, minimum: int, what: str):
+def _select(
+    cap: Capture, steps: str | None, learners: str | None, scope: str, minimum: int, what: str
+) -> Selection:
     if cap.world_size < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
             f"{cap.path} has {cap.world_size}"
         )
-    return select_steps(cap.steps, steps), select_learners(cap.world_size, learners, minimum)
+    return Selection.of(cap, steps, learners, scope)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -74,20 +84,21 @@ def similarity_command(
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
     the mean gradient; energy captured, ScaleCom's contraction check, random baseline."""
-    (ratio,) = parse_ratios([ratio])
+    params = SimilarityParams(ratio, on.value)
+    compute = compute_options(device, memory)
     check_plot_path(plot)
     with open_capture(capture) as cap:
-        chosen_steps, chosen = _select(cap, steps, learners, 2, "similarity")
+        selection = _select(cap, steps, learners, scope, 2, "similarity")
         result = similarity(
             cap,
-            ratio,
-            scope=scope,
-            steps=chosen_steps,
-            learners=chosen,
-            on=on.value,
+            selection,
+            params,
+            compute=compute,
             progress=lambda items: progress(items, "similarity"),
         )
     summary = similarity_summary(result.steps)
@@ -161,20 +172,21 @@ def buildup_command(
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Gradient build-up B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean
     over learner orders) against random sets, and the all-gather's effective density."""
-    chosen_ratios = parse_ratios(ratios)
+    params = BuildupParams(ratios, on.value)
+    compute = compute_options(device, memory)
     check_plot_path(plot)
     with open_capture(capture) as cap:
-        chosen_steps, chosen = _select(cap, steps, learners, 2, "build-up")
+        selection = _select(cap, steps, learners, scope, 2, "build-up")
         records = buildup(
             cap,
-            chosen_ratios,
-            scope=scope,
-            steps=chosen_steps,
-            learners=chosen,
-            on=on.value,
+            selection,
+            params,
+            compute=compute,
             progress=lambda items: progress(items, "build-up"),
         )
     summary = buildup_summary(records)
@@ -223,21 +235,21 @@ def overlap_command(
     csv: Path | None = CsvOpt,
     plot: Path | None = PlotOpt,
     dpi: int = DpiOpt,
+    device: Device = "auto",
+    memory: Memory = None,
 ) -> None:
     """Temporal stability: overlap of top-k sets between recorded step t and t + lag, per
     learner and for the mean gradient; each row states the real training-step gap."""
-    (ratio,) = parse_ratios([ratio])
+    params = OverlapParams(ratio, lag, on.value)
+    compute = compute_options(device, memory)
     check_plot_path(plot)
     with open_capture(capture) as cap:
-        chosen_steps, chosen = _select(cap, steps, learners, 1, "overlap")
+        selection = _select(cap, steps, learners, scope, 1, "overlap")
         records = temporal_overlap(
             cap,
-            ratio,
-            lag=lag,
-            scope=scope,
-            steps=chosen_steps,
-            learners=chosen,
-            on=on.value,
+            selection,
+            params,
+            compute=compute,
             progress=lambda items: progress(items, "overlap"),
         )
     summary = overlap_summary(records)

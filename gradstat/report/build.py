@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gradstat.analysis.buildup import buildup, buildup_summary
+from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
+from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
-from gradstat.analysis.overlap import overlap_summary, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.recommend import choose
-from gradstat.analysis.replay import Replay, summarize_replay
-from gradstat.analysis.similarity import similarity, similarity_summary
+from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.compressors.cost import Link
 from gradstat.errors import GradstatError
 from gradstat.plots.capture import plot_loss
@@ -43,6 +45,7 @@ class ReportSettings:
     cost_learners: int | None = None
     fit_steps: int = 5
     dpi: int = 110
+    compute: Compute = field(default_factory=Compute)
 
 
 def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
@@ -87,7 +90,14 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
 def _fit(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
     chosen = np.unique(np.linspace(0, len(cap.steps) - 1, settings.fit_steps).round().astype(int))
     steps = ",".join(str(int(cap.steps[i])) for i in chosen) if len(cap.steps) else None
-    analysis = Fit(cap, dists="all", ratios=settings.ratios, steps=steps, sample=200_000)
+    analysis = Fit(
+        cap,
+        dists="all",
+        ratios=settings.ratios,
+        steps=steps,
+        sample=200_000,
+        compute=settings.compute,
+    )
     records = analysis.run(progress)
     ranking = rank_distributions(records)
     quality = quality_summary(records)
@@ -134,7 +144,13 @@ def _fit(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
 
 def _similarity(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
     ratio = min(settings.ratios)
-    result = similarity(cap, ratio, progress=progress)
+    result = similarity(
+        cap,
+        Selection.of(cap),
+        SimilarityParams(ratio),
+        compute=settings.compute,
+        progress=progress,
+    )
     summary = similarity_summary(result.steps)
     row = summary.iloc[0]
     reading = (
@@ -156,7 +172,13 @@ def _similarity(cap: Capture, settings: ReportSettings, progress: Progress) -> S
 
 
 def _buildup(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    records = buildup(cap, settings.ratios, progress=progress)
+    records = buildup(
+        cap,
+        Selection.of(cap),
+        BuildupParams(settings.ratios),
+        compute=settings.compute,
+        progress=progress,
+    )
     summary = buildup_summary(records)
     n = int(summary["m"].max())
     full = summary[summary["m"] == n]
@@ -179,7 +201,13 @@ def _buildup(cap: Capture, settings: ReportSettings, progress: Progress) -> Sect
 
 def _overlap(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
     ratio = min(settings.ratios)
-    records = temporal_overlap(cap, ratio, progress=progress)
+    records = temporal_overlap(
+        cap,
+        Selection.of(cap),
+        OverlapParams(ratio),
+        compute=settings.compute,
+        progress=progress,
+    )
     summary = overlap_summary(records)
     mean_row = summary[summary["learner"].astype(str) == "mean"].iloc[0]
     learners = summary[summary["learner"].astype(str) != "mean"]
@@ -205,14 +233,14 @@ class _ReplayRun:
 
 
 def _replay_run(cap: Capture, settings: ReportSettings, progress: Progress) -> _ReplayRun:
-    run = Replay(
-        cap,
+    params = ReplayParams(
         settings.compressors,
         settings.ratios,
-        link=settings.link,
+        settings.link,
         cost_learners=settings.cost_learners,
         skip_unfit=True,
     )
+    run = Replay(cap, Selection.of(cap), params, compute=settings.compute)
     return _ReplayRun(run, run.run(progress))
 
 

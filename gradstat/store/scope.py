@@ -59,10 +59,10 @@ def resolve_scopes(layers: Sequence[Layer], spec: str = "model") -> list[Scope]:
         pattern = re.compile(spec)
     except re.error as exc:
         raise UsageError(
-            f"--scope {spec!r} is not 'model', 'layers' or a valid regex: {exc}"
+            f"scope={spec!r} is not 'model', 'layers' or a valid regex: {exc}"
         ) from None
     matched = [layer for layer in layers if pattern.search(layer.name)]
     if not matched:
         names = ", ".join(layer.name for layer in layers[:6])
-        raise UsageError(f"--scope {spec!r} matches no layer (layers: {names}, ...)")
+        raise UsageError(f"scope={spec!r} matches no layer (layers: {names}, ...)")
     return [Scope(spec, _merge(matched))]

@@ -1,0 +1,103 @@
+"""Where and with how much an analysis computes: device, worker processes, memory.
+
+:class:`Compute` is the one object every analysis takes besides the capture, the
+selection and its parameters. ``device``: ``"auto"`` (a CUDA GPU when one is available,
+else the CPU), ``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``); rows are read on the CPU and
+moved to the device after reading. ``jobs``: worker processes (None: the default of the
+parallel runner). ``memory``: bytes an analysis may hold in full-length rows; when one
+row of a scope does not fit, the streaming analyses work in column blocks
+(:meth:`Compute.block_numel`). None: a share of the memory available when it starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import torch
+
+from gradstat.errors import UsageError
+
+DEVICES = ("auto", "cpu", "cuda")
+#: Share of the available memory an analysis takes for rows when ``memory`` is not given.
+MEMORY_SHARE = 0.25
+#: Full-length float32 rows alive at once in the streaming analyses (the learner's row
+#: being read, |row| and the running mean), what ``block_numel`` budgets for.
+ROWS_ALIVE = 4
+#: Smallest column block: below this per-block overhead dominates.
+MIN_BLOCK = 1 << 16
+
+
+def available_memory() -> int:
+    """Bytes the kernel reports available (MemAvailable), or 4 GiB where it cannot say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(text: str | int) -> int:
+    """Bytes from ``2GB``, ``512MiB``, ``1.5G`` or a plain number (decimal SI units;
+    ``iB`` units are powers of 1024)."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if not match:
+        raise UsageError(f"memory={text!r}: expected a size such as 2GB, 512MiB or 1.5G")
+    number, prefix, binary = match.groups()
+    unit = 1024 ** "_kmgt".index(prefix) if binary and prefix else _BYTE_UNITS[prefix]
+    return int(float(number) * unit)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Device, worker processes and memory budget of one analysis run (module docstring)."""
+
+    device: str = "auto"
+    jobs: int | None = None
+    memory: int | None = None
+
+    def __post_init__(self) -> None:
+        base = self.device.split(":")[0]
+        if base not in DEVICES or (":" in self.device and base != "cuda"):
+            raise UsageError(f"device={self.device!r}: choose auto, cpu or cuda")
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError(f"jobs={self.jobs}: use at least 1 worker")
+        if self.memory is not None and self.memory < MIN_BLOCK * 4 * ROWS_ALIVE:
+            raise UsageError(
+                f"memory={self.memory}: give at least {MIN_BLOCK * 4 * ROWS_ALIVE} bytes"
+            )
+
+    def torch_device(self) -> torch.device:
+        """The device to compute on; ``cuda`` without a usable GPU is a ``UsageError``."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UsageError(f"device={self.device!r}: no CUDA GPU is available here")
+        return torch.device(self.device)
+
+    def memory_bytes(self) -> int:
+        """The row budget: ``memory``, or ``MEMORY_SHARE`` of the available memory."""
+        if self.memory is not None:
+            return self.memory
+        return int(available_memory() * MEMORY_SHARE)
+
+    def block_numel(self, numel: int) -> int:
+        """Columns per block so that ``ROWS_ALIVE`` float32 rows of a block fit the budget:
+        ``numel`` itself (one block) when a whole row fits."""
+        fits = max(MIN_BLOCK, self.memory_bytes() // (4 * ROWS_ALIVE))
+        return numel if numel <= fits else fits
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Compute:
+        return cls(**data)

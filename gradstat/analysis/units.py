@@ -1,0 +1,48 @@
+"""Every analysis as independent units of work, run in unit order.
+
+An analysis plans its work as a :class:`Work` (a module-level unit function and the
+small, picklable context it needs: the capture's path, the :class:`Selection` and the
+parsed parameters) and a list of units (a step, a pair of steps, a group of compressor
+configurations; each analysis says which). ``work.function(cap, selection, params,
+compute, unit)`` returns the unit's records (``list[dict]``); :func:`run_units` returns
+every unit's records in unit order, so the analysis builds the same table however the
+units were run. Units never share state, so a runner may hand them to worker processes
+or to other ranks that open the capture from ``work.capture`` themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gradstat.analysis.compute import Compute
+from gradstat.analysis.progress import Progress, no_progress
+from gradstat.analysis.selection import Selection
+from gradstat.store import Capture
+
+UnitFunction = Callable[[Capture, Selection, Any, Compute, Any], list[dict]]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One analysis's unit function and its context (module docstring)."""
+
+    function: UnitFunction
+    capture: str
+    selection: Selection
+    params: Any
+
+
+def run_units(
+    cap: Capture,
+    work: Work,
+    units: Sequence,
+    compute: Compute,
+    progress: Progress = no_progress,
+) -> list[dict]:
+    """Run every unit on ``cap`` in this process; the records of all units, in unit order."""
+    records: list[dict] = []
+    for unit in progress(units):
+        records.extend(work.function(cap, work.selection, work.params, compute, unit))
+    return records

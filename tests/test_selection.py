@@ -1,0 +1,103 @@
+"""One shape for every analysis: Selection, parsed parameters and Compute."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from gradstat.analysis.buildup import BuildupParams, buildup
+from gradstat.analysis.compute import Compute, parse_bytes
+from gradstat.analysis.fit import Fit, FitParams, fit
+from gradstat.analysis.overlap import OverlapParams
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import SimilarityParams, similarity
+from gradstat.errors import UsageError
+from gradstat.store import open_capture
+from tests.helpers import assert_clean_error, run_cli
+
+
+def test_text_and_python_values_select_the_same(synthetic_capture):
+    path, _ = synthetic_capture
+    with open_capture(path) as cap:
+        assert Selection.of(cap, "1:5:2", "0,2") == Selection.of(cap, [1, 3], [0, 2])
+        one = {"steps": [4], "learners": [1], "scope": "model"}
+        assert Selection.of(cap, 4, 1).to_dict() == one
+        everything = Selection.of(cap)
+        assert everything.steps == tuple(range(6)) and everything.learners == (0, 1, 2)
+        assert Selection.from_dict(everything.to_dict()) == everything
+
+
+@pytest.mark.parametrize(
+    ("steps", "learners", "scope", "message"),
+    [
+        (None, [7], "model", "learner 7 is not in the capture"),
+        (None, [0, 0], "model", "learners=[0, 0] names a learner twice"),
+        (None, "a,b", "model", "learners='a,b'"),
+        ([99], None, "model", "step 99 was not recorded"),
+        ("::0", None, "model", "steps='::0'"),
+        ([1.5], None, "model", "steps=[1.5]: expected integers"),
+        (None, None, "nothing", "scope='nothing' matches no layer"),
+    ],
+)
+def test_errors_name_parameters(synthetic_capture, steps, learners, scope, message):
+    path, _ = synthetic_capture
+    with open_capture(path) as cap, pytest.raises(UsageError, match=message.replace("[", r"\[")):
+        Selection.of(cap, steps, learners, scope)
+
+
+def test_params_parse_text_and_sequences_alike():
+    assert BuildupParams("0.01,0.001") == BuildupParams([0.01, 0.001])
+    assert BuildupParams("0.01").ratios == (0.01,)
+    assert SimilarityParams(0.01) == SimilarityParams("0.01")
+    assert FitParams(dists="gpd,exp", stages="auto") == FitParams(dists=["gpd", "exp"], stages=None)
+    with pytest.raises(UsageError, match="on='dense'"):
+        SimilarityParams(0.01, on="dense")
+    with pytest.raises(UsageError, match="lag=0"):
+        OverlapParams(0.01, lag=0)
+    with pytest.raises(UsageError, match="outside"):
+        BuildupParams([0.5, 1.5])
+
+
+def test_fit_takes_python_lists(synthetic_capture):
+    """``Fit(learners=[0])`` once crashed: Fit wanted text while similarity wanted lists."""
+    path, _ = synthetic_capture
+    with open_capture(path) as cap:
+        options = {"ratios": [0.1], "estimators": ["topk"]}
+        by_list = Fit(cap, learners=[0], steps=[1, 2], **options).run()
+        by_text = Fit(cap, learners="0", steps="1,2", **options).run()
+        direct = fit(cap, Selection.of(cap, [1, 2], [0]), FitParams(**options))
+    pd.testing.assert_frame_equal(by_list, by_text)
+    pd.testing.assert_frame_equal(by_list, direct)
+    assert set(by_list["learner"]) == {0} and set(by_list["step"]) == {1, 2}
+
+
+def test_every_analysis_defaults_to_everything(synthetic_capture):
+    path, _ = synthetic_capture
+    with open_capture(path) as cap:
+        assert set(similarity(cap).steps["step"]) == set(range(6))
+        assert set(buildup(cap)["m"]) == {1, 2, 3}
+
+
+def test_compute_validates_and_sizes_blocks():
+    assert Compute().device == "auto"
+    assert Compute(device="cpu").torch_device() == torch.device("cpu")
+    with pytest.raises(UsageError, match="device='tpu'"):
+        Compute(device="tpu")
+    with pytest.raises(UsageError, match="jobs=0"):
+        Compute(jobs=0)
+    small = Compute(memory=parse_bytes("16MiB"))
+    assert small.block_numel(1000) == 1000
+    assert small.block_numel(10**9) == (16 << 20) // 16
+    assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
+    with pytest.raises(UsageError, match="memory='lots'"):
+        parse_bytes("lots")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+@pytest.mark.parametrize("command", ["similarity", "buildup", "overlap", "fit", "replay"])
+def test_cuda_without_a_gpu_is_one_clean_error(synthetic_capture, capsys, command):
+    path, _ = synthetic_capture
+    result = run_cli(capsys, command, path, "--device", "cuda")
+    assert_clean_error(result, 2)
+    assert "no CUDA GPU" in result.stderr
