@@ -179,7 +179,8 @@ def check_options(error_budget: float, baseline: str, cost_learners: int | None)
 class RecommendParams:
     """What to choose among and how to judge: the ``error_budget`` (largest acceptable
     mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
-    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``."""
+    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``,
+    and the torch ``threads`` compression is timed on."""
 
     error_budget: float
     link: Link
@@ -188,6 +189,7 @@ class RecommendParams:
     compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
     ratios: str | Sequence[float] = DEFAULT_RATIOS
     seed: int = 0
+    threads: int = 1
 
     def __post_init__(self) -> None:
         check_options(self.error_budget, self.baseline, self.cost_learners)
@@ -201,6 +203,7 @@ class RecommendParams:
             cost_learners=self.cost_learners,
             seed=self.seed,
             skip_unfit=True,
+            threads=self.threads,
         )
 
 

@@ -1,13 +1,14 @@
 """Every analysis as independent units of work, run in unit order.
 
 An analysis plans its work as a :class:`Work` (a module-level unit function and the
-small, picklable context it needs: the capture's path, the :class:`Selection` and the
+small, JSON-able context it needs: the capture's path, the :class:`Selection` and the
 parsed parameters) and a list of units (a step, a pair of steps, a group of compressor
 configurations; each analysis says which). ``work.function(cap, selection, params,
 compute, unit)`` returns the unit's records (``list[dict]``); :func:`run_units` returns
 every unit's records in unit order, so the analysis builds the same table however the
-units were run. Units never share state, so a runner may hand them to worker processes
-or to other ranks that open the capture from ``work.capture`` themselves.
+units were run. Units never share state, so the runner (:mod:`gradstat.parallel`) hands
+them to ``--jobs`` worker processes or to torchrun ranks, which open the capture from
+``work.capture`` themselves and receive the context as typed JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gradstat import parallel
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection
@@ -41,8 +43,6 @@ def run_units(
     compute: Compute,
     progress: Progress = no_progress,
 ) -> list[dict]:
-    """Run every unit on ``cap`` in this process; the records of all units, in unit order."""
-    records: list[dict] = []
-    for unit in progress(units):
-        records.extend(work.function(cap, work.selection, work.params, compute, unit))
-    return records
+    """Every unit's records, in unit order: in this process, in ``compute.jobs`` worker
+    processes or across torchrun ranks (:func:`gradstat.parallel.run_units`)."""
+    return parallel.run_units(cap, work, units, compute, progress)

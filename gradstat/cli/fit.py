@@ -20,6 +20,7 @@ from gradstat.cli.options import (
     CsvOpt,
     Device,
     DpiOpt,
+    Jobs,
     JsonOpt,
     LearnersOpt,
     Memory,
@@ -105,6 +106,7 @@ def fit_command(
     dpi: int = DpiOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Fit distributions to gradient magnitudes, score them (KS, Anderson-Darling, AIC/BIC,
     tail-quantile error) and compare threshold estimators (SIDCo-E/P/GP with M stages,
@@ -124,7 +126,7 @@ def fit_command(
             hard_threshold=hard,
             sample=sample or None,
             seed=seed,
-            compute=compute_options(device, memory),
+            compute=compute_options(device, memory, jobs),
         )
         if plot_step is not None and plot_step not in analysis.steps:
             raise UsageError(f"--plot-step {plot_step} is not among the selected steps")

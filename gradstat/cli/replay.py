@@ -5,13 +5,10 @@ over a capture, and the fastest compressor and rate within an error budget
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
 import pandas as pd
-import torch
 import typer
 from rich.panel import Panel
 
@@ -28,6 +25,7 @@ from gradstat.cli.options import (
     CsvOpt,
     Device,
     DpiOpt,
+    Jobs,
     JsonOpt,
     LearnersOpt,
     Memory,
@@ -106,22 +104,6 @@ def _display(summary: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     return shown
 
 
-@contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
-    """Run with ``threads`` torch CPU threads, then restore the previous count.
-
-    Compression times are measured per learner, one learner after the other: one thread
-    by default keeps them reproducible and close to a learner's own cost, where several
-    threads on a busy machine mostly measure contention.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
@@ -151,6 +133,7 @@ def replay_command(
     dpi: int = DpiOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Replay compressors with error feedback over consecutive recorded steps: density,
     estimation quality, build-up, bytes, predicted communication time (alpha-beta model),
@@ -158,9 +141,9 @@ def replay_command(
     link = parse_link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     check_plot_path(plot)
-    params = ReplayParams(specs, ratios, link, seed=seed)
-    compute = compute_options(device, memory)
-    with open_capture(capture) as cap, _torch_threads(threads):
+    params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
+    compute = compute_options(device, memory, jobs)
+    with open_capture(capture) as cap:
         selection = Selection.of(cap, steps, learners, scope)
         run = Replay(cap, selection, params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
@@ -252,6 +235,7 @@ def recommend_command(
     csv: Path | None = CsvOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """The compressor and rate with the lowest predicted time per step (communication +
     compression) whose mean relative error stays within the budget, against the dense
@@ -268,9 +252,10 @@ def recommend_command(
         compressors=specs,
         ratios=ratios,
         seed=seed,
+        threads=threads,
     )
-    compute = compute_options(device, memory)
-    with open_capture(capture) as cap, _torch_threads(threads):
+    compute = compute_options(device, memory, jobs)
+    with open_capture(capture) as cap:
         result = recommend(
             cap,
             Selection.of(cap, steps),

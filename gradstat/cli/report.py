@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from gradstat.analysis.selection import parse_ratios
-from gradstat.cli.options import CaptureArg, Device, Memory, compute_options
+from gradstat.cli.options import CaptureArg, Device, Jobs, Memory, compute_options
 from gradstat.cli.output import console, progress
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import UsageError
@@ -43,6 +43,7 @@ def report_command(
     ),
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Write one self-contained HTML page (figures embedded, no network needed) with the
     capture's summary and loss curve, distribution fits and estimator quality,
@@ -62,7 +63,7 @@ def report_command(
         link=Link(parse_bandwidth(bandwidth), parse_latency(latency)),
         cost_learners=learners,
         dpi=dpi,
-        compute=compute_options(device, memory),
+        compute=compute_options(device, memory, jobs),
     )
     with open_capture(capture) as cap:
         page = build_report(cap, settings, lambda section: lambda items: progress(items, section))

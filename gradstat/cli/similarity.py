@@ -23,6 +23,7 @@ from gradstat.cli.options import (
     CsvOpt,
     Device,
     DpiOpt,
+    Jobs,
     JsonOpt,
     LearnersOpt,
     Memory,
@@ -86,11 +87,12 @@ def similarity_command(
     dpi: int = DpiOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
     the mean gradient; energy captured, ScaleCom's contraction check, random baseline."""
     params = SimilarityParams(ratio, on.value)
-    compute = compute_options(device, memory)
+    compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
         selection = _select(cap, steps, learners, scope, 2, "similarity")
@@ -174,11 +176,12 @@ def buildup_command(
     dpi: int = DpiOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Gradient build-up B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean
     over learner orders) against random sets, and the all-gather's effective density."""
     params = BuildupParams(ratios, on.value)
-    compute = compute_options(device, memory)
+    compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
         selection = _select(cap, steps, learners, scope, 2, "build-up")
@@ -237,11 +240,12 @@ def overlap_command(
     dpi: int = DpiOpt,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Temporal stability: overlap of top-k sets between recorded step t and t + lag, per
     learner and for the mean gradient; each row states the real training-step gap."""
     params = OverlapParams(ratio, lag, on.value)
-    compute = compute_options(device, memory)
+    compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
         selection = _select(cap, steps, learners, scope, 1, "overlap")

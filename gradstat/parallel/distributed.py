@@ -61,24 +61,33 @@ def world_size() -> int:
 
 
 def run_command(command: Callable[[], T]) -> T | int:
-    """Run ``command`` on rank 0 and follow on the other ranks (0 as their result);
-    without torchrun just run it."""
-    if not launched_by_torchrun() or active():
+    """Run ``command`` on rank 0 and follow on the other ranks (0 as their result).
+
+    Under torchrun this joins (and at the end leaves) a gloo process group; in a group
+    that is already running (a script that started one) it uses that group; otherwise it
+    just runs ``command``."""
+    if active():
+        return _lead_or_follow(command)
+    if not launched_by_torchrun():
         return command()
     dist.init_process_group("gloo", timeout=TIMEOUT)
     if torch.cuda.is_available():  # --device cuda: each rank of a node on its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     try:
-        if dist.get_rank() != 0:
-            _silence()
-            _follow()
-            return 0
-        try:
-            return command()
-        finally:
-            _broadcast(_STOP)
+        return _lead_or_follow(command)
     finally:
         dist.destroy_process_group()
+
+
+def _lead_or_follow(command: Callable[[], T]) -> T | int:
+    if dist.get_rank() != 0:
+        _silence()
+        _follow()
+        return 0
+    try:
+        return command()
+    finally:
+        _broadcast(_STOP)
 
 
 def _silence() -> None:
