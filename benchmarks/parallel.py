@@ -174,7 +174,9 @@ def jobs_speedup(cap, repeats: int) -> None:
         "buildup": lambda c: buildup(cap, selection, BuildupParams(), compute=c),
         "overlap": lambda c: temporal_overlap(cap, selection, OverlapParams(), compute=c),
         "replay (5 configurations)": lambda c: Replay(
-            cap, selection, ReplayParams("topk,dgc,sidco-gpd,clt-k,powersgd", (0.001,), LINK),
+            cap,
+            selection,
+            ReplayParams("topk,dgc,sidco-gpd,clt-k,powersgd", (0.001,), LINK),
             compute=c,
         ).run(),
     }
@@ -208,8 +210,7 @@ def replay_over_read(cap, repeats: int) -> None:
 
         t = medians({"replay": run, "read": read}, repeats)
         print(
-            f"   {name:<12} {t['replay']:>9.2f} {t['read']:>8.2f} "
-            f"{t['replay'] / t['read']:>12.2f}"
+            f"   {name:<12} {t['replay']:>9.2f} {t['read']:>8.2f} {t['replay'] / t['read']:>12.2f}"
         )
 
 
@@ -226,8 +227,12 @@ def main() -> None:
         path = write(Path(tmp) / "cap", args.learners, args.numel, args.steps)
         print(f"capture: {args.learners} learners x {args.numel:,} values x {args.steps} steps")
         with open_capture(path) as cap:
-            sections = {"1": lambda: thread_ops(args.repeats), "2": lambda: busy_machine(cap, args.repeats),
-                        "3": lambda: jobs_speedup(cap, args.repeats), "4": lambda: replay_over_read(cap, args.repeats)}
+            sections = {
+                "1": lambda: thread_ops(args.repeats),
+                "2": lambda: busy_machine(cap, args.repeats),
+                "3": lambda: jobs_speedup(cap, args.repeats),
+                "4": lambda: replay_over_read(cap, args.repeats),
+            }
             for key in args.only:
                 sections[key]()
 

@@ -2,7 +2,8 @@
 
 Besides the capture it saves, for every recorded step, the all-reduced ``.grad`` that
 DDP leaves on the parameters (``reference-rankN.npy``), so a test can check that the
-mean of the learners' recorded gradients equals it.
+mean of the learners' recorded gradients equals it, and (without gradient accumulation)
+each learner's own local gradient computed apart from DDP (``local-rankN.npy``).
 """
 
 import argparse
@@ -27,6 +28,8 @@ def main() -> None:
     parser.add_argument("--hook", default="allreduce", choices=["allreduce", "fp16", "powersgd"])
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--no-capture", action="store_true")
+    parser.add_argument("--record-ranks", default=None)
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -50,14 +53,24 @@ def main() -> None:
             ddp.register_comm_hook(state, hook)
     else:
         capture = GradientCapture(
-            ddp, args.out, hook=hook, hook_state=state, meta={"workload": "test"}
+            ddp,
+            args.out,
+            hook=hook,
+            hook_state=state,
+            meta={"workload": "test"},
+            record_ranks=args.record_ranks,
+            dtype=args.dtype,
         )
     batches = workload.batches(rank, dist.get_world_size(), 16, 0)
-    reference = []
+    reference, local = [], []
+    params = list(ddp.module.parameters())
     for step in range(args.steps):
         optimizer.zero_grad()
         for micro in range(args.accumulate):
             inputs, targets = next(batches)
+            if args.accumulate == 1:  # the plain module: no DDP hook, no .grad
+                own = torch.autograd.grad(workload.loss(ddp.module(inputs), targets), params)
+                local.append(torch.cat([g.reshape(-1) for g in own]).numpy().copy())
             if micro < args.accumulate - 1:
                 with ddp.no_sync():
                     workload.loss(ddp(inputs), targets).backward()
@@ -74,6 +87,8 @@ def main() -> None:
         capture.close()
     args.out.mkdir(parents=True, exist_ok=True)
     np.save(args.out / f"reference-rank{rank}.npy", np.stack(reference))
+    if local:
+        np.save(args.out / f"local-rank{rank}.npy", np.stack(local))
     weights = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()]).numpy()
     np.save(args.out / f"weights-rank{rank}.npy", weights)
     dist.destroy_process_group()

@@ -94,10 +94,14 @@ def test_capture_cli_every_start_layers_float16(tmp_path, capsys):
         "^0\\.|^8\\.",
         "--dtype",
         "float16",
+        "--max-bytes",
+        "10M",
         "--out",
         out,
     )
     assert result.code == 0, result
+    # the disk budget: the expected size is printed before training, and it fits
+    assert "capture: expected" in result.stderr and "2 rows x 2 learners" in result.stderr
     with open_capture(out) as cap:
         assert list(cap.steps) == [1, 4]
         assert cap.dtype == "float16"

@@ -53,12 +53,17 @@ def test_selection_parsing():
     for bad in ("7", "100:200", "a:b", "0:10:0"):
         with pytest.raises(UsageError):
             select_steps(recorded, bad)
-    assert select_learners(4, "0,2") == [0, 2]
+    assert select_learners(range(4), "0,2") == [0, 2]
     for bad in ("5", "0,0", "x"):
         with pytest.raises(UsageError):
-            select_learners(4, bad)
+            select_learners(range(4), bad)
     with pytest.raises(UsageError, match="at least 2"):
-        select_learners(1, None, minimum=2)
+        select_learners([0], None, minimum=2)
+    # a capture of a sample of learners: learners keep their rank in the run
+    assert select_learners([0, 8, 16], None) == [0, 8, 16]
+    assert select_learners([0, 8, 16], "16,8") == [16, 8]
+    with pytest.raises(UsageError, match=r"learner 1 is not in the capture \(recorded: 0,8,16\)"):
+        select_learners([0, 8, 16], "0,1")
     assert parse_ratios("0.1,0.001") == [0.1, 0.001]
     for bad in ("0", "1", "-0.1", "nan", "x"):
         with pytest.raises(UsageError):

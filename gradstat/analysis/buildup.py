@@ -18,14 +18,13 @@ import torch
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
-from gradstat.analysis.similarity import check_on, plan_sets, scoped_vectors
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.units import Work
+from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
-    multiplicity_histogram,
     random_union,
     set_overlaps,
-    topk_indices,
 )
 from gradstat.store import Capture
 
@@ -82,10 +81,11 @@ def buildup_unit(
     """Records of ``steps``: one per (step, scope, ratio, m)."""
     n = len(selection.learners)
     rows = []
-    for step, sc, ratio, k, x in scoped_vectors(cap, selection, params.ratios, params.on, steps):
-        _, holders = set_overlaps(topk_indices(x, k), sc.numel, n)
-        union = buildup_curve(multiplicity_histogram(holders, n), n)
-        rows.extend(buildup_records(step, sc.name, ratio, k, sc.numel, union))
+    walk = step_sets(cap, selection, params.ratios, params.on, steps, compute, with_mean=False)
+    for step, sc, ratio, sets in walk:
+        _, histogram = set_overlaps(sets.indices, n)
+        union = buildup_curve(histogram, n)
+        rows.extend(buildup_records(step, sc.name, ratio, sets.k, sc.numel, union))
     return rows
 
 

@@ -35,8 +35,9 @@ from gradstat.analysis.selection import (
     k_for,
     parse_ratios,
 )
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.units import Work
 from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
+from gradstat.parallel import run_units
 from gradstat.stats.distributions import (
     DISTRIBUTIONS,
     METHODS,

@@ -18,15 +18,15 @@ import torch
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
-from gradstat.analysis.similarity import check_on, plan_sets, scoped_vectors
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.units import Work
 from gradstat.errors import UsageError
+from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
     jaccard,
     overlap,
     paired_intersection_sizes,
     random_overlap,
-    topk_indices,
 )
 from gradstat.store import Capture, Scope
 
@@ -81,13 +81,15 @@ def temporal_overlap(
     return pd.DataFrame(run_units(cap, work, units, compute, progress))
 
 
-StepSets = dict[str, tuple[Scope, int, torch.Tensor]]
+ScopeSets = dict[str, tuple[Scope, int, torch.Tensor]]
 #: Index sets of recently seen steps in this process: {key: {scope name: (scope, k,
 #: indices [n + 1, k])}}.
-_recent_sets: OrderedDict[tuple, StepSets] = OrderedDict()
+_recent_sets: OrderedDict[tuple, ScopeSets] = OrderedDict()
 
 
-def _step_sets(cap: Capture, selection: Selection, params: OverlapParams, step: int) -> StepSets:
+def _step_sets(
+    cap: Capture, selection: Selection, params: OverlapParams, compute: Compute, step: int
+) -> ScopeSets:
     """Top-k sets of every learner and of the mean at ``step`` per scope, cached for the
     next ``lag`` pairs."""
     key = (str(cap.path), selection, params, step)
@@ -95,16 +97,12 @@ def _step_sets(cap: Capture, selection: Selection, params: OverlapParams, step: 
         _recent_sets.move_to_end(key)
         return _recent_sets[key]
     sets = {}
-    for _, sc, _, k, x in scoped_vectors(cap, selection, [params.ratio], "raw", [step]):
-        sets[sc.name] = (sc, k, _with_mean(x, k))
+    for _, sc, _, found in step_sets(cap, selection, [params.ratio], "raw", [step], compute):
+        sets[sc.name] = (sc, found.k, found.indices)
     _recent_sets[key] = sets
     while len(_recent_sets) > params.lag + 1:
         _recent_sets.popitem(last=False)
     return sets
-
-
-def _with_mean(x: torch.Tensor, k: int) -> torch.Tensor:
-    return torch.cat([topk_indices(x, k), topk_indices(x.mean(dim=0), k)[None]])
 
 
 def overlap_unit(
@@ -117,7 +115,7 @@ def overlap_unit(
     """Records of a unit: a pair (step, step ``lag`` on), or (``on="ef"``) every step."""
     if params.on == "raw":
         first_step, step = steps
-        first, second = (_step_sets(cap, selection, params, s) for s in steps)
+        first, second = (_step_sets(cap, selection, params, compute, s) for s in steps)
         rows = []
         for name, (sc, k, indices) in second.items():
             before = first[name][2]
@@ -125,9 +123,10 @@ def overlap_unit(
         return rows
     history: dict[str, deque] = {}
     rows = []
-    for step, sc, _, k, x in scoped_vectors(cap, selection, [params.ratio], "ef", steps):
+    for step, sc, _, found in step_sets(cap, selection, [params.ratio], "ef", steps, compute):
+        k = found.k
         past = history.setdefault(sc.name, deque(maxlen=params.lag + 1))
-        past.append((step, _with_mean(x, k)))
+        past.append((step, found.indices))
         if len(past) > params.lag:
             first_step, first = past[0]
             rows += _pair_records(selection, params, sc, k, first_step, first, step, past[-1][1])
@@ -146,7 +145,7 @@ def _pair_records(
 ) -> list[dict]:
     """One record per learner and the mean: the overlap of its sets at the two steps."""
     d = sc.numel
-    inter = paired_intersection_sizes(first, indices, d)
+    inter = paired_intersection_sizes(first, indices)
     over, jac = overlap(inter, k), jaccard(inter, k)
     names: list[int | str] = [*selection.learners, "mean"]
     return [

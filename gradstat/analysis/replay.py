@@ -31,7 +31,7 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay_stream import SchemeStep, memory_bytes_needed, replay_streamed
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.units import Work
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
     CompressorSpec,
@@ -40,7 +40,7 @@ from gradstat.compressors.registry import (
     parse_compressors,
 )
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.parallel.runner import planned_workers
+from gradstat.parallel import planned_workers, run_units
 from gradstat.parallel.threads import torch_threads
 from gradstat.store import Capture, Layer, Scope
 
@@ -173,7 +173,12 @@ class Replay:
         self.link = params.link
         self.steps = list(self.selection.steps)
         self.learners = list(self.selection.learners)
-        self.cost_learners = params.cost_learners or len(self.learners)
+        # the cluster whose communication is modelled: the learners the user selected,
+        # else the run's (also when only a sample of its learners recorded)
+        chose = self.selection.learners != tuple(capture.learners)
+        self.cost_learners = params.cost_learners or (
+            len(self.learners) if chose else capture.world_size
+        )
         self.schemes: list[tuple[Scope, Scheme]] = []
         scopes = self.selection.scopes(capture)
         skip = params.skip_unfit or len(scopes) > 1

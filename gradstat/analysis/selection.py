@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.store.ranks import format_ranks
 
 if TYPE_CHECKING:
     from gradstat.store import Capture, Scope
@@ -89,10 +90,16 @@ def _recorded(wanted: list[int], recorded: list[int]) -> list[int]:
     return wanted
 
 
-def select_learners(world_size: int, spec: LearnersSpec, minimum: int = 1) -> list[int]:
-    """Learners chosen by ``"0,2"`` or ``[0, 2]`` (default all), at least ``minimum``."""
+def select_learners(recorded: Sequence[int], spec: LearnersSpec, minimum: int = 1) -> list[int]:
+    """Learners chosen by ``"0,2"`` or ``[0, 2]`` (default all recorded), at least
+    ``minimum`` of them.
+
+    Learners are named by their rank in the run; ``recorded`` are those with a rank file
+    (all ranks unless the capture used ``--record-ranks``).
+    """
+    recorded = [int(r) for r in recorded]
     if spec is None or (isinstance(spec, str) and not spec.strip()):
-        chosen = list(range(world_size))
+        chosen = recorded
     else:
         if isinstance(spec, str):
             try:
@@ -103,9 +110,11 @@ def select_learners(world_size: int, spec: LearnersSpec, minimum: int = 1) -> li
             chosen = _integers(spec, "learners")
         if not chosen:
             raise UsageError("learners=[] selects no learner")
-        bad = [r for r in chosen if not 0 <= r < world_size]
+        bad = [r for r in chosen if r not in recorded]
         if bad:
-            raise UsageError(f"learner {bad[0]} is not in the capture (0..{world_size - 1})")
+            raise UsageError(
+                f"learner {bad[0]} is not in the capture (recorded: {format_ranks(recorded)})"
+            )
         if len(set(chosen)) != len(chosen):
             raise UsageError(f"learners={spec!r} names a learner twice")
     if len(chosen) < minimum:
@@ -165,7 +174,7 @@ class Selection:
     ) -> Selection:
         """Validate a selection of ``cap``: text as on the command line or Python values."""
         chosen_steps = select_steps(cap.steps, steps)
-        chosen_learners = select_learners(cap.world_size, learners)
+        chosen_learners = select_learners(cap.learners, learners)
         cap.scopes(scope)  # a scope that matches nothing is refused here
         return cls(tuple(chosen_steps), tuple(chosen_learners), scope)
 

@@ -5,8 +5,9 @@ each learner's overlap with the top-k of the mean gradient (the quantity in Scal
 theory), the energy of the mean gradient that each learner's set captures, ScaleCom's
 contraction check with each learner as the CLT-k leader, and the random baseline k/d.
 
-``scoped_vectors`` is the step walk shared with build-up and temporal overlap: raw
-gradients, or error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``);
+``step_sets`` is the step walk shared with build-up and temporal overlap: the top-k sets
+of raw gradients streamed learner by learner (``topk_stream``), or of
+error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``);
 ``plan_sets`` checks a top-k set analysis once and cuts it into units (``units``).
 """
 
@@ -24,13 +25,17 @@ from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
-from gradstat.analysis.units import Work, run_units
+from gradstat.analysis.topk_stream import StepSets, stream_step_sets
+from gradstat.analysis.units import Work
 from gradstat.errors import GradstatWarning, UsageError
+from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
     TopkSetMetrics,
+    energy_captured,
     random_overlap,
     random_union,
-    topk_set_metrics,
+    set_overlaps,
+    topk_indices,
 )
 from gradstat.store import Capture, Scope
 
@@ -93,54 +98,72 @@ def plan_sets(
     return [(step,) for step in selection.steps]
 
 
-def scoped_vectors(
+def step_sets(
     cap: Capture,
     selection: Selection,
     ratios: Sequence[float],
     on: str,
     steps: Sequence[int],
-) -> Iterator[tuple[int, Scope, float, int, torch.Tensor]]:
-    """Yield ``(step, scope, ratio, k, x [learners, scope numel])`` at ``steps``.
+    compute: Compute,
+    *,
+    with_mean: bool = True,
+) -> Iterator[tuple[int, Scope, float, StepSets]]:
+    """Yield ``(step, scope, ratio, sets)``: the top-k sets of every selected learner (and
+    of the mean gradient when ``with_mean``) at ``steps``.
 
-    ``on="raw"``: the recorded gradients; ``on="ef"``: g + m from a top-k residual
-    error-feedback replay at that ratio (``ef_vectors``; ``steps`` must then be a run's
-    steps in order). Warns once per scope and ratio when a vector has fewer than k
-    non-zeros (the set is then partly arbitrary ties).
+    ``on="raw"``: the recorded gradients, streamed one learner's row (or column block) at
+    a time (``topk_stream``); ``on="ef"``: g + m from a top-k residual error-feedback
+    replay at that ratio (``ef_vectors``; ``steps`` must then be a run's steps in order).
+    Warns once per scope and ratio when a vector has fewer than k non-zeros (the set is
+    then partly arbitrary ties).
     """
     learners = list(selection.learners)
     scopes = usable_scopes(selection.scopes(cap), ratios, warn=False)
+    device = compute.torch_device()
 
-    def checked(step: int, sc: Scope, x: torch.Tensor, for_ratios: Sequence[float]):
-        """Yield ``(step, scope, ratio, k, x)`` per ratio; warn once if x is too sparse."""
-        require_finite(step, x, learners, "a top-k set analysis")
-        fewest_nonzeros = None
-        for ratio in for_ratios:
-            k = k_for(ratio, sc.numel)
-            key = (str(cap.path), sc.name, ratio)
-            if key not in _warned_sparse:
-                if fewest_nonzeros is None:
-                    fewest_nonzeros = int((x != 0).sum(dim=1).min())
-                if fewest_nonzeros < k:
-                    _warned_sparse.add(key)
-                    warnings.warn(
-                        f"step {step}, scope {sc.name!r}: fewer than k={k} non-zero entries; "
-                        "the top-k sets then include arbitrary zeros and overlap is not "
-                        "meaningful",
-                        GradstatWarning,
-                        stacklevel=3,
-                    )
-            yield step, sc, ratio, k, x
+    def checked(step: int, sc: Scope, ratio: float, sets: StepSets):
+        key = (str(cap.path), sc.name, ratio)
+        if sets.sparse and key not in _warned_sparse:
+            _warned_sparse.add(key)
+            warnings.warn(
+                f"step {step}, scope {sc.name!r}: fewer than k={sets.k} non-zero entries; "
+                "the top-k sets then include arbitrary zeros and overlap is not meaningful",
+                GradstatWarning,
+                stacklevel=3,
+            )
+        return step, sc, ratio, sets
 
     if on == "ef":
         for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
             for sc in scopes:
                 for ratio in ratios:
-                    yield from checked(step, sc, vectors[sc.name, ratio], [ratio])
+                    x = vectors[sc.name, ratio].to(device)
+                    require_finite(step, x, learners, "a top-k set analysis")
+                    yield checked(
+                        step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
+                    )
         return
     for step in steps:
-        grads = cap.read_step(step, learners)
         for sc in scopes:
-            yield from checked(step, sc, sc.take(grads), ratios)
+            ks = [k_for(ratio, sc.numel) for ratio in ratios]
+            block = compute.block_numel(sc.numel)
+            found = stream_step_sets(
+                cap, step, learners, sc, ks, with_mean=with_mean, device=device, block=block
+            )
+            for ratio, sets in zip(ratios, found, strict=True):
+                yield checked(step, sc, ratio, sets)
+
+
+def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
+    """The sets of the rows of ``x [n, d]`` already in memory (error-feedback vectors)."""
+    indices = topk_indices(x, k)
+    sparse = bool((x.gather(1, indices) == 0).any())
+    energy = None
+    if with_mean:
+        mean = x.mean(dim=0)
+        indices = torch.cat([indices, topk_indices(mean, k)[None]])
+        energy = energy_captured(mean, indices)
+    return StepSets(k, x.shape[1], indices, energy, sparse)
 
 
 @dataclass(frozen=True)
@@ -203,9 +226,15 @@ def similarity_unit(
     steps: Sequence[int],
 ) -> list[dict]:
     """Records of ``steps``: one per (step, scope), its pair records under ``"pairs"``."""
+    n = len(selection.learners)
     records = []
-    for step, sc, ratio, k, x in scoped_vectors(cap, selection, [params.ratio], params.on, steps):
-        metrics = topk_set_metrics(x, k)
+    for step, sc, ratio, sets in step_sets(
+        cap, selection, [params.ratio], params.on, steps, compute
+    ):
+        intersections, histogram = set_overlaps(sets.indices, n)
+        metrics = TopkSetMetrics(
+            sets.k, sets.d, sets.indices, intersections, histogram, sets.energy
+        )
         records.append(_similarity_record(step, sc.name, ratio, selection.learners, metrics))
     return records
 

@@ -6,20 +6,18 @@ parsed parameters) and a list of units (a step, a pair of steps, a group of comp
 configurations; each analysis says which). ``work.function(cap, selection, params,
 compute, unit)`` returns the unit's records (``list[dict]``); :func:`run_units` returns
 every unit's records in unit order, so the analysis builds the same table however the
-units were run. Units never share state, so the runner (:mod:`gradstat.parallel`) hands
-them to ``--jobs`` worker processes or to torchrun ranks, which open the capture from
-``work.capture`` themselves and receive the context as typed JSON.
+units were run. Units never share state, so the runner (:func:`gradstat.parallel.run_units`)
+hands them to ``--jobs`` worker processes or to torchrun ranks, which open the capture
+from ``work.capture`` themselves and receive the context as typed JSON.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gradstat import parallel
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection
 from gradstat.store import Capture
 
@@ -34,15 +32,3 @@ class Work:
     capture: str
     selection: Selection
     params: Any
-
-
-def run_units(
-    cap: Capture,
-    work: Work,
-    units: Sequence,
-    compute: Compute,
-    progress: Progress = no_progress,
-) -> list[dict]:
-    """Every unit's records, in unit order: in this process, in ``compute.jobs`` worker
-    processes or across torchrun ranks (:func:`gradstat.parallel.run_units`)."""
-    return parallel.run_units(cap, work, units, compute, progress)

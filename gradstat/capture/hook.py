@@ -21,6 +21,9 @@ Usage in a training script (one object per process)::
 
 Call ``step`` once per optimizer step. Under ``no_sync()`` gradient accumulation DDP
 runs no hook until the synchronising backward, so the accumulated gradient is recorded.
+
+With ``record_ranks`` only a sample of learners records; the others register the wrapped
+hook alone (no copy, no buffers, no writer thread, no rank file).
 """
 
 import json
@@ -29,7 +32,7 @@ import socket
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +42,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from gradstat import __version__
+from gradstat.capture.budget import API_SUGGESTION, CapturePlan, budget_problem, free_bytes
+from gradstat.capture.budget import recorded_rows as count_rows
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.store.schema import SUPPORTED_DTYPES, Layer, layer_table, rank_file_name
+from gradstat.store.compression import check_compression
+from gradstat.store.dtypes import check_dtype, torch_dtype
+from gradstat.store.ranks import parse_ranks
+from gradstat.store.schema import Layer, layer_table, rank_file_name
 from gradstat.store.writer import finalize_root, write_root
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
@@ -57,10 +65,25 @@ def _capture_hook(
     """
     if capture.recording:
         capture._record_bucket(bucket)
-    inner_state = capture.hook_state
-    if capture.hook is allreduce_hook and inner_state is None:
-        inner_state = capture.process_group
-    return capture.hook(inner_state, bucket)
+    return capture.hook(capture._inner_state(), bucket)
+
+
+def select_named_parameters(
+    module: torch.nn.Module, pattern: str | None
+) -> list[tuple[str, torch.nn.Parameter]]:
+    """The trainable parameters whose name matches ``pattern`` (all when None), in order."""
+    try:
+        regex = re.compile(pattern) if pattern else None
+    except re.error as exc:
+        raise UsageError(f"layers {pattern!r} is not a valid regex: {exc}") from None
+    named = [
+        (name, param)
+        for name, param in module.named_parameters()
+        if param.requires_grad and (regex is None or regex.search(name))
+    ]
+    if not named:
+        raise UsageError(f"layers {pattern!r} matches no trainable parameter")
+    return named
 
 
 class GradientCapture:
@@ -71,7 +94,13 @@ class GradientCapture:
         out_dir: the capture folder; rank 0 also writes ``capture.h5`` there.
         every: record every ``every``-th step, starting at ``start``.
         layers: regex of parameter names to record (default: all trainable ones).
-        dtype: ``float32`` or ``float16`` on disk.
+        dtype: ``float32``, ``float16`` or ``bfloat16`` on disk (docs/format.md).
+        record_ranks: the learners that record, e.g. ``[0, 3]`` or ``"0-7"`` or
+            ``"::8"`` (gradstat/store/ranks.py); default all.
+        compression: ``none``, ``gzip``, ``lzf``, ``lz4`` or ``zstd`` (docs/format.md).
+        total_steps, max_bytes: with ``total_steps`` (the optimizer steps training will
+            run), rank 0 warns before training when the capture would not fit on the disk
+            or would exceed ``max_bytes``.
         hook, hook_state: the communication hook to wrap and its state
             (default: plain all-reduce), e.g. PyTorch's ``fp16_compress_hook`` or
             ``powerSGD_hook`` with a ``PowerSGDState``.
@@ -93,13 +122,17 @@ class GradientCapture:
         meta: Mapping[str, Any] | None = None,
         max_queue: int = 4,
         process_group: dist.ProcessGroup | None = None,
+        record_ranks: str | Sequence[int] | None = None,
+        compression: str = "none",
+        total_steps: int | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         if every < 1:
             raise UsageError(f"every must be >= 1, got {every}")
         if start < 0:
             raise UsageError(f"start must be >= 0, got {start}")
-        if dtype not in SUPPORTED_DTYPES:
-            raise UsageError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype!r}")
+        check_dtype(dtype)
+        check_compression(compression)
         self.every, self.start = every, start
         self.hook = hook or allreduce_hook
         self.hook_state = hook_state
@@ -107,6 +140,7 @@ class GradientCapture:
         self.out_dir = Path(out_dir)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
+        self.recorded_ranks = parse_ranks(record_ranks, self.world_size)
         self.layers, params = self._select_parameters(model, layers)
         self.numel = self.layers[-1].stop
         self._slots = {
@@ -114,7 +148,7 @@ class GradientCapture:
             for param, layer in zip(params, self.layers, strict=True)
         }
         self._device = params[0].device
-        self._storage_dtype = getattr(torch, dtype)
+        self._storage_dtype = torch_dtype(dtype)
         self._pool: list[torch.Tensor] = []
         self._pool_lock = threading.Lock()
         self._iteration = 0
@@ -124,13 +158,20 @@ class GradientCapture:
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
+            if total_steps is not None:
+                self._warn_over_budget(total_steps, dtype, max_bytes)
             write_root(
                 self.out_dir,
                 self.layers,
                 self.world_size,
                 dtype,
-                self._metadata(meta, every, start, layers),
+                self._metadata(meta, every, start, layers, compression),
+                self.recorded_ranks,
             )
+        self.writer: BackgroundWriter | None = None
+        if self.rank not in self.recorded_ranks:  # the wrapped hook alone, as without us
+            model.register_comm_hook(self._inner_state(), self.hook)
+            return
         self.writer = BackgroundWriter(
             self.out_dir / rank_file_name(self.rank),
             self.rank,
@@ -138,29 +179,43 @@ class GradientCapture:
             dtype,
             self._release,
             max_queue,
+            compression,
         )
         model.register_comm_hook(self, _capture_hook)
+
+    def _inner_state(self) -> Any:
+        """The wrapped hook's state (PyTorch's all-reduce hook takes the process group)."""
+        if self.hook is allreduce_hook and self.hook_state is None:
+            return self.process_group
+        return self.hook_state
+
+    def _warn_over_budget(self, total_steps: int, dtype: str, max_bytes: int | None) -> None:
+        plan = CapturePlan(
+            rows=count_rows(total_steps, self.every, self.start),
+            learners=len(self.recorded_ranks),
+            numel=self.numel,
+            dtype=dtype,
+            layers=len(self.layers),
+        )
+        problem = budget_problem(plan, free_bytes(self.out_dir), max_bytes, API_SUGGESTION)
+        if problem is not None:
+            warnings.warn(f"gradstat: {problem}", GradstatWarning, stacklevel=3)
 
     # --- set-up -----------------------------------------------------------------------
     @staticmethod
     def _select_parameters(
         model: DistributedDataParallel, pattern: str | None
     ) -> tuple[list[Layer], list]:
-        try:
-            regex = re.compile(pattern) if pattern else None
-        except re.error as exc:
-            raise UsageError(f"layers {pattern!r} is not a valid regex: {exc}") from None
-        named = [
-            (name, param)
-            for name, param in model.module.named_parameters()
-            if param.requires_grad and (regex is None or regex.search(name))
-        ]
-        if not named:
-            raise UsageError(f"layers {pattern!r} matches no trainable parameter")
+        named = select_named_parameters(model.module, pattern)
         return layer_table([(name, tuple(p.shape)) for name, p in named]), [p for _, p in named]
 
     def _metadata(
-        self, meta: Mapping[str, Any] | None, every: int, start: int, layers: str | None
+        self,
+        meta: Mapping[str, Any] | None,
+        every: int,
+        start: int,
+        layers: str | None,
+        compression: str,
     ) -> dict:
         versions = {
             "torch": torch.__version__,
@@ -173,6 +228,7 @@ class GradientCapture:
             "every": every,
             "start": start,
             "layers_regex": layers or "",
+            "compression": compression,
             "hostname": socket.gethostname(),
             "command": " ".join(sys.argv),
             "versions": json.dumps(versions),
@@ -193,11 +249,32 @@ class GradientCapture:
 
     # --- recording --------------------------------------------------------------------
     @property
+    def records(self) -> bool:
+        """Whether this rank writes a rank file (it is one of ``record_ranks``)."""
+        return self.writer is not None
+
+    @property
+    def failed(self) -> bool:
+        """Whether this rank's writer stopped on an error."""
+        return self.writer is not None and self.writer.failed
+
+    @property
+    def bytes_written(self) -> int:
+        """Gradient bytes this rank has written so far (0 on ranks that do not record)."""
+        return 0 if self.writer is None else self.writer.bytes_written
+
+    @property
+    def rows_written(self) -> int:
+        """Rows this rank has written so far (0 on ranks that do not record)."""
+        return 0 if self.writer is None else self.writer.rows_written
+
+    @property
     def recording(self) -> bool:
         """Whether the current iteration is one that gets recorded."""
         it = self._iteration
         return (
-            not self._closed
+            self.writer is not None
+            and not self._closed
             and not self.writer.failed
             and it >= self.start
             and (it - self.start) % self.every == 0
@@ -226,7 +303,7 @@ class GradientCapture:
                 ready.record()
             row_step = self._iteration if step is None else int(step)
             row_loss = float("nan") if loss is None else float(loss)
-            if self._copied == self.numel:
+            if self._copied == self.numel and self.writer is not None:
                 self.writer.submit(PendingRow(row_step, row_loss, self._pending, ready))
             else:  # a step without a (complete) backward: nothing consistent to record
                 self._release(self._pending)
@@ -241,8 +318,9 @@ class GradientCapture:
         if self._closed:
             return
         self._closed = True
-        self.writer.close()
-        failed = torch.tensor([float(self.writer.failed)], device=self._device)
+        if self.writer is not None:
+            self.writer.close()
+        failed = torch.tensor([float(self.failed)], device=self._device)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.process_group)
         if self.rank == 0:
             complete = failed.item() == 0
@@ -268,4 +346,5 @@ class GradientCapture:
             self.close()
         else:  # leave the capture readable up to its last committed step
             self._closed = True
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()

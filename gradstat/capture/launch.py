@@ -23,10 +23,14 @@ from pathlib import Path
 
 import torch
 
+from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
+from gradstat.capture.hook import select_named_parameters
 from gradstat.capture.worker import PROGRESS_PREFIX
-from gradstat.capture.workloads import SIZES, workload_names
+from gradstat.capture.workloads import SIZES, build_workload, workload_names
 from gradstat.errors import DataError, UsageError
 from gradstat.parallel.threads import available_cpus, worker_environment
+from gradstat.store.compression import dataset_filters
+from gradstat.store.ranks import parse_ranks
 from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
 
 LOG_FILE = "capture.log"
@@ -60,6 +64,9 @@ class CaptureOptions:
     master_port: int | None = None
     backend: str = "auto"
     comm_hook: str = "allreduce"
+    record_ranks: str = "all"
+    compression: str = "none"
+    max_bytes: int | None = None
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
     def check(self) -> None:
@@ -121,6 +128,32 @@ class CaptureOptions:
                 re.compile(self.layers)
             except re.error as exc:
                 raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
+        parse_ranks(self.record_ranks, self.world_size)
+        dataset_filters(self.compression)  # a known name, with its plugin installed
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise UsageError(f"--max-bytes must be positive, got {self.max_bytes}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def plan(self) -> CapturePlan:
+        """What this machine's learners will write (the model is built on the meta
+        device: shapes only, no memory)."""
+        with torch.device("meta"):
+            model = build_workload(self.workload, self.size, self.data).model
+        named = select_named_parameters(model, self.layers)
+        first = self.node_rank * self.nproc_per_node
+        local = set(range(first, first + self.nproc_per_node))
+        recorded = parse_ranks(self.record_ranks, self.world_size)
+        return CapturePlan(
+            rows=self.recorded_steps,
+            learners=len(local.intersection(recorded)),
+            numel=sum(param.numel() for _, param in named),
+            dtype=self.dtype,
+            layers=len(named),
+            root=self.node_rank == 0,
+        )
 
     @property
     def resolved_backend(self) -> str:
@@ -179,6 +212,8 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "seed": options.seed,
         "backend": options.resolved_backend,
         "comm_hook": options.comm_hook,
+        "record_ranks": options.record_ranks,
+        "compression": options.compression,
         "command": options.command,
     }
     argv += ["-m", "gradstat.capture.worker", "--config", json.dumps(config)]
@@ -224,18 +259,33 @@ def _failure_reason(lines: deque[str]) -> str:
     return "a learner failed"
 
 
+def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, int]:
+    """The capture's plan and the free space; ``UsageError`` when it would not fit."""
+    plan = options.plan()
+    free = free_bytes(run_dir)
+    problem = budget_problem(plan, free, options.max_bytes)
+    if problem is not None:
+        raise UsageError(problem)
+    return plan, free
+
+
 def run_capture(
     options: CaptureOptions,
     on_progress: Callable[[dict], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
+    on_plan: Callable[[CapturePlan, int], None] | None = None,
 ) -> Path:
-    """Run the capture; returns the run folder. Raises ``DataError`` if training fails."""
+    """Run the capture; returns the run folder. Raises ``DataError`` if training fails,
+    ``UsageError`` (before any process starts) if the capture would not fit on disk."""
     options.check()
     run_dir = options.run_dir()
     if (run_dir / ROOT_FILE).exists() or (run_dir.exists() and any(run_dir.iterdir())):
         raise UsageError(
             f"{run_dir} already exists and is not empty; choose another --out or remove it"
         )
+    plan, free = check_budget(options, run_dir)
+    if on_plan is not None:
+        on_plan(plan, free)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_FILE
     argv = torchrun_argv(options, run_dir)

@@ -96,6 +96,8 @@ def train(args: argparse.Namespace) -> None:
         hook=hook,
         hook_state=hook_state,
         meta=meta,
+        record_ranks=args.record_ranks,
+        compression=args.compression,
     )
     batches = workload.batches(rank, world, args.batch_size, args.seed)
     started = time.perf_counter()
@@ -113,8 +115,8 @@ def train(args: argparse.Namespace) -> None:
             report = {
                 "step": step + 1,
                 "loss": loss_value,
-                "bytes": capture.writer.bytes_written,
-                "rows": capture.writer.rows_written,
+                "bytes": capture.bytes_written,
+                "rows": capture.rows_written,
                 "elapsed": time.perf_counter() - started,
             }
             emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))

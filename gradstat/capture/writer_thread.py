@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gradstat.errors import GradstatWarning
+from gradstat.store.dtypes import buffer_to_disk
 from gradstat.store.writer import RankFileWriter
 
 #: Space kept free beside each row for HDF5 metadata (chunk index, superblock).
@@ -59,6 +60,7 @@ class BackgroundWriter:
         dtype: str,
         release: Callable[[torch.Tensor], None],
         max_queue: int = 4,
+        compression: str = "none",
     ) -> None:
         self.path = Path(path)
         self.rows_written = 0
@@ -67,7 +69,9 @@ class BackgroundWriter:
         self._release = release
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
         try:
-            self._file: RankFileWriter | None = RankFileWriter(self.path, rank, numel, dtype)
+            self._file: RankFileWriter | None = RankFileWriter(
+                self.path, rank, numel, dtype, compression
+            )
         except OSError as exc:
             self._file = None
             self._fail(exc)
@@ -106,7 +110,7 @@ class BackgroundWriter:
                     if row.ready is not None:
                         row.ready.synchronize()
                     self._ensure_space(row.buffer.numel() * row.buffer.element_size())
-                    self._file.append(row.step, row.loss, row.buffer.numpy())
+                    self._file.append(row.step, row.loss, buffer_to_disk(row.buffer))
                     self.rows_written += 1
                     self.bytes_written += row.buffer.numel() * row.buffer.element_size()
             except Exception as exc:  # disk full, permission, quota: stop, never crash

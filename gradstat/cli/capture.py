@@ -7,8 +7,10 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, recorded_rows
 from gradstat.capture.launch import CaptureOptions, run_capture
 from gradstat.cli.output import console, err_console, warn
+from gradstat.store.ranks import format_ranks, parse_ranks
 
 
 def capture_command(
@@ -26,7 +28,26 @@ def capture_command(
         None, "--layers", help="Regex of parameter names to record (default: all)."
     ),
     dtype: str = typer.Option(
-        "float32", "--dtype", help="Storage type on disk: float32 or float16."
+        "float32",
+        "--dtype",
+        help="Storage type on disk: float32, bfloat16 or float16 (docs/format.md: when 2 "
+        "bytes are safe).",
+    ),
+    record_ranks: str = typer.Option(
+        "all",
+        "--record-ranks",
+        help="Learners that record: all, a list 0,3, a range 0-7 or every N-th ::8; the "
+        "others train without any capture cost.",
+    ),
+    compression: str = typer.Option(
+        "none",
+        "--compression",
+        help="Lossless HDF5 compression: none, gzip, lzf, or lz4 / zstd (need hdf5plugin).",
+    ),
+    max_bytes: str = typer.Option(
+        None,
+        "--max-bytes",
+        help="Refuse to start if the capture would exceed this size, e.g. 500M, 20GiB, 1.5TB.",
     ),
     batch_size: int = typer.Option(32, "--batch-size", help="Per-learner batch size."),
     lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)."),
@@ -76,6 +97,9 @@ def capture_command(
         master_port=master_port,
         backend=backend,
         comm_hook=comm_hook,
+        record_ranks=record_ranks,
+        compression=compression,
+        max_bytes=None if max_bytes is None else parse_bytes(max_bytes),
     )
     options.check()
     run_dir = options.run_dir()
@@ -84,25 +108,37 @@ def capture_command(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[mb]:.1f} MB written"),
+        TextColumn("{task.fields[mb]:.1f} MB recorded"),
         TextColumn("{task.fields[rate]:.1f} steps/s"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err_console, disable=not err_console.is_terminal) as bar:
         task = bar.add_task("capture", total=steps, loss="-", mb=0.0, rate=0.0)
 
+        plan_of_run: list[CapturePlan] = []
+
+        def on_plan(plan: CapturePlan, free: int) -> None:
+            plan_of_run.append(plan)
+            err_console.print(
+                f"capture: expected {plan.describe()}; {format_bytes(free)} free", highlight=False
+            )
+
         def on_progress(report: dict) -> None:
+            rows = recorded_rows(report["step"], options.every, options.start)
             bar.update(
                 task,
                 completed=report["step"],
                 loss=f"{report['loss']:.3f}",
-                mb=report["bytes"] * options.nproc_per_node / 1e6,
+                mb=rows * plan_of_run[0].row_bytes * plan_of_run[0].learners / 1e6,
                 rate=report["step"] / max(report["elapsed"], 1e-9),
             )
 
-        run_capture(options, on_progress=on_progress, on_warning=warn)
-    learners = nproc_per_node * nnodes
-    console.print(
-        f"captured {options.recorded_steps} steps x {learners} learners to [bold]{run_dir}[/bold]"
+        run_capture(options, on_progress=on_progress, on_warning=warn, on_plan=on_plan)
+    recorded = parse_ranks(options.record_ranks, options.world_size)
+    learners = (
+        f"{len(recorded)} learners"
+        if len(recorded) == options.world_size
+        else f"{len(recorded)} of {options.world_size} learners (ranks {format_ranks(recorded)})"
     )
+    console.print(f"captured {options.recorded_steps} steps x {learners} to [bold]{run_dir}[/bold]")
     console.print(f"next: gradstat info {run_dir}")

@@ -29,7 +29,7 @@ from gradstat.cli.options import (
     StepsOpt,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, progress, warn
+from gradstat.cli.output import df_table, emit, note_sample, progress, warn
 from gradstat.errors import UsageError
 from gradstat.plots.paths import check_plot_path
 from gradstat.store import open_capture
@@ -113,6 +113,7 @@ def fit_command(
     DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k."""
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         analysis = Fit(
             cap,
             dists=dist,

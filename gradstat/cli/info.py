@@ -46,9 +46,10 @@ def info_command(
     rows = [
         ("workload", summary["workload"]),
         ("status", status),
-        ("learners", f"{summary['learners']} ({summary['backend']})"),
+        ("learners", f"{cap.learners_text()} ({summary['backend']})"),
         ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
+        ("compression", summary["compression"]),
         ("layers", str(len(summary["layers"]))),
         ("size", _size(summary["bytes"])),
     ]

@@ -120,6 +120,17 @@ def progress(
             bar.advance(task)
 
 
+def note_sample(cap) -> None:
+    """Say on stderr when a capture recorded only some of the run's learners
+    (``--record-ranks``): analyses use those, the cost model the run's world size."""
+    if cap.is_sample:
+        err_console.print(
+            f"note: the run had {cap.world_size} learners; {cap.path} recorded "
+            f"{cap.learners_text()}, and the analysis uses those",
+            highlight=False,
+        )
+
+
 def warn(message: str) -> None:
     """One warning line on stderr."""
     err_console.print(f"[yellow]Warning:[/yellow] {message}", highlight=False)

@@ -34,7 +34,7 @@ from gradstat.cli.options import (
     StepsOpt,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, err_console, progress, to_json
+from gradstat.cli.output import df_table, emit, err_console, note_sample, progress, to_json
 from gradstat.compressors.cost import Link, parse_link
 from gradstat.compressors.registry import REGISTRY, parse_compressors
 from gradstat.errors import DataError, UsageError
@@ -144,10 +144,11 @@ def replay_command(
     params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap:
+        note_sample(cap)
         selection = Selection.of(cap, steps, learners, scope)
         run = Replay(cap, selection, params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
-    n = len(run.learners)
+    n = run.cost_learners
     summary = summarize_replay(records, link, n)
     dense = ", ".join(
         f"{scope_name}: {dense_seconds(int(d), n, link) * 1e3:.3g} ms"
@@ -159,7 +160,8 @@ def replay_command(
         tables.append(
             df_table(
                 _display(rows, _TRAFFIC_COLUMNS),
-                f"replay of {n} learners over {len(run.steps)} steps, scope {scope_name}, "
+                f"replay of {len(run.learners)} learners over {len(run.steps)} steps "
+                f"(cost model: {n} learners), scope {scope_name}, "
                 f"{_link_text(link)}; means over steps. q = selected/k, B = union/k, bytes "
                 "sent per learner per step, comm = predicted communication, speed-up = "
                 f"dense fp32 all-reduce ({dense}) / (comm + compress)",
@@ -179,7 +181,9 @@ def replay_command(
         csv=csv,
         tables=tables,
         json_document={
-            "learners": n,
+            "learners": len(run.learners),
+            "world_size": cap.world_size,
+            "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
             "latency_seconds": link.latency,
             "records": records.to_dict(orient="records"),
@@ -218,7 +222,7 @@ def recommend_command(
     cluster: int | None = typer.Option(
         None,
         "--learners",
-        help="Cluster size for the cost model (default: the capture's learners).",
+        help="Cluster size for the cost model (default: the run's world size).",
     ),
     baseline: Baseline = BaselineOpt,
     compressors: str = typer.Option(
@@ -256,6 +260,7 @@ def recommend_command(
     )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap:
+        note_sample(cap)
         result = recommend(
             cap,
             Selection.of(cap, steps),

@@ -8,7 +8,7 @@ import typer
 
 from gradstat.analysis.selection import parse_ratios
 from gradstat.cli.options import CaptureArg, Device, Jobs, Memory, compute_options
-from gradstat.cli.output import console, progress
+from gradstat.cli.output import console, note_sample, progress
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import UsageError
 from gradstat.report.build import ReportSettings, build_report
@@ -36,7 +36,7 @@ def report_command(
     ),
     latency: str = typer.Option("5us", "--latency", help="Per-message latency of the cost model."),
     learners: int = typer.Option(
-        None, "--learners", help="Cluster size for the cost model (default: the capture's)."
+        None, "--learners", help="Cluster size for the cost model (default: the run's world size)."
     ),
     dpi: int = typer.Option(
         110, "--dpi", min=30, max=600, help="Resolution of the embedded figures."
@@ -66,6 +66,7 @@ def report_command(
         compute=compute_options(device, memory, jobs),
     )
     with open_capture(capture) as cap:
+        note_sample(cap)
         page = build_report(cap, settings, lambda section: lambda items: progress(items, section))
     try:
         out.write_text(page, encoding="utf-8")

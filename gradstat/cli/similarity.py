@@ -32,7 +32,7 @@ from gradstat.cli.options import (
     StepsOpt,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, progress
+from gradstat.cli.output import df_table, emit, note_sample, progress
 from gradstat.errors import UsageError
 from gradstat.plots.paths import check_plot_path
 from gradstat.store import Capture, open_capture
@@ -57,10 +57,10 @@ OnOpt = typer.Option(
 def _select(
     cap: Capture, steps: str | None, learners: str | None, scope: str, minimum: int, what: str
 ) -> Selection:
-    if cap.world_size < minimum:
+    if len(cap.learners) < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
-            f"{cap.path} has {cap.world_size}"
+            f"{cap.path} recorded {len(cap.learners)} of {cap.world_size}"
         )
     return Selection.of(cap, steps, learners, scope)
 
@@ -95,6 +95,7 @@ def similarity_command(
     compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         selection = _select(cap, steps, learners, scope, 2, "similarity")
         result = similarity(
             cap,
@@ -184,6 +185,7 @@ def buildup_command(
     compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         selection = _select(cap, steps, learners, scope, 2, "build-up")
         records = buildup(
             cap,
@@ -248,6 +250,7 @@ def overlap_command(
     compute = compute_options(device, memory, jobs)
     check_plot_path(plot)
     with open_capture(capture) as cap:
+        note_sample(cap)
         selection = _select(cap, steps, learners, scope, 1, "overlap")
         records = temporal_overlap(
             cap,

@@ -55,7 +55,7 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
         [
             ("workload", f"{cap.workload} ({cap.meta.get('workload_description', '')})"),
             ("status", cap.status),
-            ("learners", f"{cap.world_size} ({cap.meta.get('backend')})"),
+            ("learners", f"{cap.learners_text()} ({cap.meta.get('backend')})"),
             (
                 "recorded steps",
                 f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if len(steps) else ""),
@@ -73,7 +73,7 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
         state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
     reading = (
         f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
-        f"training. {state}"
+        f"training{'' if not cap.is_sample else f'; {cap.learners_text()} recorded'}. {state}"
     )
     figures = []
     if len(steps):
@@ -353,7 +353,7 @@ def build_report(
         sections.append(_guarded("replay", _replay, cap, settings, shared))
         sections.append(_guarded("recommend", _recommend, cap, settings, shared))
     subtitle = (
-        f"{cap.path} · {cap.world_size} learners · {len(cap.steps)} recorded steps · "
+        f"{cap.path} · {cap.learners_text()} · {len(cap.steps)} recorded steps · "
         f"status {cap.status} · made {time.strftime('%Y-%m-%d %H:%M')}"
     )
     return render(f"gradstat report: {cap.path.name}", subtitle, sections, dpi=settings.dpi)

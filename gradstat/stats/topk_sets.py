@@ -1,8 +1,8 @@
 """Top-k index sets of learners' gradients and the cross-learner metrics of METHODS.md 3.
 
-Everything here is O(n d) tensor math per step on index tensors (``torch.topk``, one
-bit-packed membership mask looked up at the sets' indices, ``torch.bincount`` of the
-per-index holder counts); no Python sets. Notation: ``n`` learners,
+Top-k selection is O(d) per row; everything after it works on the index sets alone
+(sorting the n k indices, owner bit masks per distinct index, ``torch.isin``), so its
+memory is O(n k) whatever d; no Python sets and no d-length masks. Notation: ``n`` learners,
 ``d`` elements in the scope, ``k`` elements kept, ``I_i`` = top-k(|g_i|), ``I*`` =
 top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
 
@@ -38,8 +38,7 @@ PREFILTER_SAMPLE = 1 << 14
 #: its threads (2 MiB of float32, still cache-sized). Measured on 9 rows x 5M, k = 5,000:
 #: with 2 threads 46 ms against 84 ms for 32K chunks (one thread: the same either way).
 PREFILTER_CHUNK = 1 << 19
-#: Sets per word of the bit-packed membership mask of ``set_overlaps`` (int64, sign bit
-#: unused).
+#: Sets per word of the owner bit masks of ``set_overlaps`` (int64, sign bit unused).
 OWNER_BITS = 63
 
 
@@ -79,62 +78,56 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], k)
 
 
-def membership(indices: torch.Tensor, d: int) -> torch.Tensor:
-    """Boolean mask ``[sets, d]``: row ``i`` is True on the indices of set ``i``."""
-    indices = indices.reshape(-1, indices.shape[-1])
-    mask = torch.zeros(indices.shape[0], d, dtype=torch.bool, device=indices.device)
-    return mask.scatter_(1, indices, True)
+def set_overlaps(indices: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairwise intersections of the sets ``indices [s, k]`` and the multiplicity histogram.
 
+    Returns ``(inter, hist)``: ``inter[a, b] = |I_a n I_b|`` (int64 ``[s, s]``) and h(c)
+    for c = 1..n (int64 ``[n]``): how many indices are held by exactly c of the first
+    ``n`` sets (union U = sum h, full intersection = h(n)).
 
-def set_overlaps(indices: torch.Tensor, d: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pairwise intersections of the sets ``indices [s, k]`` and the holder counts.
-
-    Returns ``(inter, holders)``: ``inter[a, b] = |I_a n I_b|`` (int64 ``[s, s]``) and
-    ``holders[i, j]`` = how many of the first ``n`` sets hold ``indices[i, j]`` (int64
-    ``[n, k]``), i.e. the multiplicity c of each of their indices.
-
-    A bit-packed membership mask: ``owners[j]`` has bit ``a`` set when set ``a`` holds
-    ``j`` (int16 / int32 / int64 words for up to 15 / 31 / 63 sets, one word array per 63
-    sets), so the mask costs 2-8 bytes per element whatever s; every set's indices are
-    then looked up in it once (O(s^2 k)); no Python sets.
+    From the index sets alone, in O(s k log(s k)) time and O(s k) memory whatever the
+    vector length: the s k indices are sorted, each run of equal indices is one distinct
+    index, and its holders become an owner bit mask (63 sets per int64 word). Indices
+    with the same owner mask form a group of ``count`` indices; then
+    ``inter = B^T diag(count) B`` for the groups' owner bits ``B``, and c(j) is the
+    popcount of the first ``n`` bits.
     """
     s, k = indices.shape
+    device = indices.device
     flat = indices.reshape(-1)
-    inter = torch.empty(s, s, dtype=torch.int64, device=indices.device)
-    holders = torch.zeros(n * k, dtype=torch.int64, device=indices.device)
-    for first in range(0, s, OWNER_BITS):
-        group = range(first, min(s, first + OWNER_BITS))
-        width = len(group)
-        dtype = torch.int16 if width <= 15 else torch.int32 if width <= 31 else torch.int64
-        owners = torch.zeros(d, dtype=dtype, device=indices.device)
-        for a in group:
-            owners[indices[a]] |= 1 << (a - first)
-        looked_up = owners[flat].long()  # the owner bits of every set's every index
-        for a in group:
-            hits = (looked_up >> (a - first)) & 1  # which of every set's indices a holds
-            inter[a] = hits.reshape(s, k).sum(dim=1)
-            if a < n:
-                holders += hits[: n * k]
-    return inter, holders.reshape(n, k)
+    order = torch.argsort(flat)
+    labels = torch.arange(s, device=device).repeat_interleave(k)[order]
+    ordered = flat[order]
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    run = torch.cumsum(starts, 0) - 1  # which distinct index each position holds
+    distinct = int(run[-1]) + 1
+    words = -(-s // OWNER_BITS)
+    masks = torch.zeros(distinct, words, dtype=torch.int64, device=device)
+    bits = torch.ones(1, dtype=torch.int64, device=device) << (labels % OWNER_BITS)
+    # a set holds an index once, so adding its bit is OR-ing it in
+    masks.index_put_((run, labels // OWNER_BITS), bits, accumulate=True)
+    groups, counts = torch.unique(masks, dim=0, return_counts=True)
+    inter = torch.zeros(s, s, dtype=torch.float64, device=device)
+    hist = torch.zeros(n + 1, dtype=torch.float64, device=device)
+    word = torch.arange(s, device=device) // OWNER_BITS
+    shift = torch.arange(s, device=device) % OWNER_BITS
+    for chunk, weight in zip(groups.split(1 << 16), counts.split(1 << 16), strict=True):
+        owner = ((chunk[:, word] >> shift) & 1).double()  # [groups, s]
+        inter += (owner * weight[:, None]).T @ owner
+        hist += torch.bincount(owner[:, :n].sum(dim=1).long(), weight.double(), n + 1)
+    return inter.round().long(), hist[1:].round().long()
 
 
-def multiplicity_histogram(holders: torch.Tensor, n: int) -> torch.Tensor:
-    """h(c) for c = 1..n: how many indices are held by exactly c of the ``n`` sets.
-
-    ``holders [n, k]`` is c(j) at every position of the n sets (``set_overlaps``); an
-    index held by c sets appears at c positions, so h(c) = #{positions with c} / c.
-    Union U = sum h, full intersection = h(n).
-    """
-    positions = torch.bincount(holders.reshape(-1), minlength=n + 1)[1:]
-    return positions // torch.arange(1, n + 1, device=holders.device)
-
-
-def paired_intersection_sizes(a: torch.Tensor, b: torch.Tensor, d: int) -> torch.Tensor:
+def paired_intersection_sizes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``|A_i n B_i|`` for each row ``i`` of two index tensors ``[sets, k]`` (int64 ``[sets]``).
 
-    E.g. the same learner's top-k sets at two steps (temporal stability).
+    E.g. the same learner's top-k sets at two steps (temporal stability); sort-based
+    (``torch.isin``), O(k log k) per pair whatever the vector length.
     """
-    return membership(a, d).gather(1, b.reshape(a.shape[0], -1)).sum(dim=1, dtype=torch.int64)
+    return torch.stack(
+        [torch.isin(row_b, row_a).sum(dtype=torch.int64) for row_a, row_b in zip(a, b, strict=True)]
+    )
 
 
 def overlap(intersection: torch.Tensor, k: int) -> torch.Tensor:
@@ -156,7 +149,7 @@ def jaccard(intersection: torch.Tensor, k: int) -> torch.Tensor:
 def buildup_curve(hist: torch.Tensor, n: int) -> torch.Tensor:
     """E[U(m)] for m = 1..n, exactly averaged over all learner orders (float64 ``[n]``).
 
-    ``hist`` is h(c), c = 1..n (``multiplicity_histogram``) over ``n`` learners. Uses the
+    ``hist`` is h(c), c = 1..n (``set_overlaps``) over ``n`` learners. Uses the
     hypergeometric miss probability C(n - c, m) / C(n, m) (module docstring); ``E[U(n)]``
     is the union.
     """
@@ -262,12 +255,12 @@ def topk_set_metrics(x: torch.Tensor, k: int) -> TopkSetMetrics:
     n, d = x.shape
     mean = x.mean(dim=0)
     indices = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
-    intersections, holders = set_overlaps(indices, d, n)
+    intersections, histogram = set_overlaps(indices, n)
     return TopkSetMetrics(
         k=k,
         d=d,
         indices=indices,
         intersections=intersections,
-        histogram=multiplicity_histogram(holders, n),
+        histogram=histogram,
         energy=energy_captured(mean, indices),
     )

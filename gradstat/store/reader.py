@@ -18,12 +18,16 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError, UsageError
+from gradstat.store.compression import ensure_readable
+from gradstat.store.dtypes import DISK_DTYPES, read_row
+from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     FORMAT_NAME,
     ROOT_FILE,
     SCHEMA_VERSION,
     Layer,
     rank_file_name,
+    recorded_ranks,
 )
 from gradstat.store.scope import Scope, resolve_scopes
 
@@ -91,8 +95,12 @@ class Capture:
             except KeyError as exc:
                 raise DataError(f"{root_path}: the layer table is missing or damaged") from exc
         self.meta = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
-        self.world_size = int(self.meta["world_size"])
+        self.world_size = int(self.meta["world_size"])  # the run's learners
+        self.recorded_ranks = recorded_ranks(self.meta)  # those with a rank file
+        self._position = {rank: i for i, rank in enumerate(self.recorded_ranks)}
         self.dtype = str(self.meta["dtype"])
+        if self.dtype not in DISK_DTYPES:
+            raise DataError(f"{root_path}: unknown storage dtype {self.dtype!r}")
         self.workload = str(self.meta.get("workload", "unknown"))
         self.numel = self.layers[-1].stop if self.layers else 0
         self._files: list[h5py.File] = []
@@ -114,12 +122,17 @@ class Capture:
 
     def _open_ranks(self) -> None:
         committed, running = [], False
-        for rank in range(self.world_size):
+        for rank in self.recorded_ranks:
             path = self.path / rank_file_name(rank)
             f = _open_h5(path, swmr=True)
             self._files.append(f)
             try:
                 grad = f["grad"]
+                if grad.dtype != DISK_DTYPES[self.dtype]:
+                    raise DataError(
+                        f"{path}: /grad holds {grad.dtype}, capture.h5 says {self.dtype}"
+                    )
+                ensure_readable(grad, path)
                 rows = int(f.attrs["committed"])
                 for name in ("step", "loss"):
                     if f[name].shape[0] < rows:
@@ -142,12 +155,13 @@ class Capture:
         losses = (
             np.stack([f["loss"][:rows] for f in self._files])
             if rows
-            else np.zeros((self.world_size, 0))
+            else np.zeros((len(self._files), 0))
         )
-        for rank, f in enumerate(self._files[1:], start=1):
+        for rank, f in zip(self.recorded_ranks[1:], self._files[1:], strict=True):
             if rows and not np.array_equal(f["step"][:rows], steps):
                 raise DataError(
-                    f"{self.path}: learner {rank} recorded different steps than learner 0"
+                    f"{self.path}: learner {rank} recorded different steps than "
+                    f"learner {self.recorded_ranks[0]}"
                 )
         self.steps = np.asarray(steps, dtype=np.int64)
         self.losses = np.asarray(losses, dtype=np.float64)
@@ -163,7 +177,20 @@ class Capture:
     # --- metadata ---------------------------------------------------------------------
     @property
     def learners(self) -> list[int]:
-        return list(range(self.world_size))
+        """The recorded learners, named by their rank in the run."""
+        return list(self.recorded_ranks)
+
+    @property
+    def is_sample(self) -> bool:
+        """Whether only some of the run's learners recorded (``--record-ranks``)."""
+        return len(self.recorded_ranks) < self.world_size
+
+    def learners_text(self) -> str:
+        """``4 learners``, or ``2 of 8 learners (ranks 0,4)`` for a sample."""
+        if not self.is_sample:
+            return f"{self.world_size} learners"
+        ranks = format_ranks(self.recorded_ranks)
+        return f"{len(self.recorded_ranks)} of {self.world_size} learners (ranks {ranks})"
 
     @property
     def nbytes(self) -> int:
@@ -183,8 +210,10 @@ class Capture:
             "status": self.status,
             "learners": len(self.learners),
             "world_size": self.world_size,
+            "recorded_ranks": self.learners,
             "backend": self.meta.get("backend"),
             "dtype": self.dtype,
+            "compression": self.meta.get("compression", "none"),
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],
             "committed_per_learner": self.committed_per_learner,
@@ -214,9 +243,10 @@ class Capture:
         if learners is None:
             return self.learners
         for learner in learners:
-            if learner not in range(self.world_size):
+            if learner not in self._position:
                 raise UsageError(
-                    f"learner {learner} is not in the capture (0..{self.world_size - 1})"
+                    f"learner {learner} is not in the capture "
+                    f"(recorded: {format_ranks(self.learners)})"
                 )
         return list(learners)
 
@@ -228,12 +258,39 @@ class Capture:
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            dataset = self._files[learner]["grad"]
-            if dataset.dtype == np.float32:
-                dataset.read_direct(out, np.s_[row], np.s_[i])
-            else:
-                out[i] = dataset[row]
+            read_row(self._files[self._position[learner]]["grad"], row, out[i], self.dtype)
         return torch.from_numpy(out)
+
+    def read_row(
+        self,
+        step: int,
+        learner: int,
+        out: np.ndarray | None = None,
+        columns: slice | None = None,
+    ) -> np.ndarray:
+        """One learner's gradient at one recorded step as float32, straight from the file.
+
+        ``columns``: a contiguous ``slice(start, stop)`` of the flat vector (default: all);
+        ``out``: a preallocated float32 array of that length to read into (HDF5 copies
+        into it directly, no temporary), else a new one. Analyses reuse one ``out`` per
+        row so that a step never holds more than the rows it needs.
+        """
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        (learner,) = self._learner_list([learner])
+        start, stop, stride = (columns or slice(None)).indices(self.numel)
+        if stride != 1:
+            raise ValueError("columns must be a contiguous slice")
+        width = max(0, stop - start)
+        if out is None:
+            out = np.empty(width, dtype=np.float32)
+        elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a contiguous float32 array of {width} values")
+        if width:
+            dataset = self._files[self._position[learner]]["grad"]
+            read_row(dataset, row, out, self.dtype, slice(start, stop))
+        return out
 
     def iter_steps(
         self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
@@ -256,7 +313,8 @@ class Capture:
 
     def __repr__(self) -> str:
         return (
-            f"Capture({str(self.path)!r}, learners={self.world_size}, steps={len(self.steps)}, "
+            f"Capture({str(self.path)!r}, learners={len(self.learners)}/{self.world_size}, "
+            f"steps={len(self.steps)}, "
             f"numel={self.numel}, status={self.status!r})"
         )
 

@@ -6,19 +6,32 @@ A capture is a folder: ``capture.h5`` (metadata, layer table, virtual datasets) 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "gradstat-capture"
 ROOT_FILE = "capture.h5"
 #: Largest chunk of one /grad row, in bytes (DESIGN.md: one row by <= 1 MiB).
 MAX_CHUNK_BYTES = 1 << 20
-SUPPORTED_DTYPES = ("float32", "float16")
+#: Storage types of /grad rows (gradstat/store/dtypes.py maps them to HDF5 types).
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
+#: Root attribute listing the ranks that wrote a rank file (all of them when absent).
+RECORDED_RANKS_ATTR = "recorded_ranks"
 
 
 def rank_file_name(rank: int) -> str:
     """File name of one learner's gradients, e.g. ``rank-00003.h5``."""
     return f"rank-{rank:05d}.h5"
+
+
+def recorded_ranks(root_attrs: Mapping) -> list[int]:
+    """The ranks that wrote a rank file, from ``capture.h5``'s attributes."""
+    if RECORDED_RANKS_ATTR in root_attrs:
+        return [int(r) for r in np.atleast_1d(root_attrs[RECORDED_RANKS_ATTR])]
+    return list(range(int(root_attrs["world_size"])))
 
 
 @dataclass(frozen=True)

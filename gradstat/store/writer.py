@@ -18,38 +18,52 @@ import h5py
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.store.compression import dataset_filters
+from gradstat.store.dtypes import DTYPE_ATTR, check_dtype, disk_dtype, to_disk_values
 from gradstat.store.schema import (
     FORMAT_NAME,
     MAX_CHUNK_BYTES,
+    RECORDED_RANKS_ATTR,
     ROOT_FILE,
     SCHEMA_VERSION,
-    SUPPORTED_DTYPES,
     Layer,
     rank_file_name,
+    recorded_ranks,
 )
-
-
-def _check_dtype(dtype: str) -> np.dtype:
-    if dtype not in SUPPORTED_DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {dtype!r}")
-    return np.dtype(dtype)
 
 
 class RankFileWriter:
     """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row)."""
 
-    def __init__(self, path: Path, rank: int, numel: int, dtype: str = "float32") -> None:
-        np_dtype = _check_dtype(dtype)
+    def __init__(
+        self,
+        path: Path,
+        rank: int,
+        numel: int,
+        dtype: str = "float32",
+        compression: str = "none",
+    ) -> None:
+        np_dtype = disk_dtype(dtype)
+        filters = dataset_filters(compression)
         if numel <= 0:
             raise UsageError("cannot record an empty gradient (no parameters selected)")
         self.path = Path(path)
         self.numel = numel
+        self.dtype = dtype
         self.rows = 0
         self._file = h5py.File(self.path, "w", libver="latest")
-        chunk_cols = max(1, min(numel, MAX_CHUNK_BYTES // np_dtype.itemsize))
+        # equal chunks of at most MAX_CHUNK_BYTES: HDF5 stores an edge chunk at full size
+        chunks_per_row = -(-numel * np_dtype.itemsize // MAX_CHUNK_BYTES)
+        chunk_cols = -(-numel // chunks_per_row)
         self._grad = self._file.create_dataset(
-            "grad", (0, numel), maxshape=(None, numel), dtype=np_dtype, chunks=(1, chunk_cols)
+            "grad",
+            (0, numel),
+            maxshape=(None, numel),
+            dtype=np_dtype,
+            chunks=(1, chunk_cols),
+            **filters,
         )
+        self._grad.attrs[DTYPE_ATTR] = dtype
         self._step = self._file.create_dataset(
             "step", (0,), maxshape=(None,), dtype="int64", chunks=(1024,)
         )
@@ -67,11 +81,15 @@ class RankFileWriter:
         self._file.swmr_mode = True
 
     def append(self, step: int, loss: float, row: np.ndarray) -> None:
-        """Write one row, flush it, then raise ``committed`` (the commit point)."""
+        """Write one row, flush it, then raise ``committed`` (the commit point).
+
+        ``row`` holds float values (rounded here to the storage type) or, for bfloat16,
+        already rounded bit patterns (``uint16``, as the capture hook hands them over).
+        """
         n = self.rows + 1
         for dataset in (self._grad, self._step, self._loss):
             dataset.resize(n, axis=0)
-        self._grad[n - 1] = row
+        self._grad[n - 1] = to_disk_values(row, self.dtype)
         self._step[n - 1] = step
         self._loss[n - 1] = loss
         for dataset in (self._grad, self._step, self._loss):
@@ -87,15 +105,26 @@ class RankFileWriter:
 
 
 def write_root(
-    run_dir: Path, layers: Sequence[Layer], world_size: int, dtype: str, meta: Mapping
+    run_dir: Path,
+    layers: Sequence[Layer],
+    world_size: int,
+    dtype: str,
+    meta: Mapping,
+    recorded_ranks: Sequence[int] | None = None,
 ) -> Path:
-    """Create ``capture.h5`` with the metadata and layer table (status ``running``)."""
-    _check_dtype(dtype)
+    """Create ``capture.h5`` with the metadata and layer table (status ``running``).
+
+    ``world_size`` is the run's number of learners; ``recorded_ranks`` those that write a
+    rank file (default: all).
+    """
+    check_dtype(dtype)
+    ranks = list(range(world_size)) if recorded_ranks is None else [int(r) for r in recorded_ranks]
     path = Path(run_dir) / ROOT_FILE
     with h5py.File(path, "w") as f:
         f.attrs["format"] = FORMAT_NAME
         f.attrs["schema"] = SCHEMA_VERSION
         f.attrs["world_size"] = world_size
+        f.attrs[RECORDED_RANKS_ATTR] = np.array(ranks, dtype=np.int64)
         f.attrs["dtype"] = dtype
         f.attrs["status"] = "running"
         f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -126,12 +155,12 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
     """
     run_dir = Path(run_dir)
     with h5py.File(run_dir / ROOT_FILE, "r+") as root:
-        world = int(root.attrs["world_size"])
+        ranks = recorded_ranks(root.attrs)
         root.attrs["status"] = status
-        if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in range(world)):
+        if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in ranks):
             return  # a failed writer, or multi-node without a shared folder
         sources = []
-        for rank in range(world):
+        for rank in ranks:
             with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
                 sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
         rows = min(committed for committed, _, _ in sources)
@@ -144,12 +173,13 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
             ("step", (rows,), np.int64),
             ("loss", (rows,), np.float64),
         ):
-            layout = h5py.VirtualLayout(shape=(world, *shape), dtype=dt)
-            for rank in range(world):
-                layout[rank] = h5py.VirtualSource(
+            layout = h5py.VirtualLayout(shape=(len(ranks), *shape), dtype=dt)
+            for i, rank in enumerate(ranks):
+                layout[i] = h5py.VirtualSource(
                     rank_file_name(rank), name, shape=(rows, *shape[1:])
                 )[:rows]
             root.create_virtual_dataset(name, layout)
+        root["grad"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
         root.attrs["committed"] = rows
 
 
@@ -161,27 +191,35 @@ def write_capture(
     losses: np.ndarray | None = None,
     dtype: str = "float32",
     meta: Mapping | None = None,
+    ranks: Sequence[int] | None = None,
+    world_size: int | None = None,
 ) -> Path:
     """Write a complete capture from an array ``grads[learner, step, numel]``.
 
-    For gradients recorded elsewhere, and for tests that need known data.
+    For gradients recorded elsewhere, and for tests that need known data. ``ranks``
+    names the learners of ``grads`` (default 0, 1, ...) in a run of ``world_size``
+    learners (default: just those).
     """
     grads = np.asarray(grads)
     if grads.ndim != 3:
         raise UsageError("grads must have shape (learners, steps, numel)")
-    world, n_steps, numel = grads.shape
+    learners, n_steps, numel = grads.shape
+    ranks = list(range(learners)) if ranks is None else [int(r) for r in ranks]
+    if len(ranks) != learners:
+        raise UsageError(f"{len(ranks)} ranks named for {learners} learners of gradients")
+    world = max(ranks) + 1 if world_size is None else world_size
     if layers and layers[-1].stop != numel:
         raise UsageError("the layer table must tile the gradient vector")
     steps = list(range(n_steps)) if steps is None else [int(s) for s in steps]
-    losses = np.zeros((world, n_steps)) if losses is None else np.asarray(losses)
+    losses = np.zeros((learners, n_steps)) if losses is None else np.asarray(losses)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     base_meta = {"workload": "arrays", "backend": "none"}
-    write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})})
-    for rank in range(world):
+    write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})}, ranks)
+    for learner, rank in enumerate(ranks):
         writer = RankFileWriter(run_dir / rank_file_name(rank), rank, numel, dtype)
         for i, step in enumerate(steps):
-            writer.append(step, float(losses[rank, i]), grads[rank, i])
+            writer.append(step, float(losses[learner, i]), grads[learner, i])
         writer.close()
     finalize_root(run_dir)
     return run_dir

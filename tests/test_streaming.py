@@ -1,0 +1,95 @@
+"""Streaming top-k sets: column blocks give the same results as whole rows, and both
+match the sets of the stacked step (the earlier, all-learners-in-memory computation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from gradstat.analysis.buildup import BuildupParams, buildup
+from gradstat.analysis.compute import MIN_BLOCK, ROWS_ALIVE, Compute
+from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.selection import Selection, k_for
+from gradstat.analysis.similarity import SimilarityParams, similarity
+from gradstat.analysis.topk_stream import scope_pieces, stream_step_sets
+from gradstat.errors import DataError
+from gradstat.stats.topk_sets import energy_captured, topk_indices
+from gradstat.store import Scope, layer_table, open_capture, write_capture
+
+# 247,104 values: no layer and no scope is a multiple of the 65,536-column block
+LAYERS = layer_table([("embed", (1000, 97)), ("mid", (50_003,)), ("out", (150_001,))])
+D = LAYERS[-1].stop
+#: The smallest budget: blocks of MIN_BLOCK columns.
+SMALL = Compute(device="cpu", memory=MIN_BLOCK * 4 * ROWS_ALIVE)
+WHOLE = Compute(device="cpu", memory=1 << 30)
+
+
+@pytest.fixture(scope="module")
+def long_capture(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    shared = rng.standard_t(3, size=(1, 3, D))
+    grads = (shared + rng.standard_t(3, size=(4, 3, D))).astype(np.float32)
+    path = write_capture(tmp_path_factory.mktemp("long") / "cap", grads, LAYERS, steps=[0, 1, 2])
+    return path, grads
+
+
+def test_scope_pieces_map_local_columns_to_the_flat_vector():
+    scope = Scope("a|c", ((0, 10), (30, 5), (50, 20)))
+    assert list(scope_pieces(scope, 0, 35)) == [(0, 10, 0), (30, 35, 10), (50, 70, 15)]
+    assert list(scope_pieces(scope, 12, 20)) == [(32, 35, 12), (50, 55, 15)]
+
+
+@pytest.mark.parametrize("scope", ["model", "layers", "embed|out"])
+def test_blocks_equal_whole_rows_equal_stacked_sets(long_capture, scope):
+    path, grads = long_capture
+    with open_capture(path) as cap:
+        (sc, *_) = cap.scopes(scope)
+        ks = [k_for(r, sc.numel) for r in (0.01, 0.001)]
+        kwargs = {"with_mean": True, "device": torch.device("cpu")}
+        blocked = stream_step_sets(cap, 1, [0, 1, 2, 3], sc, ks, block=MIN_BLOCK, **kwargs)
+        whole = stream_step_sets(cap, 1, [0, 1, 2, 3], sc, ks, block=sc.numel, **kwargs)
+        x = sc.take(torch.from_numpy(grads[:, 1]))
+    assert sc.numel > MIN_BLOCK or scope == "layers"
+    for k, a, b in zip(ks, blocked, whole, strict=True):
+        mean = x.mean(dim=0)
+        stacked = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
+        for sets in (a, b):
+            assert _sorted(sets.indices) == _sorted(stacked)
+            torch.testing.assert_close(
+                sets.energy, energy_captured(mean, stacked), rtol=1e-6, atol=0
+            )
+
+
+def _sorted(indices: torch.Tensor) -> list[list[int]]:
+    return [sorted(row.tolist()) for row in indices]
+
+
+@pytest.mark.parametrize("scope", ["model", "embed|out"])
+def test_analyses_in_blocks_equal_whole_rows(long_capture, scope):
+    path, _ = long_capture
+    with open_capture(path) as cap:
+        selection = Selection.of(cap, scope=scope)
+        runs = {
+            name: (
+                similarity(cap, selection, SimilarityParams(0.01), compute=compute),
+                buildup(cap, selection, BuildupParams("0.01,0.001"), compute=compute),
+                temporal_overlap(cap, selection, OverlapParams(0.001), compute=compute),
+            )
+            for name, compute in (("blocks", SMALL), ("whole", WHOLE))
+        }
+    (sim_a, build_a, over_a), (sim_b, build_b, over_b) = runs["blocks"], runs["whole"]
+    pd.testing.assert_frame_equal(sim_a.pairs, sim_b.pairs, rtol=1e-6)
+    pd.testing.assert_frame_equal(sim_a.steps, sim_b.steps, rtol=1e-6)
+    pd.testing.assert_frame_equal(build_a, build_b)
+    pd.testing.assert_frame_equal(over_a, over_b)
+    assert (sim_a.steps["union"] > k_for(0.01, D if scope == "model" else 247_004 - 50_003)).all()
+
+
+def test_nonfinite_value_in_a_block_names_step_and_learner(tmp_path):
+    grads = np.random.default_rng(0).normal(size=(2, 2, D)).astype(np.float32)
+    grads[1, 1, D - 3] = np.nan
+    path = write_capture(tmp_path / "nan", grads, LAYERS)
+    with open_capture(path) as cap, pytest.raises(DataError, match="step 1, learner 1: 1 NaN"):
+        similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=SMALL)
