@@ -104,14 +104,24 @@ def check_gaps(recorded: Sequence[int], chosen: Sequence[int]) -> None:
         )
 
 
+#: Values per float64 chunk of the error sums: cache-sized, so no full-length float64 copy.
+_CHUNK = 1 << 16
+
+
 def _error_and_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    estimate, reference = estimate.double(), reference.double()
-    ref_sq = float(reference.square().sum())
-    est_norm = float(torch.linalg.vector_norm(estimate))
-    err = float((estimate - reference).square().sum())
+    """``||e - r||^2 / ||r||^2`` and ``cos(e, r)``, summed in float64 chunk by chunk."""
+    ref_sq = est_sq = err = dot = 0.0
+    for start in range(0, estimate.numel(), _CHUNK):
+        e = estimate[start : start + _CHUNK].double()
+        r = reference[start : start + _CHUNK].double()
+        diff = e - r
+        ref_sq += float(r @ r)
+        est_sq += float(e @ e)
+        dot += float(e @ r)
+        err += float(diff @ diff)
     rel = err / ref_sq if ref_sq > 0 else math.nan
-    denominator = est_norm * math.sqrt(ref_sq)
-    cos = float(estimate @ reference) / denominator if denominator > 0 else math.nan
+    denominator = math.sqrt(est_sq) * math.sqrt(ref_sq)
+    cos = dot / denominator if denominator > 0 else math.nan
     return rel, cos
 
 
