@@ -4,8 +4,9 @@ Takes the rows of a float32 capture (every step of every learner, cycled to ``--
 stores them as float32 and as bfloat16, and for each ``--compression`` writes them with
 gradstat's own rank-file writer (SWMR, flushed per row, as during training). Prints the
 compression ratio (raw bytes / file bytes) and the writer's throughput divided by a raw
-numpy ``tofile`` of the same bytes, both measured interleaved in the same run (median of
-``--repeats``). The machine is shared: only the ratios measured side by side mean much.
+numpy ``tofile`` of the same bytes, timed in pairs (raw, then the writer) and reported as
+the median of the pairs' ratios over ``--repeats``. The machine is shared: only the
+ratios measured side by side mean much.
 
 Rule (issue 14): compression is on by default only if it keeps the writer >= 0.7 of raw.
 
@@ -35,13 +36,10 @@ def real_rows(path: str, rows: int) -> tuple[np.ndarray, str]:
     return np.stack([found[i % len(found)] for i in range(rows)]), label
 
 
-def timed(write, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        write()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def seconds(write) -> float:
+    started = time.perf_counter()
+    write()
+    return time.perf_counter() - started
 
 
 def measure(data: np.ndarray, dtype: str, names: list[str], repeats: int) -> dict:
@@ -65,17 +63,17 @@ def measure(data: np.ndarray, dtype: str, names: list[str], repeats: int) -> dic
             return write
 
         results = {}
-        raw_seconds = []
-        for name in names:  # raw timed next to each candidate: the same noise for both
-            raw_seconds.append(timed(raw, repeats))
-            seconds = timed(writer(name), repeats)
+        raw_times = []
+        for name in names:  # raw timed right before each try: the same noise for both
+            pairs = [(seconds(raw), seconds(writer(name))) for _ in range(repeats)]
+            raw_times += [r for r, _ in pairs]
             size = (Path(folder) / f"{name}.h5").stat().st_size
             results[name] = {
                 "ratio": stored.nbytes / size,
-                "speed": raw_seconds[-1] / seconds,
-                "mbps": stored.nbytes / seconds / 1e6,
+                "speed": statistics.median(r / t for r, t in pairs),
+                "mbps": stored.nbytes / statistics.median(t for _, t in pairs) / 1e6,
             }
-        results["raw_mbps"] = stored.nbytes / statistics.median(raw_seconds) / 1e6
+        results["raw_mbps"] = stored.nbytes / statistics.median(raw_times) / 1e6
     return results
 
 

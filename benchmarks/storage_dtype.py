@@ -92,20 +92,24 @@ def main() -> None:
     parser.add_argument("captures", nargs="+", help="float32 capture folders")
     args = parser.parse_args()
     print(
-        "| capture | stored as | top-k overlap @0.01 (min) | @0.001 (min) | "
-        "SIDCo-P q@0.001: max abs(dq)/q | GPD KS float32 -> stored (median) | "
-        "max abs(dKS) | new zeros (max) |"
+        "| capture | stored as | top-k overlap @0.01: median (min) | @0.001: median (min) | "
+        "SIDCo-P q@0.001: abs(dq)/q median (max) | GPD KS: float32 -> stored, median | "
+        "abs(dKS) max | new zeros: max |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for path in args.captures:
         result = compare(path)
         for dtype in DTYPES:
             m = result[dtype]
+            overlaps = [
+                f"{statistics.median(m[f'overlap@{r:g}']):.4f} ({min(m[f'overlap@{r:g}']):.4f})"
+                for r in OVERLAP_RATIOS
+            ]
+            dq = f"{statistics.median(m['dq']) * 100:.2f}% ({max(m['dq']) * 100:.2f}%)"
+            ks = f"{statistics.median(m['ks32']):.4f} -> {statistics.median(m['ks']):.4f}"
             print(
-                f"| {result['label']} | {dtype} | {min(m['overlap@0.01']):.4f} | "
-                f"{min(m['overlap@0.001']):.4f} | {max(m['dq']) * 100:.2f}% | "
-                f"{statistics.median(m['ks32']):.4f} -> {statistics.median(m['ks']):.4f} | "
-                f"{max(m['dks']):.4f} | {max(m['zeros']) * 100:.3g}% |"
+                f"| {result['label']} | {dtype} | {overlaps[0]} | {overlaps[1]} | {dq} | {ks} "
+                f"| {max(m['dks']):.4f} | {max(m['zeros']) * 100:.3g}% |"
             )
 
 

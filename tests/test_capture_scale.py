@@ -279,6 +279,8 @@ def test_gradient_capture_warns_when_the_capture_would_not_fit(tmp_path, single_
         for step in range(2):
             model(torch.ones(3, 100)).sum().backward()
             capture.step(step)
+            capture.flush()  # the row is in the file once flush returns
+            assert capture.rows_written == step + 1
         capture.close()
     with open_capture(tmp_path / "b") as cap:
         assert cap.learners == [0] and list(cap.steps) == [0, 1]

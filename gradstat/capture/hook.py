@@ -310,6 +310,11 @@ class GradientCapture:
             self._pending = None
         self._iteration += 1
 
+    def flush(self) -> None:
+        """Wait until every recorded row handed to the writer is in the rank file."""
+        if self.writer is not None:
+            self.writer.drain()
+
     def close(self) -> None:
         """Flush the writer; rank 0 marks the capture complete once every rank is done.
 

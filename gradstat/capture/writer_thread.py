@@ -117,6 +117,11 @@ class BackgroundWriter:
                 self._fail(exc)
             finally:
                 self._release(row.buffer)
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        """Wait until every submitted row is written (or dropped after a failure)."""
+        self._queue.join()
 
     def close(self) -> None:
         """Write what is queued, stop the thread and close the file."""

@@ -37,7 +37,7 @@ def capture_command(
         "all",
         "--record-ranks",
         help="Learners that record: all, a list 0,3, a range 0-7 or every N-th ::8; the "
-        "others train without any capture cost.",
+        "others run only the wrapped hook (no copy, no file).",
     ),
     compression: str = typer.Option(
         "none",
