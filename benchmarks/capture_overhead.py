@@ -10,9 +10,10 @@
    * ``ranks=0``: only rank 0 records (``record_ranks=[0]``, every step); rank 1 runs the
      wrapped hook alone. Rank 1 still waits for rank 0 at every all-reduce, so its step
      time includes rank 0's recording;
-   * ``idle``: a capture whose recorded ranks record nothing during the run: both learners
-     run exactly what a non-recording rank runs (the wrapped hook, no copy), without the
-     wait for a recording peer: the cost a rank that does not record pays itself.
+   * ``idle``: ``record_ranks=[0]`` with the first recorded step past the run: rank 1
+     runs exactly what a non-recording rank runs (the wrapped hook alone), rank 0 the
+     capture's hook on steps it does not record, and neither waits for a recording peer:
+     the cost a rank that does not record pays itself.
 
 2. The background writer's throughput (rows appended to a SWMR rank file, flushed per
    row) divided by a raw sequential write of the same bytes with numpy ``tofile``.

@@ -26,7 +26,7 @@ import torch
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
 from gradstat.capture.hook import select_named_parameters
 from gradstat.capture.worker import PROGRESS_PREFIX
-from gradstat.capture.workloads import SIZES, build_workload, workload_names
+from gradstat.capture.workloads import build_workload, default_lr, resolve_size, workload_spec
 from gradstat.errors import DataError, UsageError
 from gradstat.parallel.threads import available_cpus, worker_environment
 from gradstat.store.compression import dataset_filters
@@ -53,9 +53,9 @@ class CaptureOptions:
     layers: str | None = None
     dtype: str = "float32"
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float | None = None  # the workload's default learning rate
     seed: int = 0
-    size: str = "small"
+    size: str | None = None  # the workload's default size
     data: Path | None = None
     nproc_per_node: int = 2
     nnodes: int = 1
@@ -89,14 +89,10 @@ class CaptureOptions:
             )
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
-        if not self.lr > 0:
+        if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr must be positive, got {self.lr}")
-        if self.workload not in workload_names():
-            raise UsageError(
-                f"unknown workload {self.workload!r}; choose one of {', '.join(workload_names())}"
-            )
-        if self.size not in SIZES:
-            raise UsageError(f"unknown --size {self.size!r}; choose one of {', '.join(SIZES)}")
+        spec = workload_spec(self.workload)
+        resolve_size(self.workload, self.size)
         if self.dtype not in SUPPORTED_DTYPES:
             raise UsageError(
                 f"--dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
@@ -117,8 +113,8 @@ class CaptureOptions:
                 f"{torch.cuda.device_count()} visible GPUs"
             )
         if self.data is not None:
-            if self.workload != "charlm":
-                raise UsageError("--data applies to the charlm workload only")
+            if not spec.takes_data:
+                raise UsageError(f"--data applies to the text workloads only, not {self.workload}")
             if not Path(self.data).is_file():
                 raise UsageError(f"--data {self.data}: no such file")
         if self.nnodes > 1 and not (self.master_addr and self.master_port):
@@ -208,7 +204,7 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "layers": options.layers,
         "dtype": options.dtype,
         "batch_size": options.batch_size,
-        "lr": options.lr,
+        "lr": options.lr if options.lr is not None else default_lr(options.workload),
         "seed": options.seed,
         "backend": options.resolved_backend,
         "comm_hook": options.comm_hook,

@@ -78,7 +78,7 @@ def train(args: argparse.Namespace) -> None:
     meta = {
         "workload": args.workload,
         "workload_description": workload.description,
-        "size": args.size,
+        "size": workload.size,
         "batch_size": args.batch_size,
         "lr": args.lr,
         "seed": args.seed,

@@ -9,8 +9,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, recorded_rows
 from gradstat.capture.launch import CaptureOptions, run_capture
+from gradstat.capture.workloads import SIZE_NAMES, SPECS, parameter_count
 from gradstat.cli.output import console, err_console, warn
 from gradstat.store.ranks import format_ranks, parse_ranks
+
+
+def _list_workloads(value: bool) -> None:
+    """Print the built-in workloads (parameters at their default size) and exit."""
+    if not value:
+        return
+    console.print(
+        f"{'workload':<9}{'parameters':>11}  {'size':<6} {'data':<25}model", highlight=False
+    )
+    for spec in SPECS.values():
+        count = parameter_count(spec.name)
+        console.print(
+            f"{spec.name:<9}{count:>11,}  {spec.default_size:<6} {spec.data:<25}{spec.description}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    console.print(f"--size {'|'.join(SIZE_NAMES)} scales each model (docs/capture.md)")
+    raise typer.Exit()
 
 
 def capture_command(
@@ -18,8 +37,14 @@ def capture_command(
         "charlm",
         "--workload",
         "-w",
-        help="Built-in workload: charlm (byte-level transformer on the Python stdlib's "
-        "sources, or --data FILE) or digits (CNN on scikit-learn's handwritten digits).",
+        help="Built-in workload: charlm, digits, resnet50, gpt2 or lstm (see --list-workloads).",
+    ),
+    list_workloads: bool = typer.Option(
+        False,
+        "--list-workloads",
+        callback=_list_workloads,
+        is_eager=True,
+        help="List the workloads with their parameter counts and data, and exit.",
     ),
     steps: int = typer.Option(100, "--steps", help="Training steps to run."),
     every: int = typer.Option(1, "--every", help="Record every N-th step."),
@@ -50,10 +75,22 @@ def capture_command(
         help="Refuse to start if the capture would exceed this size, e.g. 500M, 20GiB, 1.5TB.",
     ),
     batch_size: int = typer.Option(32, "--batch-size", help="Per-learner batch size."),
-    lr: float = typer.Option(0.05, "--lr", help="SGD learning rate (momentum 0.9)."),
+    lr: float = typer.Option(
+        None,
+        "--lr",
+        help="SGD learning rate, momentum 0.9 (default: 0.002 for resnet50, 0.01 for gpt2, "
+        "0.05 for the others).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, shards and batches."),
-    size: str = typer.Option("small", "--size", help="Model size: tiny, small, medium or large."),
-    data: Path = typer.Option(None, "--data", help="Text file for the charlm workload."),
+    size: str = typer.Option(
+        None,
+        "--size",
+        help="Model size: tiny, small, medium or large (default: large for resnet50, gpt2 "
+        "and lstm, the papers' sizes; small for charlm and digits).",
+    ),
+    data: Path = typer.Option(
+        None, "--data", help="Text file for the text workloads (charlm, gpt2, lstm)."
+    ),
     out: Path = typer.Option(
         None, "--out", "-o", help="Capture folder (default: captures/<workload>-<timestamp>)."
     ),

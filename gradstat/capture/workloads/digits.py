@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from gradstat.capture.workloads import Batch, Workload
+from gradstat.capture.workloads import SIZES, Batch, Workload
 
 
 def _digits_cnn(width: int) -> nn.Module:
@@ -25,13 +25,24 @@ def _digits_cnn(width: int) -> nn.Module:
     )
 
 
-def digits_workload(scale: float) -> Workload:
-    """Model width scales with ``scale`` (16 channels at 1.0, about 40k parameters)."""
+def model(size: str) -> nn.Module:
+    """16 channels at ``small`` (about 38k parameters)."""
+    return _digits_cnn(max(2, round(16 * SIZES[size])))
+
+
+def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1,797 digits as (N, 1, 8, 8) floats in [0, 1], and their labels."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    labels = torch.tensor(digits.target, dtype=torch.long)
+    return images, torch.tensor(digits.target, dtype=torch.long)
+
+
+def sharded_batches(
+    images: torch.Tensor, labels: torch.Tensor
+) -> Callable[[int, int, int, int], Iterator[Batch]]:
+    """Batches drawn with replacement from each learner's own shard of a shuffled set."""
 
     def batches(rank: int, world: int, batch_size: int, seed: int) -> Iterator[Batch]:
         order = np.random.default_rng(seed).permutation(len(labels))
@@ -41,10 +52,16 @@ def digits_workload(scale: float) -> Workload:
             pick = shard[torch.randint(len(shard), (batch_size,), generator=generator)]
             yield images[pick], labels[pick]
 
+    return batches
+
+
+def build(size: str) -> Workload:
+    images, labels = load_digits_tensors()
     return Workload(
         name="digits",
+        size=size,
         description="CNN on scikit-learn's 8x8 handwritten digits",
-        model=_digits_cnn(max(2, round(16 * scale))),
-        batches=batches,
+        model=model(size),
+        batches=sharded_batches(images, labels),
         loss=nn.functional.cross_entropy,
     )
