@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from gradstat import open_capture
+from gradstat.stats.density import k_for
 from gradstat.stats.distributions import GenPareto
 from gradstat.stats.goodness import ks_statistic
-from gradstat.stats.thresholds import estimate_threshold, target_count
+from gradstat.stats.thresholds import estimate_threshold
 from gradstat.stats.topk_sets import topk_indices
 
 DTYPES = ("bfloat16", "float16")
@@ -45,7 +46,7 @@ def gpd_ks(row: torch.Tensor, positions: torch.Tensor) -> float:
 
 
 def topk_overlap(a: torch.Tensor, b: torch.Tensor, ratio: float) -> float:
-    k = target_count(ratio, a.numel())
+    k = k_for(ratio, a.numel())
     common = np.intersect1d(topk_indices(a, k).numpy(), topk_indices(b, k).numpy())
     return common.size / k
 

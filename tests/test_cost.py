@@ -50,7 +50,7 @@ def test_unknown_collective():
 
 @pytest.mark.parametrize("n", [2, 4, 16])
 def test_sparse_allgather_beats_dense_allreduce_below_density_one_over_n(n):
-    """METHODS.md 5: with 4-byte indices and values and no latency, an all-gather of k
+    """docs/methods.md 5: with 4-byte indices and values and no latency, an all-gather of k
     pairs beats the dense ring all-reduce exactly when k/d < 1/n."""
     link = Link(bandwidth=1e9, latency=0.0)
     d = 1_000_000

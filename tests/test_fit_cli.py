@@ -9,9 +9,11 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy import stats
 
 from gradstat.analysis.fit import Fit
+from gradstat.stats.thresholds import estimate_threshold
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import assert_clean_error, run_cli
 
@@ -147,6 +149,20 @@ def test_hard_threshold(synthetic_capture, capsys):
         assert row.selected == (np.abs(grads[row.learner, 2]) >= 2.5).sum()
 
 
+def test_zeros_and_stage_fit_reach_the_estimators(synthetic_capture, capsys):
+    path, grads = synthetic_capture
+    args = ("--steps", "2", "--ratios", "0.01", "--stages", "3", "--dist", "exp")
+    estimators = ("--estimators", "sidco-gpd,gaussiank,redsync-sidco")
+    records = _records(capsys, path, *args, *estimators, "--zeros", "include", "--stage-fit", "mle")
+    for row in records[records["kind"] == "estimator"].itertuples(index=False):
+        values = torch.from_numpy(grads[row.learner, 2])
+        expected = estimate_threshold(
+            values, 0.01, row.estimator, stages=3, zeros="include", stage_fit="mle"
+        )
+        assert (row.threshold, row.selected) == (expected.threshold, expected.selected)
+    assert set(records["estimator"].dropna()) == {"sidco-gpd", "gaussiank", "redsync-sidco"}
+
+
 def test_mle_is_at_least_as_likely_as_moments(synthetic_capture):
     path, _ = synthetic_capture
     options = {"dists": "all", "steps": "4", "ratios": (0.01,), "estimators": (), "sample": None}
@@ -219,6 +235,8 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
         (["--stages", "0"], 2, "stage counts"),
         (["--estimators", "magic"], 2, "unknown estimator"),
         (["--estimators", "hard"], 2, "needs a threshold"),
+        (["--zeros", "some"], 2, "--zeros 'some'"),
+        (["--stage-fit", "lsq"], 2, "--stage-fit 'lsq'"),
         (["--plot", "out.gif"], 2, "suffix"),
         (["--plot-step", "1", "--steps", "0"], 2, "plot-step"),
         (["--scope", "zero"], 1, "nothing could be computed"),

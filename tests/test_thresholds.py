@@ -9,15 +9,10 @@ import pytest
 import torch
 from scipy import stats
 
-from gradstat.analysis.selection import k_for
 from gradstat.errors import DataError, UsageError
-from gradstat.stats.thresholds import (
-    ESTIMATORS,
-    AdaptiveStages,
-    estimate_threshold,
-    stage_densities,
-    target_count,
-)
+from gradstat.stats.density import k_for
+from gradstat.stats.sidco import AdaptiveStages, stage_densities
+from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
 
@@ -63,7 +58,7 @@ def test_sidco_matches_topk_on_its_own_distribution(samples, estimator, data, ra
 
 
 def _brute_sidco(x: np.ndarray, density: float, stages: int, first: str, later: str):
-    """SIDCo's stages in float64 numpy, straight from METHODS.md 1 and 2."""
+    """SIDCo's stages in float64 numpy, straight from docs/methods.md 1 and 2."""
 
     def quantile(kind: str, v: np.ndarray, d: float) -> float:
         m = v.mean()
@@ -115,7 +110,7 @@ def test_stage_densities_multiply_to_the_target():
 
 
 def test_one_stage_is_far_off_on_heavy_tails_and_stages_fix_it(samples):
-    # METHODS.md 2: on heavy tails one exponential stage selects far too many at 1e-3.
+    # docs/methods.md 2: on heavy tails one exponential stage selects far too many at 1e-3.
     one = estimate_threshold(samples["gpd"], 0.001, "sidco-exp", stages=1)
     three = estimate_threshold(samples["gpd"], 0.001, "sidco-exp", stages=3)
     assert one.quality > 2.0
@@ -216,10 +211,9 @@ def test_bad_input():
         estimate_threshold(bad, 0.01, "sidco-exp")
 
 
-def test_target_count_is_k_for():
-    for ratio in (0.5, 0.01, 0.001, 1e-7):
-        for numel in (1, 7, 1000, 123_457):
-            assert target_count(ratio, numel) == k_for(ratio, numel)
+def test_k_for_rounds_and_keeps_at_least_one():
+    assert [k_for(r, 1000) for r in (0.5, 0.0105, 0.0104, 1e-7)] == [500, 10, 10, 1]
+    assert k_for(0.001, 123_457) == 123
 
 
 def _drive(adaptive: AdaptiveStages, quality_of: dict[int, float], steps: int = 60) -> list[int]:

@@ -1,7 +1,7 @@
 """Gradient build-up: how the union of local top-k sets grows as learners are added.
 
 An all-gather of sparse (index, value) pairs aggregates U = |union_i I_i| non-zeros, so
-the reduced gradient has density U/d, not k/d (ScaleCom, arXiv 2104.11125; METHODS.md
+the reduced gradient has density U/d, not k/d (ScaleCom, arXiv 2104.11125; docs/methods.md
 3 and 5). B(m) = E[U(m)] / k for m = 1..n is averaged exactly over every learner order
 (equivalently every m-subset), from the multiplicity histogram (``buildup_curve``); the
 random baseline assumes independent uniformly random k-subsets.
@@ -60,7 +60,7 @@ def buildup(
     after an all-gather), allgather_vs_allreduce: bytes of an all-gather of m learners' k
     (int32 index, float32 value) pairs over those of a dense float32 ring all-reduce,
     (m - 1) k (s_i + s_v) / (2 (m - 1) / m d s_v) = m k (s_i + s_v) / (2 d s_v)
-    (METHODS.md 5; for m = 1 the limit); below 1 the sparse all-gather moves fewer bytes.
+    (docs/methods.md 5; for m = 1 the limit); below 1 the sparse all-gather moves fewer bytes.
     Units: steps (``plan_sets``).
     """
     selection = selection or Selection.of(cap)

@@ -1,9 +1,9 @@
 """Error-feedback-corrected vectors: what a top-k compressor with residual memory sees.
 
-Replays residual error feedback (Stich et al. 2018; Karimireddy et al. 2019; METHODS.md
+Replays residual error feedback (Stich et al. 2018; Karimireddy et al. 2019; docs/methods.md
 4) with an exact top-k compressor over consecutive recorded steps: for each learner,
 ``p = memory.compensate(g)`` (p = g + m); ``c`` = top-k of ``p``; ``memory.update(p, c)``
-(m = p - c); the analysis then looks at ``p`` (METHODS.md 3, last point).
+(m = p - c); the analysis then looks at ``p`` (docs/methods.md 3, last point).
 
 Each (scope, ratio) pair is its own compressor with its own memory, as a layer-wise or
 model-wise top-k would be. The learners' memories of one compressor are kept as the rows

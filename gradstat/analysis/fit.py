@@ -1,13 +1,13 @@
 """``fit``: distribution fits, goodness of fit and threshold estimators over a capture.
 
 For every selected (step, learner, scope) the analysis
-* fits each chosen distribution (METHODS.md 1) to the scope's values, exact zeros and
+* fits each chosen distribution (docs/methods.md 1) to the scope's values, exact zeros and
   NaN/Inf excluded and counted (NaN/Inf also warned about);
 * scores it on the magnitudes |g| (normal and Laplace folded, see
   :class:`~gradstat.stats.distributions.Folded`): KS, Anderson-Darling, log-likelihood,
   AIC/BIC, and at each ratio the fitted upper quantile, what it selects and its relative
   error against the empirical quantile (the k-th largest |g|);
-* runs the threshold estimators (METHODS.md 2) at each ratio, SIDCo with each fixed stage
+* runs the threshold estimators (docs/methods.md 2) at each ratio, SIDCo with each fixed stage
   count or the adaptive rule.
 
 It streams: one learner's row of one step is in memory at a time. MLE fits and the
@@ -53,23 +53,15 @@ from gradstat.stats.goodness import (
     quantile_error,
     subsample,
 )
+from gradstat.stats.sidco import AdaptiveStages, check_choices
 from gradstat.stats.thresholds import (
+    DEFAULT_ESTIMATORS,
     ESTIMATORS,
-    SIDCO_ESTIMATORS,
-    AdaptiveStages,
     estimate_threshold,
+    get_estimator,
 )
 from gradstat.store import Capture, Scope
 
-#: Estimators run by default (``hard`` needs a threshold, so only when one is given).
-DEFAULT_ESTIMATORS: tuple[str, ...] = tuple(e for e in ESTIMATORS if e != "hard")
-#: The distribution a SIDCo estimator fits, for the ``dist`` column of its rows.
-ESTIMATOR_DIST = {
-    "sidco-exp": "exp",
-    "sidco-gpd": "gpd",
-    "sidco-gamma-gpd": "gamma+gpd",
-    "gaussiank": "normal",
-}
 COLUMNS = (
     "step",
     "learner",
@@ -138,8 +130,7 @@ def parse_estimators(spec: str | Sequence[str]) -> list[str]:
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [name.strip() for name in names if name.strip()]
     for name in names:
-        if name not in ESTIMATORS:
-            raise UsageError(f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+        get_estimator(name)
     return list(dict.fromkeys(names))
 
 
@@ -196,8 +187,11 @@ class FitParams:
     """The fit's parameters, parsed and validated (text as on the command line or Python
     values): ``dists`` (``"all"``, a name or names), ``method`` (moments or mle),
     ``ratios``, ``stages`` (stage counts, or ``"auto"``/None for the adaptive rule),
-    ``estimators``, ``hard_threshold`` (runs the ``hard`` estimator), ``sample`` (MLE and
-    KS/AD subsample size; None or 0: every value) and ``seed``."""
+    ``estimators``, ``hard_threshold`` (runs the ``hard`` estimator), ``zeros`` and
+    ``stage_fit`` (SIDCo and Gaussian-k: exact zeros excluded, or included as the SIDCo
+    reference does; SIDCo's GPD stages by moments or MLE; docs/methods.md 2), ``sample``
+    (MLE and KS/AD subsample size; None or 0: every value) and ``seed``. Distribution fits
+    always exclude zeros."""
 
     dists: tuple[str, ...] = ("gpd",)
     method: str = "moments"
@@ -205,10 +199,13 @@ class FitParams:
     stages: tuple[int, ...] | None = (1, 2, 3)
     estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
     hard_threshold: float | None = None
+    zeros: str = "exclude"
+    stage_fit: str = "moments"
     sample: int | None = 1_000_000
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_choices(self.zeros, self.stage_fit)
         if self.method not in METHODS:
             choices = ", ".join(METHODS)
             raise UsageError(f"unknown fit method {self.method!r}; choose from {choices}")
@@ -300,6 +297,8 @@ class Fit:
         stages: str | Sequence[int] | None = (1, 2, 3),
         estimators: str | Sequence[str] = DEFAULT_ESTIMATORS,
         hard_threshold: float | None = None,
+        zeros: str = "exclude",
+        stage_fit: str = "moments",
         sample: int | None = 1_000_000,
         seed: int = 0,
     ) -> None:
@@ -311,6 +310,8 @@ class Fit:
             stages=stages,
             estimators=estimators,
             hard_threshold=hard_threshold,
+            zeros=zeros,
+            stage_fit=stage_fit,
             sample=sample,
             seed=seed,
         )
@@ -404,7 +405,7 @@ class _Fitter:
 
     def _settings(self, estimator: str, base: dict, ratio: float) -> list[tuple[int, bool]]:
         """(stage count, adaptive) pairs to run for one estimator and ratio."""
-        if estimator not in SIDCO_ESTIMATORS:
+        if not ESTIMATORS[estimator].staged:
             return [(1, False)]
         if self.stages is not None:
             return [(s, False) for s in self.stages]
@@ -421,7 +422,7 @@ class _Fitter:
                     row_base = {
                         **base,
                         "kind": "estimator",
-                        "dist": ESTIMATOR_DIST.get(estimator),
+                        "dist": ESTIMATORS[estimator].dist,
                         "estimator": estimator,
                         "ratio": ratio,
                         "stages": stages,
@@ -435,6 +436,8 @@ class _Fitter:
                             stages=stages,
                             threshold=self.hard_threshold,
                             generator=generator,
+                            zeros=self.params.zeros,
+                            stage_fit=self.params.stage_fit,
                         )
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))

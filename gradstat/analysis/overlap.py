@@ -1,7 +1,7 @@
 """Temporal stability of top-k sets: overlap between recorded step t and t + lag.
 
 O(I_t, I_t+lag) = |I_t n I_t+lag| / k per learner and for the top-k of the mean
-gradient (METHODS.md 3, "step t vs t+1"); high overlap means the same coordinates stay
+gradient (docs/methods.md 3, "step t vs t+1"); high overlap means the same coordinates stay
 large, which index reuse and stale-index schemes rely on. ``lag`` counts rows of the
 selected recorded steps, so each row states the real training-step gap.
 """

@@ -2,10 +2,10 @@
 
 Every candidate (compressor, ratio) is replayed over the capture
 (:mod:`gradstat.analysis.replay`); its predicted time per step is the alpha-beta
-communication time (METHODS.md 5, for ``cost_learners`` learners) plus the measured
+communication time (docs/methods.md 5, for ``cost_learners`` learners) plus the measured
 compression time per learner. Among the candidates whose mean relative error
 ``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the fastest wins; it is
-judged against the dense ring all-reduce in fp32 or fp16 (METHODS.md 5: compression
+judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md 5: compression
 pays only if it beats the exposed dense communication, judge against 16-bit too).
 Errors and build-up are those measured with the capture's learners; only the cost model
 is extrapolated to ``cost_learners``.
@@ -29,7 +29,7 @@ from gradstat.errors import UsageError
 from gradstat.store import Capture
 
 #: Every registered compressor except the dense baseline.
-DEFAULT_CANDIDATES = ",".join(name for name in REGISTRY if name != "none")
+DEFAULT_CANDIDATES = ",".join(name for name, entry in REGISTRY.items() if entry.candidate)
 DEFAULT_RATIOS = "0.1,0.01,0.001"
 BASELINE_BYTES = {"fp32": 4, "fp16": 2}
 

@@ -2,11 +2,11 @@
 
 Every selected learner of a step is compressed together, as in training: each
 (compressor, ratio) keeps its own error-feedback memory, sees ``p_i = g_i + m_i``
-(METHODS.md 4) and produces the aggregate every learner would hold. Per step and
+(docs/methods.md 4) and produces the aggregate every learner would hold. Per step and
 compressor the replay records the achieved density and estimation quality
-``q = selected / k``, the union of the sent indices and build-up ``B = U / k`` (METHODS.md
+``q = selected / k``, the union of the sent indices and build-up ``B = U / k`` (docs/methods.md
 3), the exact bytes each learner sends, the predicted communication time of the
-alpha-beta model (METHODS.md 5), the relative error ``||g_hat - g_ref||^2 / ||g_ref||^2``
+alpha-beta model (docs/methods.md 5), the relative error ``||g_hat - g_ref||^2 / ||g_ref||^2``
 and cosine similarity against the true mean gradient (for DGC the dense momentum update),
 the mean memory norm and the compression time per learner.
 
@@ -278,7 +278,8 @@ class Replay:
             "buildup": exchange.union / k if k and exchange.union is not None else math.nan,
             "bytes_per_learner": sent_bytes,
             "gathered_bytes": exchange.gathered_bytes if exchange.gathered_bytes else math.nan,
-            "compression": d * 4 / sent_bytes,
+            # a threshold can select nothing (Gaussian-k's 2 adjustments at tiny k)
+            "compression": d * 4 / sent_bytes if sent_bytes else math.inf,
             "comm_seconds": comm,
             "compress_seconds": result.compress_seconds,
             "rel_error": rel_error,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.stats.density import k_for as k_for  # the one rule, re-exported here
 from gradstat.store.ranks import format_ranks
 
 if TYPE_CHECKING:
@@ -143,11 +144,6 @@ def parse_ratios(spec: str | float | Sequence[float]) -> list[float]:
     if not ratios:
         raise UsageError("give at least one ratio")
     return ratios
-
-
-def k_for(ratio: float, numel: int) -> int:
-    """Number of elements a density keeps: ``max(1, round(ratio * numel))``."""
-    return max(1, round(ratio * numel))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Cross-learner similarity of top-k index sets (ScaleCom, arXiv 2104.11125; METHODS.md 3).
+"""Cross-learner similarity of top-k index sets (ScaleCom, arXiv 2104.11125; docs/methods.md 3).
 
 Per step and scope: the learner x learner overlap / Jaccard / Hamming of the top-k sets,
 each learner's overlap with the top-k of the mean gradient (the quantity in ScaleCom's

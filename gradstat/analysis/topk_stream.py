@@ -12,7 +12,7 @@ block, then the next block. Top-k over blocks is exact: each block keeps its own
 candidates (any index of the global top-k is in its block's top-k), and a running top-k
 of the merged candidates is carried from block to block. The mean's value at each
 candidate is taken while its block's mean is at hand, so the energy E(I) of the final
-sets needs no second pass (METHODS.md 3).
+sets needs no second pass (docs/methods.md 3).
 """
 
 from __future__ import annotations

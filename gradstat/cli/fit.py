@@ -1,5 +1,5 @@
 """``gradstat fit``: distribution fits, goodness of fit and threshold estimators
-(METHODS.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
+(docs/methods.md sections 1 and 2; SIDCo, arXiv 2101.10761)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from gradstat.cli.options import (
     Memory,
     PlotOpt,
     ScopeOpt,
+    StageFit,
     StepsOpt,
+    Zeros,
     compute_options,
 )
 from gradstat.cli.output import df_table, emit, note_sample, progress, warn
@@ -97,6 +99,8 @@ def fit_command(
     stages: str = StagesOpt,
     estimators: str = EstimatorsOpt,
     hard: float | None = HardOpt,
+    zeros: Zeros = "exclude",
+    stage_fit: StageFit = "moments",
     sample: int = SampleOpt,
     seed: int = SeedOpt,
     as_json: bool = JsonOpt,
@@ -125,6 +129,8 @@ def fit_command(
             stages=stages,
             estimators=estimators,
             hard_threshold=hard,
+            zeros=zeros,
+            stage_fit=stage_fit,
             sample=sample or None,
             seed=seed,
             compute=compute_options(device, memory, jobs),

@@ -32,6 +32,23 @@ ScopeOpt = typer.Option(
     help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
 )
 
+Zeros = Annotated[
+    str,
+    typer.Option(
+        "--zeros",
+        help="Exact zeros in SIDCo and Gaussian-k fits: 'exclude' (fit the non-zeros at "
+        "density k/nnz) or 'include' (every element at k/d, as the SIDCo authors' code).",
+    ),
+]
+StageFit = Annotated[
+    str,
+    typer.Option(
+        "--stage-fit",
+        help="How SIDCo fits its GPD stages: 'moments' (as the SIDCo authors' code) or "
+        "'mle' (maximum likelihood on a subsample; better on heavy tails).",
+    ),
+]
+
 Device = Annotated[
     str,
     typer.Option(
@@ -84,6 +101,8 @@ __all__ = [
     "Path",
     "PlotOpt",
     "ScopeOpt",
+    "StageFit",
     "StepsOpt",
+    "Zeros",
     "compute_options",
 ]

@@ -1,6 +1,6 @@
 """``gradstat replay`` and ``gradstat recommend``: compressors with error feedback replayed
 over a capture, and the fastest compressor and rate within an error budget
-(METHODS.md sections 4 and 5)."""
+(docs/methods.md sections 4 and 5)."""
 
 from __future__ import annotations
 

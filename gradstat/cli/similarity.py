@@ -1,5 +1,5 @@
 """``gradstat similarity``, ``gradstat buildup`` and ``gradstat overlap``: top-k index sets
-across learners and over time (ScaleCom, arXiv 2104.11125; METHODS.md 3)."""
+across learners and over time (ScaleCom, arXiv 2104.11125; docs/methods.md 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Alpha-beta communication cost model (METHODS.md section 5).
+"""Alpha-beta communication cost model (docs/methods.md section 5).
 
 A message of ``s`` bytes between two learners costs ``alpha + s * beta`` seconds, with
 ``alpha`` the latency and ``beta = 1 / bandwidth``. Per learner per step (Thakur,

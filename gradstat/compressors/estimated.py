@@ -2,7 +2,7 @@
 and a hard threshold.
 
 Each learner estimates a threshold ``eta`` on its corrected vector with
-:func:`gradstat.stats.thresholds.estimate_threshold` (METHODS.md 2) and sends every
+:func:`gradstat.stats.thresholds.estimate_threshold` (docs/methods.md 2) and sends every
 element the threshold selects (``|p| > eta``; ``>=`` for exact and hard thresholds) as
 ``(int32 index, value)`` pairs, all-gathered. The count
 varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
@@ -10,10 +10,12 @@ varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
 * SIDCo-E / -P / -GP (Abdelmoniem et al. 2021, arXiv 2101.10761): multi-stage fits of
   exponential / GPD / gamma-then-GPD; with ``stages=0`` (the default) each learner adapts
   its stage count, starting from 3, from its running quality
-  (:class:`~gradstat.stats.thresholds.AdaptiveStages`).
+  (:class:`~gradstat.stats.sidco.AdaptiveStages`); ``zeros`` (exclude/include) and
+  ``stage_fit`` (moments/mle) as in :mod:`gradstat.stats.sidco`.
 * DGC (Lin et al. 2018): threshold from a sample of ``max(1%, 2/delta)`` coordinates;
   pair it with DGC's momentum correction memory (:class:`~gradstat.compressors.memory.DGCMemory`).
-* Gaussian-k (Shi et al. 2019) and RedSync (Fang et al. 2019).
+* Gaussian-k (Shi et al. 2019) and RedSync (Fang et al. 2019); ``redsync-sidco`` is
+  RedSync as the SIDCo reference runs it (docs/methods.md section 2).
 * ``threshold``: a fixed hard threshold ``|p| >= lambda``. Without a given lambda it is
   calibrated once, on learner 0's first replayed step, to the exact top-k threshold at
   the ratio, then kept: the replay shows how the density drifts under a fixed lambda.
@@ -26,7 +28,8 @@ import math
 import torch
 
 from gradstat.compressors.base import LocalCompressor, Payload, sparse_decompress, sparse_payload
-from gradstat.stats.thresholds import AdaptiveStages, estimate_threshold
+from gradstat.stats.sidco import AdaptiveStages
+from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 #: Stage count adaptive SIDCo starts from (estimate_threshold's default).
 ADAPTIVE_START = 3
@@ -51,6 +54,8 @@ class EstimatedSparsifier(LocalCompressor):
         *,
         stages: int = 0,
         threshold: float | None = None,
+        zeros: str = "exclude",
+        stage_fit: str = "moments",
         seed: int = 0,
     ) -> None:
         self.name = name
@@ -59,6 +64,8 @@ class EstimatedSparsifier(LocalCompressor):
         self.estimator = estimator
         self.stages = stages
         self.threshold = threshold
+        self.zeros = zeros
+        self.stage_fit = stage_fit
         self.generator = torch.Generator().manual_seed(seed)
         self.adaptive: dict[int, AdaptiveStages] = {}
         self.numel = numel
@@ -82,6 +89,8 @@ class EstimatedSparsifier(LocalCompressor):
                 self.estimator,
                 stages=self._stages(learner),
                 generator=self.generator,
+                zeros=self.zeros,
+                stage_fit=self.stage_fit,
             )
         indices = torch.nonzero(result.mask(tensor)).view(-1)
         if not self.stages and learner in self.adaptive:
@@ -94,7 +103,7 @@ class EstimatedSparsifier(LocalCompressor):
 
     def settings(self) -> dict[str, float]:
         settings: dict[str, float] = {"k": self.k}
-        if self.estimator.startswith("sidco"):
+        if ESTIMATORS[self.estimator].staged:
             adaptive = [a.stages for a in self.adaptive.values()]
             settings["stages"] = self.stages or sum(adaptive) / max(1, len(adaptive))
             settings["adaptive"] = float(not self.stages)

@@ -4,7 +4,7 @@ Every memory holds one row per learner: it is fed the step's gradients ``g[n, d]
 hands the compressor the corrected vectors ``p[n, d]``; after the exchange it keeps what
 was not sent.
 
-* Residual error feedback (Stich et al. 2018; Karimireddy et al. 2019, METHODS.md 4):
+* Residual error feedback (Stich et al. 2018; Karimireddy et al. 2019, docs/methods.md 4):
   ``p = g + m``; ``c = C(p)``; ``m = p - c``. ScaleCom's low-pass variant (Chen et al.
   2021, arXiv 2104.11125) keeps ``m = (1 - beta) m + beta (p - c)``; beta = 1 is plain EF.
 * DGC momentum correction with factor masking (Lin et al. 2018, arXiv 1712.01887):

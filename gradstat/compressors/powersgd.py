@@ -1,7 +1,7 @@
 """PowerSGD: rank-r power iteration per matrix with a warm-started Q.
 
 Vogels, Karimireddy and Jaggi 2019 (arXiv 1905.13727), Algorithm 1, as in PyTorch's
-``powerSGD_hook`` (METHODS.md 4): each >= 2-D parameter is viewed as a matrix
+``powerSGD_hook`` (docs/methods.md 4): each >= 2-D parameter is viewed as a matrix
 ``M`` of shape ``(shape[0], prod(shape[1:]))``; ``P = M Q``; all-reduce ``P``;
 orthogonalise it; ``Q = M^T P``; all-reduce ``Q``; every learner ends with
 ``M_hat = P Q^T`` (the same for all), and error feedback keeps ``M_i - M_hat``. ``Q``

@@ -6,7 +6,7 @@ Payload bytes are those of the tensors that would be sent:
 * ``none``: float32 values, ring all-reduce.
 * ``fp16`` / ``bf16``: the cast values (2 bytes each), all-reduce.
 * ``signsgd`` (Bernstein et al. 2018, majority vote) and ``ef-signsgd`` (Karimireddy et
-  al. 2019, METHODS.md 4): one bit per element packed into uint8 plus one float32
+  al. 2019, docs/methods.md 4): one bit per element packed into uint8 plus one float32
   scale ``||p||_1 / d``; all-gathered. signSGD aggregates by majority vote scaled by the
   learners' mean scale (so its error is comparable); EF-signSGD averages and keeps the
   residual in error-feedback memory.

@@ -1,9 +1,11 @@
 """The compressor registry: names, parameters, rates and their error-feedback memories.
 
 A compressor is named on the command line as ``NAME[:PARAM=VALUE[:PARAM=VALUE]]``, e.g.
-``clt-k:beta=0.1`` or ``powersgd:rank=2``. Sparsifiers take their density from
-``--ratios``; fixed-rate compressors (casts, sign, QSGD, TernGrad, PowerSGD) ignore it
-and are replayed once. :func:`build_scheme` pairs a compressor with its memory.
+``clt-k:beta=0.1``, ``powersgd:rank=2`` or ``sidco-gpd:stages=3:stage_fit=mle:zeros=include``
+(a choice parameter is stored as the index of its word in :data:`CHOICES`). Sparsifiers
+take their density from ``--ratios``; fixed-rate compressors (casts, sign, QSGD,
+TernGrad, PowerSGD) ignore it and are replayed once. :func:`build_scheme` pairs a
+compressor with its memory.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import QSGD, Cast, NoCompression, SignSGD, TernGrad
 from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK
 from gradstat.errors import UsageError
+from gradstat.stats.sidco import STAGE_FITS, ZEROS
+
+#: Parameters that take a word: their choices, stored by index (the default is index 0).
+CHOICES: dict[str, tuple[str, ...]] = {"zeros": ZEROS, "stage_fit": STAGE_FITS}
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ def _estimated(estimator: str) -> Callable[[Context], Compressor]:
             estimator,
             stages=int(ctx.params.get("stages", 0)),
             threshold=threshold,
+            zeros=ZEROS[int(ctx.params.get("zeros", 0))],
+            stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
             seed=ctx.seed,
         )
 
@@ -73,6 +81,8 @@ class Entry:
     fixed_rate: bool
     summary: str
     params: Mapping[str, float] = field(default_factory=dict)
+    #: Among ``recommend``'s default candidates (reference behaviours run on request).
+    candidate: bool = True
 
 
 def _residual(params: Mapping[str, float]) -> Memory:
@@ -87,9 +97,11 @@ def _dgc(params: Mapping[str, float]) -> Memory:
     return DGCMemory(momentum=params["momentum"])
 
 
-_SIDCO = {"stages": 0.0}
+_SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
 REGISTRY: dict[str, Entry] = {
-    "none": Entry(lambda ctx: NoCompression(), _none, True, "dense float32 all-reduce"),
+    "none": Entry(
+        lambda ctx: NoCompression(), _none, True, "dense float32 all-reduce", candidate=False
+    ),
     "fp16": Entry(lambda ctx: Cast(torch.float16), _none, True, "float16 cast, all-reduce"),
     "bf16": Entry(lambda ctx: Cast(torch.bfloat16), _none, True, "bfloat16 cast, all-reduce"),
     "topk": Entry(lambda ctx: TopK(ctx.k), _residual, False, "exact top-k, all-gather"),
@@ -115,6 +127,13 @@ REGISTRY: dict[str, Entry] = {
     ),
     "gaussiank": Entry(_estimated("gaussiank"), _residual, False, "Gaussian-k threshold"),
     "redsync": Entry(_estimated("redsync"), _residual, False, "RedSync binary-search threshold"),
+    "redsync-sidco": Entry(
+        _estimated("redsync-sidco"),
+        _residual,
+        False,
+        "RedSync as the SIDCo reference (3 probes)",
+        candidate=False,
+    ),
     "sidco-exp": Entry(_estimated("sidco-exp"), _residual, False, "SIDCo-E (exponential)", _SIDCO),
     "sidco-gpd": Entry(_estimated("sidco-gpd"), _residual, False, "SIDCo-P (GPD)", _SIDCO),
     "sidco-gamma-gpd": Entry(
@@ -163,7 +182,9 @@ class CompressorSpec:
     def label(self) -> str:
         """``name`` plus the parameters that differ from the defaults."""
         changed = [
-            f"{key}={value:g}" for key, value in self.params if value != self.entry.params[key]
+            f"{key}={CHOICES[key][int(value)] if key in CHOICES else format(value, 'g')}"
+            for key, value in self.params
+            if value != self.entry.params[key]
         ]
         return ":".join([self.name, *changed])
 
@@ -192,6 +213,12 @@ def parse_compressors(
             if key not in allowed:
                 known = ", ".join(allowed) or "none"
                 raise UsageError(f"{part!r}: {name} has no parameter {key!r} (known: {known})")
+            if key in CHOICES:
+                if value not in CHOICES[key]:
+                    choices = ", ".join(CHOICES[key])
+                    raise UsageError(f"{part!r}: {key} must be one of {choices}, got {value!r}")
+                params[key] = float(CHOICES[key].index(value))
+                continue
             try:
                 params[key] = float(value)
             except ValueError:

@@ -4,10 +4,10 @@ For sparsifiers the rate is the density ``k/d`` (``k = k_for(ratio, d)``).
 
 * Top-k (Aji and Heafield 2017; Stich et al. 2018): each learner sends the k largest
   magnitudes of its corrected vector as ``(int32 index, value)`` pairs; all-gather, so
-  the aggregate holds the union of the learners' sets (build-up, METHODS.md 3).
+  the aggregate holds the union of the learners' sets (build-up, docs/methods.md 3).
 * Random-k with a shared seed (Stich et al. 2018): every learner draws the same k
   indices, so only the k values travel, by a dense all-reduce.
-* CLT-k (ScaleCom, Chen et al. 2021, arXiv 2104.11125, METHODS.md 4): the leader
+* CLT-k (ScaleCom, Chen et al. 2021, arXiv 2104.11125, docs/methods.md 4): the leader
   ``t mod n`` broadcasts its top-k indices; every learner all-reduces its values at
   those indices. Exactly k non-zeros whatever n.
 * gTop-k (Shi et al. 2019, arXiv 1901.04359): local top-k, then a tree of ``log2 n``

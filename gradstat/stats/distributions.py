@@ -1,13 +1,18 @@
-"""Distributions of gradient values and their fits (METHODS.md 1).
+"""Distributions of gradient values and their fits (docs/methods.md section 1).
 
 The sparsity-inducing distributions model magnitudes x = |g| with the location fixed at
 0: exponential, gamma and generalized Pareto (GPD), as in SIDCo (Abdelmoniem et al.
 2021, arXiv 2101.10761); log-normal and Weibull are there for comparison. Normal and
-Laplace model the signed values g. Exact zeros are excluded (and counted) before any fit;
-NaN and Inf are counted and excluded (see :func:`split_values`).
+Laplace model the signed values g; :class:`Folded` turns them into distributions of |g|.
+Exact zeros are excluded (and counted) before any fit; NaN and Inf are counted and
+excluded (see :func:`split_values`).
 
-Parameters are named and defined as in scipy.stats, so ``dist.to_scipy()`` (or
-``getattr(scipy.stats, dist.scipy_name)(**dist.params)``) is the same distribution:
+Built as scipy.stats' ``rv_continuous``: the public methods standardise
+``z = (x - loc) / scale`` once (``q`` for the quantile functions) and call the
+subclass's short standard-form ``_logpdf`` / ``_cdf`` / ``_ppf`` (plus ``_sf``, ``_isf``,
+``_logsf`` where precision in the upper tail needs them; the base class falls back to
+``1 - cdf``, ``ppf(1 - q)`` and logs that switch sides at 1/2). Parameters are named and
+defined as in scipy.stats, so ``dist.to_scipy()`` is the same distribution:
 
 =========  ===============  =====================  ====================================
 name       scipy.stats      params                 ``fit(method=...)``
@@ -15,8 +20,8 @@ name       scipy.stats      params                 ``fit(method=...)``
 exp        expon            loc=0, scale           both: scale = mean (MLE = moments)
 gamma      gamma            a, loc=0, scale        moments: a = m^2/v; mle: Newton root
                                                    of ln a - digamma(a) = ln m - mean ln x
-gpd        genpareto        c, loc=0, scale        moments: METHODS.md 1; mle: profile
-                                                   likelihood (Grimshaw 1993) root solve
+gpd        genpareto        c, loc=0, scale        moments: docs/methods.md 1; mle:
+                                                   profile likelihood (Grimshaw 1993)
 normal     norm             loc, scale             both: mean, std (ddof 0)
 laplace    laplace          loc, scale             moments: mean, std/sqrt 2; mle: median,
                                                    mean |g - median|
@@ -27,8 +32,8 @@ weibull    weibull_min      c, loc=0, scale        moments: root of the CV equat
 =========  ===============  =====================  ====================================
 
 Every fit needs one or two passes over the data (sums in float64) plus scalar root
-solves; the Weibull MLE needs one pass per root-solver step. Densities and distribution
-functions take and return float64 tensors.
+solves (:mod:`gradstat.stats.mle`); the Weibull MLE needs one pass per root-solver step.
+Densities and distribution functions take and return float64 tensors.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch
 from scipy import optimize, special
 
 from gradstat.errors import DataError, UsageError
+from gradstat.stats import mle
 
 METHODS: tuple[str, ...] = ("moments", "mle")
 
@@ -90,7 +96,12 @@ def _check_spread(var: float, name: str) -> None:
 
 
 class Distribution:
-    """One fitted distribution. Subclasses set the class variables and the formulas."""
+    """One distribution with its parameters (scipy's names), in scipy.stats' shape.
+
+    Subclasses set the class variables, the standard-form functions of
+    ``z = (x - loc) / scale`` and the fits. ``lower`` is where the standard support
+    starts (``-inf`` for signed models); ``closed``: whether it includes ``lower``.
+    """
 
     name: ClassVar[str]
     scipy_name: ClassVar[str]
@@ -98,9 +109,13 @@ class Distribution:
     signed: ClassVar[bool] = False
     #: Free parameters (counted by AIC/BIC); a fixed ``loc`` = 0 is not one of them.
     free: ClassVar[tuple[str, ...]]
+    lower: ClassVar[float] = 0.0
+    closed: ClassVar[bool] = True
 
     def __init__(self, **params: float) -> None:
         self.params = {key: float(value) for key, value in params.items()}
+        self.loc = self.params.get("loc", 0.0)
+        self.scale = self.params.get("scale", 1.0)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v:.6g}" for k, v in self.params.items())
@@ -116,6 +131,7 @@ class Distribution:
 
         return getattr(stats, self.scipy_name)(**self.params)
 
+    # --- fits -----------------------------------------------------------------------------
     @classmethod
     def fit(cls, x: torch.Tensor, method: str = "moments") -> Distribution:
         """Fit to ``x`` (signed values if ``signed``, else positive magnitudes)."""
@@ -134,38 +150,66 @@ class Distribution:
     def _fit_mle(cls, x: torch.Tensor) -> Distribution:
         return cls._fit_moments(x)
 
-    # --- functions of the distribution (float64 tensors) --------------------------------
+    # --- public functions: standardise once, then the standard form --------------------
+    def _z(self, x) -> torch.Tensor:
+        return (_f64(x) - self.loc) / self.scale
+
     def logpdf(self, x) -> torch.Tensor:
-        raise NotImplementedError
-
-    def cdf(self, x) -> torch.Tensor:
-        raise NotImplementedError
-
-    def sf(self, x) -> torch.Tensor:
-        raise NotImplementedError
-
-    def ppf(self, q) -> torch.Tensor:
-        raise NotImplementedError
-
-    def isf(self, q) -> torch.Tensor:
-        raise NotImplementedError
+        z = self._z(x)
+        inside = z >= self.lower if self.closed else z > self.lower
+        return torch.where(inside, self._logpdf(z) - math.log(self.scale), -math.inf)
 
     def pdf(self, x) -> torch.Tensor:
         return self.logpdf(x).exp()
 
+    def cdf(self, x) -> torch.Tensor:
+        return self._cdf(self._z(x).clamp_min(self.lower))
+
+    def sf(self, x) -> torch.Tensor:
+        return self._sf(self._z(x).clamp_min(self.lower))
+
     def logcdf(self, x) -> torch.Tensor:
-        cdf, sf = self.cdf(x), self.sf(x)
-        return torch.where(sf < 0.5, torch.log1p(-sf), cdf.log())
+        return self._logcdf(self._z(x).clamp_min(self.lower))
 
     def logsf(self, x) -> torch.Tensor:
-        cdf, sf = self.cdf(x), self.sf(x)
-        return torch.where(cdf < 0.5, torch.log1p(-cdf), sf.log())
+        return self._logsf(self._z(x).clamp_min(self.lower))
+
+    def ppf(self, q) -> torch.Tensor:
+        return self.loc + self.scale * self._ppf(_f64(q))
+
+    def isf(self, q) -> torch.Tensor:
+        return self.loc + self.scale * self._isf(_f64(q))
 
     def loglik(self, x: torch.Tensor) -> float:
         """Log-likelihood of the data: sum of ``logpdf``."""
         return float(self.logpdf(x).sum())
 
-    def magnitudes(self) -> Distribution | Folded:
+    # --- standard form: subclasses write _logpdf, _cdf, _ppf (and more for precision) ---
+    def _logpdf(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _cdf(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _ppf(self, q: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _sf(self, z: torch.Tensor) -> torch.Tensor:
+        return 1.0 - self._cdf(z)
+
+    def _isf(self, q: torch.Tensor) -> torch.Tensor:
+        return self._ppf(1.0 - q)
+
+    def _logcdf(self, z: torch.Tensor) -> torch.Tensor:
+        cdf, sf = self._cdf(z), self._sf(z)
+        return torch.where(sf < 0.5, torch.log1p(-sf), cdf.log())
+
+    def _logsf(self, z: torch.Tensor) -> torch.Tensor:
+        cdf, sf = self._cdf(z), self._sf(z)
+        return torch.where(cdf < 0.5, torch.log1p(-cdf), sf.log())
+
+    # --- magnitudes ----------------------------------------------------------------------
+    def magnitudes(self) -> Distribution:
         """The distribution of |G|: itself for magnitude models, folded for signed ones."""
         return Folded(self) if self.signed else self
 
@@ -175,50 +219,54 @@ class Distribution:
 
     def magnitude_isf(self, density: float) -> float:
         """The threshold t on |g| with P(|G| > t) = density (the upper quantile)."""
-        if not self.signed:
-            return float(self.isf(density))
-        # P(|G| > t) falls from 1 at t = 0; past both one-sided quantiles at density/2 it
-        # is at most density: bracket there and solve the scalar equation.
-        high = max(float(self.isf(density / 2.0)), -float(self.ppf(density / 2.0)))
-        return optimize.brentq(
-            lambda t: self.magnitude_sf(t) - density, 0.0, high, xtol=1e-15 * high
-        )
+        return float(self.magnitudes().isf(density))
 
 
-class Folded:
+class Folded(Distribution):
     """|G| for a signed distribution G: CDF F(t) - F(-t), density f(t) + f(-t) on t >= 0.
 
     Puts the normal and Laplace fits on the same footing as the magnitude models, so that
-    KS, AD and log-likelihoods (AIC/BIC) of all seven are computed on the same |g|.
+    KS, AD and log-likelihoods (AIC/BIC) of all seven are computed on the same |g|. Its
+    functions are those of G at +-t (no standardisation of its own); its upper quantile
+    is a scalar root solve.
     """
 
     def __init__(self, dist: Distribution) -> None:
+        super().__init__(loc=0.0, scale=1.0)
         self.dist = dist
-        self.n_params = dist.n_params
+        self.params = dict(dist.params)
+        self.name = f"folded {dist.name}"
+        self.free = dist.free
 
-    def sf(self, t) -> torch.Tensor:
-        t = _f64(t).clamp_min(0)
-        return self.dist.sf(t) + self.dist.cdf(-t)
+    def to_scipy(self):
+        raise NotImplementedError("scipy.stats has no folded form of every signed model")
 
-    def cdf(self, t) -> torch.Tensor:
-        t = _f64(t).clamp_min(0)
+    def _logpdf(self, t):
+        return torch.logaddexp(self.dist.logpdf(t), self.dist.logpdf(-t))
+
+    def _cdf(self, t):
         return (self.dist.cdf(t) - self.dist.cdf(-t)).clamp_min(0)
 
-    def logsf(self, t) -> torch.Tensor:
-        t = _f64(t).clamp_min(0)
-        return torch.logaddexp(self.dist.logsf(t), self.dist.logcdf(-t))
+    def _sf(self, t):
+        return (self.dist.sf(t) + self.dist.cdf(-t)).clamp_max(1.0)
 
-    def logcdf(self, t) -> torch.Tensor:
-        sf = self.sf(t)
-        return torch.where(sf < 0.5, torch.log1p(-sf), self.cdf(t).log())
+    def _logsf(self, t):
+        return torch.logaddexp(self.dist.logsf(t), self.dist.logcdf(-t)).clamp_max(0.0)
 
-    def logpdf(self, t) -> torch.Tensor:
-        t = _f64(t)
-        out = torch.logaddexp(self.dist.logpdf(t), self.dist.logpdf(-t))
-        return torch.where(t >= 0, out, -math.inf)
+    def _isf(self, q):
+        return _f64([self._isf_scalar(float(p)) for p in q.reshape(-1)]).reshape(q.shape)
 
-    def loglik(self, t: torch.Tensor) -> float:
-        return float(self.logpdf(t).sum())
+    def _ppf(self, q):
+        return self._isf(1.0 - q)
+
+    def _isf_scalar(self, density: float) -> float:
+        # P(|G| > t) falls from 1 at t = 0; past both one-sided quantiles at density/2 it
+        # is at most density: bracket there and solve the scalar equation.
+        dist = self.dist
+        high = max(float(dist.isf(density / 2.0)), -float(dist.ppf(density / 2.0)))
+        return optimize.brentq(
+            lambda t: float(self._sf(_f64(t))) - density, 0.0, high, xtol=1e-15 * high
+        )
 
 
 class Exponential(Distribution):
@@ -233,37 +281,31 @@ class Exponential(Distribution):
     def _fit_moments(cls, x):
         return cls.from_mean(_mean_var(x)[0])
 
-    @property
-    def _scale(self) -> float:
-        return self.params["scale"]
+    def _logpdf(self, z):
+        return -z
 
-    def logpdf(self, x):
-        x = _f64(x)
-        out = -math.log(self._scale) - x / self._scale
-        return torch.where(x >= 0, out, -math.inf)
+    def _cdf(self, z):
+        return -torch.expm1(-z)
 
-    def cdf(self, x):
-        return -torch.expm1(-_f64(x).clamp_min(0) / self._scale)
+    def _sf(self, z):
+        return torch.exp(-z)
 
-    def sf(self, x):
-        return self.logsf(x).exp()
+    def _logsf(self, z):
+        return -z
 
-    def logsf(self, x):
-        return -_f64(x).clamp_min(0) / self._scale
+    def _ppf(self, q):
+        return -torch.log1p(-q)
 
-    def ppf(self, q):
-        return -self._scale * torch.log1p(-_f64(q))
-
-    def isf(self, q):
-        return -self._scale * torch.log(_f64(q))
+    def _isf(self, q):
+        return -torch.log(q)
 
 
 class Gamma(Distribution):
-    name, scipy_name, free = "gamma", "gamma", ("a", "scale")
+    name, scipy_name, free, closed = "gamma", "gamma", ("a", "scale"), False
 
     @classmethod
     def from_log_moments(cls, mean: float, mean_log: float) -> Gamma:
-        """SIDCo's closed-form gamma (METHODS.md 1): s = ln(mean) - mean(ln x),
+        """SIDCo's closed-form gamma (docs/methods.md 1): s = ln(mean) - mean(ln x),
         a = (3 - s + sqrt((s-3)^2 + 24 s)) / (12 s), scale = mean / a; an approximation
         of the MLE within ~1.5% in a."""
         s = math.log(mean) - mean_log
@@ -285,113 +327,30 @@ class Gamma(Distribution):
         mean, var = _mean_var(x)
         _check_spread(var, cls.name)
         mean_log = float(torch.sum(x.log(), dtype=torch.float64)) / x.numel()
-        s = math.log(mean) - mean_log
-        # SIDCo's closed form (METHODS.md 1) starts Newton on ln a - digamma(a) = s.
-        a = cls.from_log_moments(mean, mean_log).params["a"]
-        for _ in range(50):
-            step = (math.log(a) - special.digamma(a) - s) / (1.0 / a - special.polygamma(1, a))
-            a = max(a - step, a / 10.0)
-            if abs(step) < 1e-14 * a:
-                break
+        # SIDCo's closed form starts Newton on ln a - digamma(a) = ln(mean) - mean_log
+        start = cls.from_log_moments(mean, mean_log).params["a"]
+        a = mle.gamma_shape(math.log(mean) - mean_log, start)
         return cls(a=a, loc=0.0, scale=mean / a)
 
-    def logpdf(self, x):
-        x = _f64(x)
-        a, scale = self.params["a"], self.params["scale"]
-        out = (a - 1.0) * torch.log(x) - x / scale - math.lgamma(a) - a * math.log(scale)
-        return torch.where(x > 0, out, -math.inf)
-
-    def cdf(self, x):
-        return torch.special.gammainc(_f64(self.params["a"]), _f64(x).clamp_min(0) / self._s)
-
-    def sf(self, x):
-        return torch.special.gammaincc(_f64(self.params["a"]), _f64(x).clamp_min(0) / self._s)
-
     @property
-    def _s(self) -> float:
-        return self.params["scale"]
+    def _a(self) -> torch.Tensor:
+        return _f64(self.params["a"])
 
-    def ppf(self, q):
-        return _f64(special.gammaincinv(self.params["a"], _f64(q).numpy())) * self._s
+    def _logpdf(self, z):
+        a = self.params["a"]
+        return (a - 1.0) * torch.log(z) - z - math.lgamma(a)
 
-    def isf(self, q):
-        return _f64(special.gammainccinv(self.params["a"], _f64(q).numpy())) * self._s
+    def _cdf(self, z):
+        return torch.special.gammainc(self._a, z)
 
+    def _sf(self, z):
+        return torch.special.gammaincc(self._a, z)
 
-def _gpd_profile_mle(x: np.ndarray) -> tuple[float, float]:
-    """GPD maximum likelihood (loc 0) by a 1-D root solve of the profile score.
+    def _ppf(self, q):
+        return _f64(special.gammaincinv(self.params["a"], q.numpy()))
 
-    With theta = c / scale (Grimshaw 1993, Technometrics 35(2)), the likelihood is
-    maximised over c for fixed theta by c(theta) = mean ln(1 + theta x), leaving the
-    profile log-likelihood L(theta)/n = -ln(c/theta) - c - 1 on theta > -1/max(x). Its
-    score S = 1/theta - r/c - r with r = mean x/(1 + theta x) has the MLE as root. The
-    root is bracketed and found with Brent's method on a subsample, then polished by
-    safeguarded Newton steps on all the data (each one pass: ln, r and mean r^2),
-    usually two.
-    """
-    n = x.size
-    if n < 2 or float(x.min()) < 0:
-        raise DataError("a GPD MLE needs at least 2 non-negative values")
-    lower = -1.0 / float(x.max())
-    mean = float(x.mean())
-    var = float(np.dot(x, x)) / n - mean * mean
-    start = GenPareto.from_moments(mean, var).params
-    theta = max(start["c"] / start["scale"], lower / 2.0) or 1e-3 / mean
-    work, logs = np.empty_like(x), np.empty_like(x)
-
-    def parts(theta: float, data: np.ndarray, buf: np.ndarray) -> tuple[float, float, float]:
-        """c(theta) = mean ln(1 + theta x), r = mean x/(1 + theta x) and mean r^2."""
-        theta = theta or 1e-9 / mean  # the score's removable singularity at 0
-        np.multiply(data, theta, out=buf)
-        c = float(np.log1p(buf, out=logs[: data.size]).mean())
-        np.add(buf, 1.0, out=buf)
-        np.divide(data, buf, out=buf)
-        return c, float(buf.mean()), float(np.dot(buf, buf)) / data.size
-
-    def score(theta: float, data: np.ndarray, buf: np.ndarray) -> float:
-        c, r, _ = parts(theta, data, buf)
-        return 1.0 / (theta or 1e-9 / mean) - r / c - r
-
-    sub = x[:: max(1, n // 50_000)]
-    sub_buf = np.empty_like(sub)
-    sub_lower = -1.0 / float(sub.max())
-    theta = max(theta, sub_lower / 2.0)
-    step = max(abs(theta), 0.1 / mean)
-    low = high = theta
-    if score(theta, sub, sub_buf) > 0:
-        for _ in range(200):
-            high = low + step
-            if score(high, sub, sub_buf) < 0:
-                break
-            low, step = high, step * 2.0
-    else:
-        for _ in range(200):
-            low = max(high - step, (high + sub_lower) / 2.0)
-            if score(low, sub, sub_buf) > 0:
-                break
-            high, step = low, step * 2.0
-    if score(low, sub, sub_buf) > 0 > score(high, sub, sub_buf):
-        theta = optimize.brentq(score, low, high, args=(sub, sub_buf), xtol=1e-12 / mean)
-    if theta <= lower:
-        theta = lower / 2.0
-    for _ in range(30):
-        c, r, r2 = parts(theta, x, work)
-        s = 1.0 / theta - r / c - r
-        # dS/dtheta with dc/dtheta = r and dr/dtheta = -r2
-        ds = -1.0 / theta**2 + r2 / c + r * r / (c * c) + r2
-        new = theta - s / ds if ds < 0 else theta + math.copysign(abs(theta) / 2.0, s)
-        if new > lower and ds < 0 and abs(new - theta) <= 1e-5 * abs(theta):
-            # Newton converges quadratically: a step of 1e-5 leaves ~1e-10 at the new point,
-            # and c moves with it by dc/dtheta = r (the next term is ~r2 step^2 ~ 1e-10 c)
-            c += r * (new - theta)
-            theta = new
-            break
-        theta = new if new > lower else (theta + lower) / 2.0
-    gpd_ll = -n * (math.log(c / theta) + c + 1.0)
-    exp_ll = -n * (math.log(mean) + 1.0)  # the theta -> 0 limit: exponential
-    if not gpd_ll >= exp_ll:
-        return 0.0, mean
-    return c, c / theta
+    def _isf(self, q):
+        return _f64(special.gammainccinv(self.params["a"], q.numpy()))
 
 
 class GenPareto(Distribution):
@@ -399,7 +358,7 @@ class GenPareto(Distribution):
 
     @classmethod
     def from_moments(cls, mean: float, var: float) -> GenPareto:
-        """Moments fit (METHODS.md 1): c = (1 - m^2/v)/2, scale = m (m^2/v + 1)/2."""
+        """Moments fit (docs/methods.md 1): c = (1 - m^2/v)/2, scale = m (m^2/v + 1)/2."""
         _check_spread(var, cls.name)
         ratio = mean * mean / var
         return cls(c=(1.0 - ratio) / 2.0, loc=0.0, scale=mean * (ratio + 1.0) / 2.0)
@@ -410,73 +369,58 @@ class GenPareto(Distribution):
 
     @classmethod
     def _fit_mle(cls, x):
-        c, scale = _gpd_profile_mle(x.double().numpy())
+        c, scale = mle.gpd(x.double().numpy())
         return cls(c=c, loc=0.0, scale=scale)
 
     @property
     def _c(self) -> float:
         return self.params["c"]
 
-    @property
-    def _s(self) -> float:
-        return self.params["scale"]
-
-    def _z(self, x) -> torch.Tensor:
-        """ln(1 + c x / scale) / c (the exponential's x/scale as c -> 0), +inf off support."""
-        x = _f64(x).clamp_min(0) / self._s
+    def _logsf(self, z):
+        """-ln(1 + c z) / c (-z as c -> 0); -inf past the upper end when c < 0."""
         if self._c == 0:
-            return x
-        inside = 1.0 + self._c * x > 0
-        z = torch.log1p(self._c * x) / self._c
-        return torch.where(inside, z, math.inf)
+            return -z
+        inside = 1.0 + self._c * z > 0
+        return torch.where(inside, -torch.log1p(self._c * z) / self._c, -math.inf)
 
-    def logpdf(self, x):
-        x = _f64(x)
-        z = self._z(x)
-        out = -math.log(self._s) - (1.0 + self._c) * z
-        return torch.where((x >= 0) & torch.isfinite(z), out, -math.inf)
+    def _logpdf(self, z):
+        return (1.0 + self._c) * self._logsf(z)
 
-    def logsf(self, x):
-        return -self._z(x)
+    def _sf(self, z):
+        return self._logsf(z).exp()
 
-    def sf(self, x):
-        return self.logsf(x).exp()
+    def _cdf(self, z):
+        return -torch.expm1(self._logsf(z))
 
-    def cdf(self, x):
-        return -torch.expm1(self.logsf(x))
+    def _isf(self, q):
+        log_q = torch.log(q)
+        return -log_q if self._c == 0 else torch.expm1(-self._c * log_q) / self._c
 
-    def isf(self, q):
-        log_q = torch.log(_f64(q))
-        if self._c == 0:
-            return -self._s * log_q
-        return self._s * torch.expm1(-self._c * log_q) / self._c
-
-    def ppf(self, q):
-        log_p = torch.log1p(-_f64(q))
-        if self._c == 0:
-            return -self._s * log_p
-        return self._s * torch.expm1(-self._c * log_p) / self._c
+    def _ppf(self, q):
+        log_p = torch.log1p(-q)
+        return -log_p if self._c == 0 else torch.expm1(-self._c * log_p) / self._c
 
 
 class _GaussianTails:
-    """cdf / sf and their logs through the standard normal of ``self._z(x)``: shared by
-    the normal (z = (x - loc) / scale) and the log-normal (z = ln(x / scale) / s)."""
+    """cdf / sf and their logs through the standard normal of ``self._gauss(z)``: shared
+    by the normal (the standard z itself) and the log-normal (ln z / s)."""
 
-    def cdf(self, x):
-        return torch.special.log_ndtr(self._z(x)).exp()
+    def _cdf(self, z):
+        return torch.special.log_ndtr(self._gauss(z)).exp()
 
-    def sf(self, x):
-        return torch.special.log_ndtr(-self._z(x)).exp()
+    def _sf(self, z):
+        return torch.special.log_ndtr(-self._gauss(z)).exp()
 
-    def logcdf(self, x):
-        return torch.special.log_ndtr(self._z(x))
+    def _logcdf(self, z):
+        return torch.special.log_ndtr(self._gauss(z))
 
-    def logsf(self, x):
-        return torch.special.log_ndtr(-self._z(x))
+    def _logsf(self, z):
+        return torch.special.log_ndtr(-self._gauss(z))
 
 
 class Normal(_GaussianTails, Distribution):
     name, scipy_name, free, signed = "normal", "norm", ("loc", "scale"), True
+    lower = -math.inf
 
     @classmethod
     def _fit_moments(cls, x):
@@ -484,22 +428,22 @@ class Normal(_GaussianTails, Distribution):
         _check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var))
 
-    def _z(self, x) -> torch.Tensor:
-        return (_f64(x) - self.params["loc"]) / self.params["scale"]
+    def _gauss(self, z):
+        return z
 
-    def logpdf(self, x):
-        z = self._z(x)
-        return -0.5 * z * z - math.log(self.params["scale"]) - 0.5 * math.log(2.0 * math.pi)
+    def _logpdf(self, z):
+        return -0.5 * z * z - 0.5 * math.log(2.0 * math.pi)
 
-    def ppf(self, q):
-        return self.params["loc"] + self.params["scale"] * torch.special.ndtri(_f64(q))
+    def _ppf(self, q):
+        return torch.special.ndtri(q)
 
-    def isf(self, q):
-        return self.params["loc"] - self.params["scale"] * torch.special.ndtri(_f64(q))
+    def _isf(self, q):
+        return -torch.special.ndtri(q)
 
 
 class Laplace(Distribution):
     name, scipy_name, free, signed = "laplace", "laplace", ("loc", "scale"), True
+    lower = -math.inf
 
     @classmethod
     def _fit_moments(cls, x):
@@ -515,39 +459,30 @@ class Laplace(Distribution):
         _check_spread(scale, cls.name)
         return cls(loc=loc, scale=scale)
 
-    def _z(self, x) -> torch.Tensor:
-        return (_f64(x) - self.params["loc"]) / self.params["scale"]
+    def _logpdf(self, z):
+        return -z.abs() - math.log(2.0)
 
-    def logpdf(self, x):
-        return -self._z(x).abs() - math.log(2.0 * self.params["scale"])
-
-    def logcdf(self, x):
-        z = self._z(x)
+    def _logcdf(self, z):
         return torch.where(z < 0, z - math.log(2.0), torch.log1p(-0.5 * torch.exp(-z.abs())))
 
-    def logsf(self, x):
-        z = self._z(x)
-        return torch.where(z > 0, -z - math.log(2.0), torch.log1p(-0.5 * torch.exp(-z.abs())))
+    def _logsf(self, z):
+        return self._logcdf(-z)
 
-    def cdf(self, x):
-        return self.logcdf(x).exp()
+    def _cdf(self, z):
+        return self._logcdf(z).exp()
 
-    def sf(self, x):
-        return self.logsf(x).exp()
+    def _sf(self, z):
+        return self._logsf(z).exp()
 
-    def isf(self, q):
-        q = _f64(q)
-        loc, scale = self.params["loc"], self.params["scale"]
-        return torch.where(
-            q < 0.5, loc - scale * torch.log(2.0 * q), loc + scale * torch.log(2.0 * (1.0 - q))
-        )
+    def _isf(self, q):
+        return torch.where(q < 0.5, -torch.log(2.0 * q), torch.log(2.0 * (1.0 - q)))
 
-    def ppf(self, q):
-        return self.isf(1.0 - _f64(q))
+    def _ppf(self, q):
+        return -self._isf(q)
 
 
 class LogNormal(_GaussianTails, Distribution):
-    name, scipy_name, free = "lognormal", "lognorm", ("s", "scale")
+    name, scipy_name, free, closed = "lognormal", "lognorm", ("s", "scale"), False
 
     @classmethod
     def _fit_moments(cls, x):
@@ -564,20 +499,18 @@ class LogNormal(_GaussianTails, Distribution):
         _check_spread(s2, cls.name)
         return cls(s=math.sqrt(s2), loc=0.0, scale=math.exp(mu))
 
-    def _z(self, x) -> torch.Tensor:
-        return (torch.log(_f64(x)) - math.log(self.params["scale"])) / self.params["s"]
+    def _gauss(self, z):
+        return torch.log(z) / self.params["s"]
 
-    def logpdf(self, x):
-        x = _f64(x)
-        z = self._z(x)
-        out = -0.5 * z * z - torch.log(x) - math.log(self.params["s"] * math.sqrt(2.0 * math.pi))
-        return torch.where(x > 0, out, -math.inf)
+    def _logpdf(self, z):
+        g = self._gauss(z)
+        return -0.5 * g * g - torch.log(z) - math.log(self.params["s"] * math.sqrt(2.0 * math.pi))
 
-    def ppf(self, q):
-        return self.params["scale"] * torch.exp(self.params["s"] * torch.special.ndtri(_f64(q)))
+    def _ppf(self, q):
+        return torch.exp(self.params["s"] * torch.special.ndtri(q))
 
-    def isf(self, q):
-        return self.params["scale"] * torch.exp(-self.params["s"] * torch.special.ndtri(_f64(q)))
+    def _isf(self, q):
+        return torch.exp(-self.params["s"] * torch.special.ndtri(q))
 
 
 def _weibull_cv2(c: float) -> float:
@@ -585,71 +518,43 @@ def _weibull_cv2(c: float) -> float:
     return math.expm1(special.gammaln(1.0 + 2.0 / c) - 2.0 * special.gammaln(1.0 + 1.0 / c))
 
 
-def _expand_root(f, low: float, high: float) -> float:
-    """Root of an increasing f: widen [low, high] geometrically until it brackets one."""
-    for _ in range(60):
-        if f(low) < 0 < f(high):
-            return optimize.brentq(f, low, high, xtol=1e-14, rtol=1e-14)
-        low, high = low / 2.0, high * 2.0
-    raise DataError("the fit equation has no root: the data do not fit this distribution")
-
-
 class Weibull(Distribution):
-    name, scipy_name, free = "weibull", "weibull_min", ("c", "scale")
+    name, scipy_name, free, closed = "weibull", "weibull_min", ("c", "scale"), False
 
     @classmethod
     def _fit_moments(cls, x):
         mean, var = _mean_var(x)
         _check_spread(var, cls.name)
         cv2 = var / (mean * mean)
-        c = _expand_root(lambda c: cv2 - _weibull_cv2(c), 0.1, 10.0)
+        c = mle.expand_root(lambda c: cv2 - _weibull_cv2(c), 0.1, 10.0)
         return cls(c=c, loc=0.0, scale=mean / math.exp(special.gammaln(1.0 + 1.0 / c)))
 
     @classmethod
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a Weibull MLE needs positive values")
-        log_x = x.double().log().numpy()
-        _, var = _mean_var(x)
-        _check_spread(var, cls.name)
-        top, mean_log = float(log_x.max()), float(log_x.mean())
-        shifted = log_x - top
-        buf = np.empty_like(shifted)
-
-        def score(c: float) -> float:
-            # sum x^c ln x / sum x^c - 1/c - mean ln x, with x^c scaled by max(x)^-c
-            np.multiply(shifted, c, out=buf)
-            np.exp(buf, out=buf)
-            return float(np.dot(buf, log_x) / buf.sum()) - 1.0 / c - mean_log
-
-        c = _expand_root(score, 0.1, 10.0)
-        np.exp(shifted * c, out=buf)
-        scale = math.exp(top + math.log(float(buf.mean())) / c)
+        _check_spread(_mean_var(x)[1], cls.name)
+        c, scale = mle.weibull(x.double().numpy())
         return cls(c=c, loc=0.0, scale=scale)
 
-    def _z(self, x) -> torch.Tensor:
-        return (_f64(x).clamp_min(0) / self.params["scale"]) ** self.params["c"]
+    def _logpdf(self, z):
+        c = self.params["c"]
+        return math.log(c) + (c - 1.0) * torch.log(z) - z**c
 
-    def logpdf(self, x):
-        x = _f64(x)
-        c, scale = self.params["c"], self.params["scale"]
-        out = math.log(c / scale) + (c - 1.0) * torch.log(x / scale) - (x / scale) ** c
-        return torch.where(x > 0, out, -math.inf)
+    def _logsf(self, z):
+        return -(z ** self.params["c"])
 
-    def logsf(self, x):
-        return -self._z(x)
+    def _sf(self, z):
+        return torch.exp(self._logsf(z))
 
-    def sf(self, x):
-        return torch.exp(-self._z(x))
+    def _cdf(self, z):
+        return -torch.expm1(self._logsf(z))
 
-    def cdf(self, x):
-        return -torch.expm1(-self._z(x))
+    def _ppf(self, q):
+        return (-torch.log1p(-q)) ** (1.0 / self.params["c"])
 
-    def ppf(self, q):
-        return self.params["scale"] * (-torch.log1p(-_f64(q))) ** (1.0 / self.params["c"])
-
-    def isf(self, q):
-        return self.params["scale"] * (-torch.log(_f64(q))) ** (1.0 / self.params["c"])
+    def _isf(self, q):
+        return (-torch.log(q)) ** (1.0 / self.params["c"])
 
 
 DISTRIBUTIONS: dict[str, type[Distribution]] = {

@@ -1,4 +1,4 @@
-"""Goodness of fit without p-values (METHODS.md 1).
+"""Goodness of fit without p-values (docs/methods.md 1).
 
 With millions of gradient values every p-value is ~0, so gradstat reports statistics:
 Kolmogorov-Smirnov D, Anderson-Darling A^2, the relative error of the fitted upper
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from gradstat.stats.distributions import Distribution, Folded
+from gradstat.stats.distributions import Distribution
 
 
 def subsample(x: torch.Tensor, size: int | None, seed: int = 0) -> torch.Tensor:
@@ -29,7 +29,7 @@ def _sorted(x: torch.Tensor, presorted: bool) -> torch.Tensor:
     return x if presorted else torch.sort(x).values
 
 
-def ks_statistic(x: torch.Tensor, dist: Distribution | Folded, presorted: bool = False) -> float:
+def ks_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
     """Kolmogorov-Smirnov D = sup |F_n - F| (as scipy.stats.kstest computes it).
     ``presorted``: ``x`` is already in ascending order (sort once, score many fits)."""
     sorted_x = _sorted(x, presorted)
@@ -39,7 +39,7 @@ def ks_statistic(x: torch.Tensor, dist: Distribution | Folded, presorted: bool =
     return float(torch.maximum((i / n - cdf).amax(), (cdf - (i - 1) / n).amax()))
 
 
-def ad_statistic(x: torch.Tensor, dist: Distribution | Folded, presorted: bool = False) -> float:
+def ad_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
     """Anderson-Darling A^2 = -n - (1/n) sum (2i - 1)[ln F(x_(i)) + ln S(x_(n+1-i))]
     (Anderson & Darling 1954), with log-CDF and log-SF for accuracy in the tails;
     +inf when a value lies outside the fitted support."""

@@ -1,4 +1,4 @@
-"""Top-k index sets of learners' gradients and the cross-learner metrics of METHODS.md 3.
+"""Top-k index sets of learners' gradients and the cross-learner metrics of docs/methods.md 3.
 
 Top-k selection is O(d) per row; everything after it works on the index sets alone
 (sorting the n k indices, owner bit masks per distinct index, ``torch.isin``), so its
@@ -48,7 +48,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     Exact: the same set as ``torch.topk(x.abs(), k)`` (ties broken either way). Long rows
     are first cut to candidates ``|x| >= t``, with ``t`` an upper quantile of a strided
     sample chosen so that about 1.5 k (plus a margin) survive, as DGC's sampled threshold
-    does (Lin et al. 2018; METHODS.md 2); ``torch.topk`` then runs on the candidates only.
+    does (Lin et al. 2018; docs/methods.md 2); ``torch.topk`` then runs on the candidates only.
     Whenever fewer than k survive, that row falls back to ``torch.topk`` on all of it, so
     the result never depends on the sample.
     """
@@ -186,7 +186,7 @@ def energy_captured(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 def contraction_ok(
     energy_leader: torch.Tensor, energy_topk: torch.Tensor, inter_topk: torch.Tensor, k: int
 ) -> torch.Tensor:
-    """ScaleCom's condition rho_CLT <= d_H/k + (1 - d_H/k) rho_topk (METHODS.md 3).
+    """ScaleCom's condition rho_CLT <= d_H/k + (1 - d_H/k) rho_topk (docs/methods.md 3).
 
     ``energy_leader``: E(I_leader) per candidate leader; ``energy_topk``: E(I*);
     ``inter_topk``: |I_leader n I*|. rho = 1 - E, d_H = k - |I_leader n I*|.
