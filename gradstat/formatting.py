@@ -1,20 +1,40 @@
-"""Number formatting shared by the terminal tables and the HTML report."""
+"""Number formatting shared by the terminal tables and the HTML report.
+
+One rule everywhere: 4 significant digits (whole numbers from 1e4 to 1e7), scientific
+notation only outside [1e-3, 1e7), ``-`` for a missing value (NaN, None), ``yes`` and
+``no`` for booleans.
+"""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pandas as pd
+
+#: What a missing value (NaN, None, pandas NA) shows as.
+MISSING = "-"
 
 
 def format_cell(value) -> str:
-    """4 significant digits; scientific notation outside [1e-3, 1e5); dicts as k=v."""
+    """4 significant digits below 1e4, whole numbers up to 1e7, scientific notation
+    outside [1e-3, 1e7); dicts as k=v."""
+    if value is None:
+        return MISSING
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
     if isinstance(value, (float, np.floating)):
-        if not math.isfinite(value):
-            return str(value)
-        if value == 0 or 1e-3 <= abs(value) < 1e5:
+        if math.isnan(value):
+            return MISSING
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if value == 0 or 1e-3 <= abs(value) < 1e4:
             return f"{value:.4g}"
+        if 1e4 <= abs(value) < 1e7:  # bytes, counts: whole numbers read better
+            return f"{value:.0f}"
         return f"{value:.3e}"
     if isinstance(value, dict):
         return ", ".join(f"{k}={format_cell(v)}" for k, v in value.items())
+    if value is pd.NA or value is pd.NaT:
+        return MISSING
     return str(value)

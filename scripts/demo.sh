@@ -6,6 +6,8 @@ GRADSTAT=${GRADSTAT:-gradstat}
 OUT=${OUT:-captures/demo}
 RUN="$OUT/capture"
 FIG="$OUT/figures"
+# The recommendation's candidates, shared by `recommend` and the report so both agree.
+CANDIDATES=fp16,bf16,topk,dgc,sidco-gpd,clt-k,powersgd  # the report's default
 
 rm -rf "$OUT"
 mkdir -p "$FIG"
@@ -19,21 +21,23 @@ step "fit: which distribution do |g| follow, and how close do threshold estimato
 "$GRADSTAT" fit "$RUN" --dist all --ratios 0.01,0.001 --stages 1,2,3 --steps ::10 --plot "$FIG/fit.png"
 
 step "similarity: do learners pick the same top-k indices?"
-"$GRADSTAT" similarity "$RUN" --ratio 0.001 --plot "$FIG/similarity.png"
+"$GRADSTAT" similarity "$RUN" --ratios 0.001 --plot "$FIG/similarity.png"
 
 step "buildup: how large is the union of the learners' top-k sets?"
 "$GRADSTAT" buildup "$RUN" --ratios 0.01,0.001 --plot "$FIG/buildup.png"
 
 step "overlap: are top-k sets stable from one step to the next?"
-"$GRADSTAT" overlap "$RUN" --ratio 0.001 --lag 1 --plot "$FIG/overlap.png"
+"$GRADSTAT" overlap "$RUN" --ratios 0.001 --lag 1 --plot "$FIG/overlap.png"
 
 step "replay: compressors with error feedback over the recorded steps"
 "$GRADSTAT" replay "$RUN" --compressors topk,dgc,sidco-gpd,clt-k,powersgd --ratios 0.01,0.001 \
   --bandwidth 10Gbit/s --latency 5us --plot "$FIG/replay.png"
 
 step "recommend: the fastest compressor within an error budget, extrapolated to 64 learners"
-"$GRADSTAT" recommend "$RUN" --error-budget 0.5 --bandwidth 10Gbit/s --learners 64 --out "$OUT/recommendation.json"
+"$GRADSTAT" recommend "$RUN" --error-budget 0.5 --bandwidth 10Gbit/s --cluster-size 64 \
+  --compressors "$CANDIDATES" --ratios 0.01,0.001 --out "$OUT/recommendation.json"
 
-step "report"
-"$GRADSTAT" report "$RUN" -o "$OUT/report.html"
+step "report: every analysis on one page, with the recommendation above (same settings)"
+"$GRADSTAT" report "$RUN" -o "$OUT/report.html" --error-budget 0.5 --cluster-size 64 \
+  --compressors "$CANDIDATES"
 printf '\nfigures in %s, the report is %s\n' "$FIG" "$OUT/report.html"

@@ -90,7 +90,7 @@ def test_a_sample_of_learners_keeps_ranks_and_world_size(tmp_path, capsys):
     assert replay["cost_learners"] == 8 and replay["learners"] == 2
     fit = run_cli(capsys, "fit", tmp_path, "--learners", "4", "--steps", "1", "--json")
     assert fit.code == 0, fit
-    assert {r["learner"] for r in json.loads(fit.stdout)} == {4}
+    assert {r["learner"] for r in json.loads(fit.stdout)["records"]} == {4}
     assert_clean_error(run_cli(capsys, "fit", tmp_path, "--learners", "1"), 2)
 
 
@@ -229,9 +229,17 @@ def test_sizes_parse_and_print():
 def test_capture_refuses_a_capture_over_max_bytes(tmp_path, capsys):
     out = tmp_path / "run"
     result = run_cli(
-        capsys, "capture", "--workload", "digits", "--steps", "50", "--max-bytes", "1M",
-        "--out", out,
-    )  # fmt: skip
+        capsys,
+        "capture",
+        "--workload",
+        "digits",
+        "--steps",
+        "50",
+        "--max-bytes",
+        "1M",
+        "--out",
+        out,
+    )
     assert_clean_error(result, 2)
     message = result.stderr
     assert "more than the limit of 1 MiB" in message

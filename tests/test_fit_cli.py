@@ -38,7 +38,7 @@ REQUIRED = (
 def _records(capsys, *args) -> pd.DataFrame:
     result = run_cli(capsys, "fit", *args, "--json")
     assert result.code == 0, result
-    return pd.DataFrame(json.loads(result.stdout))
+    return pd.DataFrame(json.loads(result.stdout)["records"])
 
 
 def test_json_records_against_brute_force(synthetic_capture, capsys):
@@ -108,8 +108,9 @@ def test_tables_csv_and_plot(synthetic_capture, capsys, tmp_path):
         "3",
     )
     assert result.code == 0, result
-    assert "distributions ranked by median KS" in result.stdout
-    assert "estimation quality" in result.stdout
+    assert "ranked by median KS" in result.stdout and "median q = selected / k" in result.stdout
+    assert "fits |g| best" in result.stdout  # the answer
+    assert "fits per record" not in result.stdout  # per-row tables only with --detail
     table = pd.read_csv(csv)
     assert set(table["step"]) == {1, 3} and set(table["learner"]) == {0, 2}
     assert json.loads(table["params"].dropna().iloc[0]).keys() >= {"c", "scale"}
@@ -210,7 +211,7 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
     assert "Traceback" not in result.stderr
     assert "3 NaN/Inf values excluded" in result.stderr
     assert "records not computed" in result.stderr
-    records = pd.DataFrame(json.loads(result.stdout))
+    records = pd.DataFrame(json.loads(result.stdout)["records"])
     zero = records[records["scope"] == "zero"]
     assert zero["error"].notna().all() and zero["threshold"].isna().all()
     sparse = records[(records["scope"] == "sparse") & (records["kind"] == "estimator")]

@@ -204,10 +204,10 @@ def test_recommend_picks_the_clear_winner(capsys, sparse_capture, tmp_path):
     assert winner["settings"]["k"] == 20
     assert config["pays_off"] is True
     assert config["baseline_seconds"] == pytest.approx(allreduce_seconds(8000, 4, Link(125e3, 0)))
-    # --learners extrapolates the cost model only. On 64 learners the all-gather of 20
+    # --cluster-size extrapolates the cost model only. On 64 learners the all-gather of 20
     # 8-byte pairs (63 * 160 B) moves more than a fp16 ring all-reduce (2 * 63/64 * 4000 B)
     result = run_cli(
-        capsys, "recommend", sparse_capture, *args, *slow, "--learners", "64", "--json"
+        capsys, "recommend", sparse_capture, *args, *slow, "--cluster-size", "64", "--json"
     )
     doc = json.loads(result.stdout)
     assert doc["cost_learners"] == 64 and doc["learners"] == 4
@@ -269,7 +269,7 @@ def test_recommend_budget_nobody_meets(capsys, synthetic_capture):
     [
         (["--error-budget", "-1"], "error_budget"),
         (["--error-budget", "0.2", "--baseline", "fp8"], "fp8"),
-        (["--error-budget", "0.2", "--learners", "1"], "at least 2"),
+        (["--error-budget", "0.2", "--cluster-size", "1"], "2 or more"),
         (["--error-budget", "0.2", "--bandwidth", "10 apples/s"], "--bandwidth"),
         (["--error-budget", "0.2", "--out", "/nonexistent/dir/c.json"], "does not exist"),
     ],

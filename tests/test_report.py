@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
+from gradstat import __version__
 from gradstat.plots.capture import plot_loss
-from gradstat.report.build import SECTIONS, TITLES
+from gradstat.report.build import SECTIONS
 from tests.helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -64,13 +65,39 @@ def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys)
     parser.feed(page)
     parser.close()
     assert parser.errors == [] and parser.stack == []
-    assert parser.ids == list(SECTIONS)
-    for key in SECTIONS:
-        assert f"<h2>{TITLES[key]}</h2>" in page
+    assert parser.ids == ["summary", *(spec.key for spec in SECTIONS)]
+    for spec in SECTIONS:
+        assert f"<h2>{spec.title}</h2>" in page
     assert "Not available" not in page, re.findall(r"Not available: [^<]*", page)
     assert len(parser.images) >= 5
     assert all(src.startswith("data:image/png;base64,") for src in parser.images)
     assert "http://" not in page and "https://" not in page  # nothing to fetch
+
+
+def test_report_leads_with_the_summary_box_and_states_its_assumptions(
+    real_capture, tmp_path, capsys
+):
+    out = tmp_path / "report.html"
+    args = ["--ratios", "0.01", "--compressors", "topk,fp16", "--cluster-size", "16"]
+    result = run_cli(capsys, "report", real_capture, "-o", out, *args)
+    assert result.code == 0, result
+    page = out.read_text()
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    summary = page.split('<section id="summary"', 1)[1].split("</section>", 1)[0]
+    assert page.index('id="summary"') < page.index('id="overview"')  # the verdict first
+    for title in ("Distribution fits", "Top-k similarity", "Gradient build-up", "Recommendation"):
+        assert f"<dt>{title}" in summary, title
+    assert "fits |g| best" in summary and "for 16 learners" in summary
+    for fact in ("link", "cluster size", "target hardware", "options", "capture", "made with"):
+        assert f"<td>{fact}</td>" in summary, fact
+    assert f"gradstat {__version__}" in summary
+    assert "10 Gbit/s, latency 5 us" in summary
+    assert str(real_capture) in summary
+    assert "--cluster-size 16" in summary  # the equivalent `gradstat recommend` call
+    # Tables read as people write them: units, '-' for missing, yes/no, never nan.
+    assert ">nan<" not in page and ">True<" not in page and ">False<" not in page
+    assert "time per step (ms)" in page and "within budget" in page
+    assert page.count('<div class="scroll"><table') >= 5
 
 
 def test_report_on_an_interrupted_capture_says_so(synthetic_capture, tmp_path, capsys):

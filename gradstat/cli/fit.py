@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
 import typer
@@ -16,54 +16,187 @@ from gradstat.analysis.fit import (
     rank_distributions,
 )
 from gradstat.cli.options import (
-    CaptureArg,
-    CsvOpt,
+    DPI,
+    RATIOS,
+    SEED,
+    Capture,
+    Csv,
+    Detail,
     Device,
-    DpiOpt,
+    Dpi,
     Jobs,
-    JsonOpt,
-    LearnersOpt,
+    Json,
+    Learners,
     Memory,
-    PlotOpt,
-    ScopeOpt,
+    Plot,
+    Ratios,
+    Scope,
+    Seed,
     StageFit,
-    StepsOpt,
+    Steps,
     Zeros,
+    between,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, note_sample, progress, warn
+from gradstat.cli.output import Output, Result, View, note_sample, progress, show, warn
 from gradstat.errors import UsageError
-from gradstat.plots.paths import check_plot_path
+from gradstat.report.answers import best_fit, closest_estimators
 from gradstat.store import open_capture
 
-DistOpt = typer.Option(
-    "gpd",
-    "--dist",
-    help="gpd, exp, gamma, normal, laplace, lognormal, weibull, a comma list, or all.",
-)
-MethodOpt = typer.Option("moments", "--method", help="Fit by 'moments' or 'mle'.")
-RatiosOpt = typer.Option("0.1,0.01,0.001", "--ratios", help="Target densities k/d, each in (0, 1).")
-StagesOpt = typer.Option(
-    "1,2,3", "--stages", help="SIDCo stage counts, e.g. 1,2,3, or 'auto' (adaptive)."
-)
-EstimatorsOpt = typer.Option(
-    ",".join(DEFAULT_ESTIMATORS),
-    "--estimators",
-    help="Threshold estimators to run (comma list; empty for none).",
-)
-HardOpt = typer.Option(
-    None, "--hard", help="Also run the hard threshold |g| >= LAMBDA.", show_default=False
-)
-SampleOpt = typer.Option(
-    1_000_000,
-    "--sample",
-    min=0,
-    help="Subsample size for MLE fits and KS/AD scores (0: every value).",
-)
-PlotStepOpt = typer.Option(
-    None, "--plot-step", help="Step drawn by --plot (default: the first selected)."
-)
-SeedOpt = typer.Option(0, "--seed", help="Seed of the subsample and of DGC's sampling.")
+Dist = Annotated[
+    str,
+    typer.Option(
+        "--dist",
+        metavar="NAMES",
+        help="gpd, exp, gamma, normal, laplace, lognormal, weibull, a comma list, or all.",
+    ),
+]
+Method = Annotated[str, typer.Option("--method", help="Fit by 'moments' or 'mle'.")]
+Stages = Annotated[
+    str, typer.Option("--stages", help="SIDCo stage counts, e.g. 1,2,3, or 'auto' (adaptive).")
+]
+Estimators = Annotated[
+    str,
+    typer.Option(
+        "--estimators",
+        metavar="NAMES",
+        show_default=False,
+        help=f"Threshold estimators, comma-separated; empty for none (default: "
+        f"{', '.join(DEFAULT_ESTIMATORS)}).",
+    ),
+]
+Hard = Annotated[
+    float | None,
+    typer.Option("--hard", metavar="LAMBDA", help="Also run the hard threshold |g| >= LAMBDA."),
+]
+Sample = Annotated[
+    int,
+    typer.Option(
+        "--sample",
+        callback=between(0),
+        help="Subsample size for MLE fits and KS/AD scores (0: every value).",
+    ),
+]
+PlotStep = Annotated[
+    int | None,
+    typer.Option("--plot-step", help="Step drawn by --plot (default: the first selected)."),
+]
+
+ESTIMATORS = ",".join(DEFAULT_ESTIMATORS)
+
+
+def fit_command(
+    capture: Capture,
+    dist: Dist = "gpd",
+    method: Method = "moments",
+    scope: Scope = "model",
+    steps: Steps = None,
+    learners: Learners = None,
+    ratios: Ratios = RATIOS,
+    stages: Stages = "1,2,3",
+    estimators: Estimators = ESTIMATORS,
+    hard: Hard = None,
+    zeros: Zeros = "exclude",
+    stage_fit: StageFit = "moments",
+    sample: Sample = 1_000_000,
+    seed: Seed = SEED,
+    as_json: Json = False,
+    csv: Csv = None,
+    detail: Detail = False,
+    plot: Plot = None,
+    plot_step: PlotStep = None,
+    dpi: Dpi = DPI,
+    device: Device = "auto",
+    memory: Memory = None,
+    jobs: Jobs = None,
+) -> None:
+    """Which distribution |g| follows, and how close threshold estimators get to k.
+
+    Fits distributions to gradient magnitudes, scores them (KS, Anderson-Darling,
+    AIC/BIC, tail-quantile error) and compares threshold estimators (SIDCo-E/P/GP with
+    M stages, DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k.
+    """
+    with open_capture(capture) as cap:
+        note_sample(cap)
+        analysis = Fit(
+            cap,
+            scope=scope,
+            steps=steps,
+            learners=learners,
+            compute=compute_options(device, memory, jobs),
+            dists=dist,
+            method=method,
+            ratios=ratios,
+            stages=stages,
+            estimators=estimators,
+            hard_threshold=hard,
+            zeros=zeros,
+            stage_fit=stage_fit,
+            sample=sample or None,
+            seed=seed,
+        )
+        if plot_step is not None and plot_step not in analysis.steps:
+            raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
+        records = analysis.run(lambda units: progress(units, "fit"))
+        drawn = (
+            analysis.steps[0] if plot_step is None else plot_step,
+            analysis.learners[0],
+            analysis.scopes[0],
+        )
+        sample_drawn = magnitude_sample(cap, *drawn, seed=seed) if plot else None
+    for message, group in records.dropna(subset=["error"]).groupby("error", sort=False):
+        warn(f"{len(group)} records not computed: {message}")
+    result = fit_result(records, method)
+    if plot is not None:
+        result.figure = lambda: _figure(records, drawn, sample_drawn)
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def fit_result(records: pd.DataFrame, method: str) -> Result:
+    """The ranking of distributions and the estimators' q, per-row fits as detail."""
+    ranking, quality = rank_distributions(records), quality_summary(records)
+    estimators = quality[~quality["estimator"].str.startswith("fit:")]
+    summary = [
+        View(
+            f"distributions fitted to |g| ({method}), ranked by median KS",
+            ranking,
+            {"rank": "rank", "dist": "distribution", "ks": "KS", "ad": "AD"}
+            | {c: f"threshold error {c[5:]}" for c in ranking.columns if c.startswith("qerr@")},
+            "KS, AD: medians over records; threshold error: relative error of the fitted "
+            "upper quantile against the k-th largest |g| at each ratio (0 is exact).",
+        ),
+        View(
+            "threshold estimators: median q = selected / k (1 is exact)",
+            _q_by_ratio(estimators),
+            note="Ranges over records and the distributions' own quantiles: --detail.",
+        ),
+    ]
+    return Result(
+        records,
+        summary=summary,
+        answer=[best_fit(ranking), *closest_estimators(quality)],
+        detail=[
+            View("fits per record (q at each ratio)", _fit_table(records)),
+            View("estimation quality q = selected / k over records", quality),
+        ],
+        document={
+            "records": records.to_dict(orient="records"),
+            "ranking": ranking.to_dict(orient="records"),
+            "quality": quality.to_dict(orient="records"),
+        },
+    )
+
+
+def _q_by_ratio(quality: pd.DataFrame) -> pd.DataFrame:
+    """One row per (estimator, stages), the median q at each ratio in a column."""
+    if quality.empty:
+        return pd.DataFrame(columns=["estimator", "stages"])
+    wide = quality.pivot_table(
+        index=["estimator", "stages"], columns="ratio", values="q median", sort=False
+    )
+    wide = wide[sorted(wide.columns, reverse=True)]
+    wide.columns = [f"q at {r:g}" for r in wide.columns]
+    return wide.reset_index()
 
 
 def _params_text(params: dict | None) -> str:
@@ -88,92 +221,8 @@ def _fit_table(records: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def fit_command(
-    capture: Path = CaptureArg,
-    dist: str = DistOpt,
-    method: str = MethodOpt,
-    scope: str = ScopeOpt,
-    steps: str | None = StepsOpt,
-    learners: str | None = LearnersOpt,
-    ratios: str = RatiosOpt,
-    stages: str = StagesOpt,
-    estimators: str = EstimatorsOpt,
-    hard: float | None = HardOpt,
-    zeros: Zeros = "exclude",
-    stage_fit: StageFit = "moments",
-    sample: int = SampleOpt,
-    seed: int = SeedOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
-    plot: Path | None = PlotOpt,
-    plot_step: int | None = PlotStepOpt,
-    dpi: int = DpiOpt,
-    device: Device = "auto",
-    memory: Memory = None,
-    jobs: Jobs = None,
-) -> None:
-    """Fit distributions to gradient magnitudes, score them (KS, Anderson-Darling, AIC/BIC,
-    tail-quantile error) and compare threshold estimators (SIDCo-E/P/GP with M stages,
-    DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k."""
-    check_plot_path(plot)
-    with open_capture(capture) as cap:
-        note_sample(cap)
-        analysis = Fit(
-            cap,
-            dists=dist,
-            method=method,
-            scope=scope,
-            steps=steps,
-            learners=learners,
-            ratios=ratios,
-            stages=stages,
-            estimators=estimators,
-            hard_threshold=hard,
-            zeros=zeros,
-            stage_fit=stage_fit,
-            sample=sample or None,
-            seed=seed,
-            compute=compute_options(device, memory, jobs),
-        )
-        if plot_step is not None and plot_step not in analysis.steps:
-            raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
-        records = analysis.run(lambda units: progress(units, "fit"))
-        if plot is not None:
-            _plot(cap, analysis, records, plot, plot_step, dpi, seed)
-    failed = records.dropna(subset=["error"])
-    for message, group in failed.groupby("error", sort=False):
-        warn(f"{len(group)} records not computed: {message}")
-    tables = [
-        df_table(
-            _fit_table(records),
-            f"{method} fits to |g| (zeros excluded; normal and Laplace fitted to g, scored "
-            "folded); q@ratio = selected / k of the fitted upper quantile",
-        ),
-        df_table(
-            rank_distributions(records),
-            "distributions ranked by median KS (AD, AIC: medians; qerr = relative error of "
-            "the fitted threshold vs the k-th largest |g|)",
-        ),
-    ]
-    summary = quality_summary(records)
-    if not summary.empty:
-        tables.append(
-            df_table(summary, "estimation quality q = selected / k (1 is perfect) over records")
-        )
-    emit(records, as_json=as_json, csv=csv, tables=tables)
+def _figure(records: pd.DataFrame, drawn: tuple, magnitudes):
+    from gradstat.plots.fit import plot_fit_at
 
-
-def _plot(cap, analysis: Fit, records, path: Path, step: int | None, dpi: int, seed: int) -> None:
-    from gradstat.plots.fit import plot_fit
-    from gradstat.plots.style import save_figure
-
-    step = analysis.steps[0] if step is None else step
-    learner, scope = analysis.learners[0], analysis.scopes[0]
-    chosen = records[
-        (records["step"] == step)
-        & (records["learner"] == learner)
-        & (records["scope"] == scope.name)
-    ]
-    magnitudes = magnitude_sample(cap, step, learner, scope, seed=seed)
-    title = f"step {step}, learner {learner}, scope {scope.name}"
-    save_figure(plot_fit(chosen, magnitudes, title), path, dpi=dpi)
+    step, learner, scope = drawn
+    return plot_fit_at(records, magnitudes, step, learner, scope.name)

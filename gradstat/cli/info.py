@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 from rich.table import Table
 
-from gradstat.cli.options import CaptureArg, CsvOpt, JsonOpt
+from gradstat.cli.options import Capture, Csv, Json
 from gradstat.cli.output import console, to_json, write_csv
 from gradstat.store import open_capture
 
@@ -20,9 +18,7 @@ def _size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def info_command(
-    capture: Path = CaptureArg, as_json: bool = JsonOpt, csv: Path | None = CsvOpt
-) -> None:
+def info_command(capture: Capture, as_json: Json = False, csv: Csv = None) -> None:
     """Show a capture's learners, committed steps, status, layers, size and loss.
 
     Works while the capture is still being written and after a crash: only rows that

@@ -14,6 +14,7 @@ import typer
 
 from gradstat import __version__
 from gradstat.cli.capture import capture_command
+from gradstat.cli.command import Command, Group, unwrap
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
 from gradstat.cli.output import err_console, warn
@@ -35,18 +36,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=Group,
 )
 
 # in the order of the work: record, inspect, analyse, replay, decide, report
-app.command("capture")(capture_command)
-app.command("info")(info_command)
-app.command("fit")(fit_command)
-app.command("similarity")(similarity_command)
-app.command("buildup")(buildup_command)
-app.command("overlap")(overlap_command)
-app.command("replay")(replay_command)
-app.command("recommend")(recommend_command)
-app.command("report")(report_command)
+COMMANDS = {
+    "capture": capture_command,
+    "info": info_command,
+    "fit": fit_command,
+    "similarity": similarity_command,
+    "buildup": buildup_command,
+    "overlap": overlap_command,
+    "replay": replay_command,
+    "recommend": recommend_command,
+    "report": report_command,
+}
+for _name, _function in COMMANDS.items():
+    _help = unwrap(_function.__doc__)
+    app.command(_name, cls=Command, help=_help, short_help=_help.split("\n\n")[0])(_function)
 
 
 def _version(value: bool) -> None:

@@ -1,37 +1,125 @@
-"""Options shared by the analysis commands, so each means the same everywhere."""
+"""Every option of the analysis commands, declared once (``typer.Annotated`` aliases).
+
+An option means the same in every command, parses in one place (``--ratios`` arrives as
+a tuple of floats, ``--bandwidth`` as bytes per second, ``--plot`` is checked before
+any work) and takes its default from the constants below, which the report shares.
+"""
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute, parse_bytes
+from gradstat.analysis.selection import parse_ratios
+from gradstat.compressors.cost import parse_bandwidth, parse_latency
+from gradstat.defaults import ratios_text
+from gradstat.plots.paths import check_plot_path
 
-CaptureArg = typer.Argument(
-    ...,
-    help="Capture folder written by `gradstat capture` (or its capture.h5).",
-    show_default=False,
-)
-JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout instead of tables.")
-CsvOpt = typer.Option(None, "--csv", help="Also write the per-row results to this CSV file.")
-PlotOpt = typer.Option(None, "--plot", help="Write a figure; format by suffix: .png, .pdf or .svg.")
-DpiOpt = typer.Option(150, "--dpi", min=30, max=1200, help="Resolution of raster figures.")
-StepsOpt = typer.Option(
-    None,
-    "--steps",
-    help="Recorded training steps: N, A,B,C or START:STOP[:EVERY] (default: all).",
-)
-LearnersOpt = typer.Option(
-    None, "--learners", help="Comma-separated ranks, e.g. 0,2 (default: all)."
-)
-ScopeOpt = typer.Option(
-    "model",
-    "--scope",
-    help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
-)
+# Defaults come from gradstat.defaults (the report shares them); as option text here.
+RATIOS = ratios_text(defaults.RATIOS)
+SET_RATIOS = ratios_text(defaults.SET_RATIOS)
+BANDWIDTH, LATENCY = defaults.BANDWIDTH, defaults.LATENCY
+DPI, REPORT_DPI = defaults.DPI, defaults.REPORT_DPI
+RANK, BETA, SEED, THREADS = defaults.RANK, defaults.BETA, defaults.SEED, defaults.THREADS
 
+
+class RatioList(tuple):
+    """Densities k/d, each in (0, 1): what ``--ratios`` parses to (a tuple of floats)."""
+
+
+def _ratios(text: str | RatioList) -> RatioList:
+    return text if isinstance(text, RatioList) else RatioList(parse_ratios(str(text)))
+
+
+def between(low: int, high: int | None = None):
+    """A callback refusing integers outside [low, high] (the range in the help text, not
+    in the metavar column, so help stays readable at 80 columns)."""
+
+    def check(value: int | None) -> int | None:
+        if value is None:
+            return None
+        if value < low or (high is not None and value > high):
+            upper = f" and {high}" if high is not None else " or more"
+            raise typer.BadParameter(f"{value}: use {'between ' if high else ''}{low}{upper}")
+        return value
+
+    return check
+
+
+class Baseline(str, Enum):
+    """The dense all-reduce a compressor must beat."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"
+
+
+class On(str, Enum):
+    """Which vectors the top-k sets are taken of."""
+
+    raw = "raw"
+    ef = "ef"
+
+
+# Input and selection
+Capture = Annotated[
+    Path,
+    typer.Argument(
+        metavar="CAPTURE",
+        help="Capture folder written by `gradstat capture` (or its capture.h5).",
+        show_default=False,
+    ),
+]
+Steps = Annotated[
+    str | None,
+    typer.Option(
+        "--steps",
+        metavar="SPEC",
+        help="Recorded training steps: N, A,B,C or START:STOP[:EVERY] (default: all).",
+        show_default=False,
+    ),
+]
+Learners = Annotated[
+    str | None,
+    typer.Option(
+        "--learners",
+        metavar="RANKS",
+        help="Comma-separated ranks, e.g. 0,2 (default: all).",
+        show_default=False,
+    ),
+]
+Scope = Annotated[
+    str,
+    typer.Option(
+        "--scope",
+        metavar="SCOPE",
+        help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
+    ),
+]
+Ratios = Annotated[
+    RatioList,
+    typer.Option(
+        "--ratios",
+        metavar="R[,R...]",
+        parser=_ratios,
+        help="Target densities k/d, comma-separated, each in (0, 1); one value is fine.",
+    ),
+]
+OnVectors = Annotated[
+    On,
+    typer.Option(
+        "--on",
+        help="raw: the recorded gradients; ef: g + memory of a top-k error-feedback replay "
+        "over consecutive recorded steps (what the compressor sees).",
+    ),
+]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of every sampling step.")]
+
+# How SIDCo fits (fit)
 Zeros = Annotated[
     str,
     typer.Option(
@@ -49,10 +137,12 @@ StageFit = Annotated[
     ),
 ]
 
+# Where and with how much to compute
 Device = Annotated[
     str,
     typer.Option(
         "--device",
+        metavar="DEVICE",
         help="Where to compute: auto (a CUDA GPU when one is available), cpu or cuda.",
     ),
 ]
@@ -60,19 +150,22 @@ Memory = Annotated[
     str | None,
     typer.Option(
         "--memory",
+        metavar="SIZE",
         help="Memory for full-length rows, e.g. 2GB (default: a quarter of the available "
         "memory); a longer row is processed in column blocks.",
         show_default=False,
     ),
 ]
 
+
 Jobs = Annotated[
     int | None,
     typer.Option(
         "--jobs",
+        metavar="N",
         min=1,
-        help="Worker processes (default: the CPUs this process may use; one for a small "
-        "selection); see docs/large.md.",
+        help="Worker processes (default: the CPUs this process may use; one below 1 GiB "
+        "of selected gradients); see docs/large.md.",
         show_default=False,
     ),
 ]
@@ -89,20 +182,93 @@ def compute_options(
     return compute
 
 
-__all__ = [
-    "CaptureArg",
-    "CsvOpt",
-    "Device",
-    "DpiOpt",
-    "Jobs",
-    "JsonOpt",
-    "LearnersOpt",
-    "Memory",
-    "Path",
-    "PlotOpt",
-    "ScopeOpt",
-    "StageFit",
-    "StepsOpt",
-    "Zeros",
-    "compute_options",
+# Cost model and compressors
+Bandwidth = Annotated[
+    float,
+    typer.Option(
+        "--bandwidth",
+        metavar="RATE",
+        parser=parse_bandwidth,
+        help="Link bandwidth, e.g. 10Gbit/s, 25Gbps or 1.25GB/s.",
+    ),
+]
+Latency = Annotated[
+    float,
+    typer.Option(
+        "--latency", metavar="TIME", parser=parse_latency, help="Per-message latency, e.g. 5us."
+    ),
+]
+ClusterSize = Annotated[
+    int | None,
+    typer.Option(
+        "--cluster-size",
+        metavar="N",
+        callback=between(2),
+        help="Learners the cost model assumes (default: the run's world size). Errors are "
+        "always measured with the capture's recorded learners.",
+        show_default=False,
+    ),
+]
+Compressors = Annotated[
+    str,
+    typer.Option(
+        "--compressors",
+        metavar="LIST",
+        help="Comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+    ),
+]
+ErrorBudget = Annotated[
+    float,
+    typer.Option(
+        "--error-budget",
+        metavar="E",
+        help="Largest acceptable mean relative error ||ĝ-g||²/||g||², e.g. 0.2.",
+    ),
+]
+BaselineOpt = Annotated[
+    Baseline, typer.Option("--baseline", help="Dense all-reduce to beat: fp32 or fp16.")
+]
+Rank = Annotated[
+    int,
+    typer.Option(
+        "--rank", callback=between(1), help="PowerSGD rank r (powersgd:rank=R overrides)."
+    ),
+]
+Beta = Annotated[
+    float,
+    typer.Option("--beta", help="CLT-k low-pass memory factor in (0, 1] (clt-k:beta=B overrides)."),
+]
+Threads = Annotated[
+    int,
+    typer.Option(
+        "--threads",
+        callback=between(1),
+        help="Torch CPU threads while replaying; compress times are per learner on this many.",
+    ),
+]
+
+# Output
+Json = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]
+Csv = Annotated[
+    Path | None,
+    typer.Option("--csv", metavar="PATH", help="Also write the per-row results to this CSV file."),
+]
+Detail = Annotated[
+    bool,
+    typer.Option("--detail", help="Also print the per-row tables (every step and learner)."),
+]
+Plot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="PATH",
+        callback=check_plot_path,
+        help="Write a figure; format by suffix: .png, .pdf or .svg.",
+    ),
+]
+Dpi = Annotated[
+    int,
+    typer.Option("--dpi", callback=between(30, 1200), help="Resolution of figures, 30 to 1200."),
 ]

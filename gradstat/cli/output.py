@@ -1,21 +1,27 @@
-"""Rendering results: rich tables for people, ``--json`` and ``--csv`` for programs.
+"""One result, rendered for people or programs (after the Hugging Face ``hf`` CLI).
 
-Conventions (after the Hugging Face ``hf`` CLI): ``--json`` prints exactly one JSON
-document on stdout and nothing else there; tables, progress and warnings never mix into
-it (progress and warnings go to stderr).
+A command builds one :class:`Result` and hands it to :func:`show`, which prints the
+summary tables and the answer (the default, fitting the terminal's width without
+cutting a number), adds the per-row tables with ``--detail``, prints exactly one JSON
+document with ``--json`` (nothing else on stdout), writes the per-row records with
+``--csv`` and draws the figure with ``--plot``. Progress and warnings go to stderr.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import pandas as pd
+from rich import box
 from rich.console import Console
+from rich.panel import Panel
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -25,6 +31,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from gradstat.errors import UsageError
 from gradstat.formatting import format_cell
@@ -32,6 +39,88 @@ from gradstat.formatting import format_cell
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+
+#: Seconds between plain progress lines when stderr is not a terminal (a log, CI).
+PLAIN_PROGRESS_EVERY = 5.0
+
+
+@dataclass
+class View:
+    """A table as people read it: a title, an optional note explaining the columns, the
+    rows, and which columns to show under which headers (all, as named, by default)."""
+
+    title: str
+    rows: pd.DataFrame
+    columns: dict[str, str] | None = None
+    note: str = ""
+
+    def shown(self) -> pd.DataFrame:
+        """The rows with the chosen columns under their headers."""
+        if self.columns is None:
+            return self.rows
+        return self.rows[list(self.columns)].rename(columns=self.columns)
+
+    def records(self) -> list[dict]:
+        return self.rows.to_dict(orient="records")
+
+
+@dataclass
+class Result:
+    """Everything one analysis command shows.
+
+    ``records`` are the per-row results (``--csv``; the JSON document's ``records``);
+    ``summary`` the tables printed by default and ``answer`` the conclusion in sentences,
+    printed under them; ``detail`` the per-row tables that ``--detail`` adds;
+    ``document`` the JSON document (default: records plus each summary table by key);
+    ``figure`` draws the ``--plot`` figure.
+    """
+
+    records: pd.DataFrame
+    summary: list[View] = field(default_factory=list)
+    answer: list[str] = field(default_factory=list)
+    detail: list[View] = field(default_factory=list)
+    document: dict | None = None
+    figure: Callable[[], object] | None = None
+
+    def json_document(self) -> dict:
+        if self.document is not None:
+            return self.document
+        return {
+            "records": self.records.to_dict(orient="records"),
+            "summary": self.summary[0].records() if self.summary else [],
+        }
+
+
+@dataclass
+class Output:
+    """How the user asked to see a result (the shared output options)."""
+
+    as_json: bool = False
+    csv: Path | None = None
+    detail: bool = False
+    plot: Path | None = None
+    dpi: int = 150
+
+
+def show(result: Result, output: Output) -> None:
+    """Render ``result`` as ``output`` asks: CSV and figure files, then JSON or tables."""
+    if output.csv is not None:
+        write_csv(result.records, output.csv)
+    if output.plot is not None and result.figure is not None:
+        from gradstat.plots.style import save_figure
+
+        save_figure(result.figure(), output.plot, dpi=output.dpi)
+        err_console.print(f"[dim]wrote {output.plot}[/dim]")
+    if output.as_json:
+        print(to_json(result.json_document()))
+        return
+    views = (result.detail if output.detail else []) + result.summary
+    for view in views:
+        print_view(view)
+    if result.answer:
+        console.print(Panel("\n".join(result.answer), title="answer", title_align="left"))
+    if result.detail and not output.detail:
+        console.print("[dim]per-row detail: --detail, --json or --csv PATH[/dim]")
 
 
 def _plain(value):
@@ -69,41 +158,46 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     err_console.print(f"[dim]wrote {path}[/dim]")
 
 
-def df_table(df: pd.DataFrame, title: str, columns: Sequence[str] | None = None) -> Table:
-    """A rich table of ``df`` (chosen columns), numbers formatted to 4 significant digits."""
-    columns = list(columns or df.columns)
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        numeric = pd.api.types.is_numeric_dtype(df[column])
-        table.add_column(column, justify="right" if numeric else "left")
-    for row in df[columns].itertuples(index=False):
+def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
+    """A compact rich table of ``df``; numbers to 4 significant digits, right-aligned.
+
+    Number cells never wrap or shrink: a header wraps at its spaces instead, so tables
+    designed for 80 columns never cut a number.
+    """
+    table = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for column in df.columns:
+        numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
+            df[column]
+        )
+        table.add_column(str(column), justify="right" if numeric else "left")
+    for row in df.itertuples(index=False):
         table.add_row(*(format_cell(v) for v in row))
     return table
 
 
-def emit(
-    records: pd.DataFrame,
-    *,
-    as_json: bool,
-    csv: Path | None,
-    tables: Iterable[Table] = (),
-    json_document=None,
-) -> None:
-    """Print tables (or the JSON document) and write the CSV of ``records``."""
-    if csv is not None:
-        write_csv(records, csv)
-    if as_json:
-        print(to_json(records if json_document is None else json_document))
-        return
-    for table in tables:
-        console.print(table)
+def print_view(view: View) -> None:
+    """The title (bold), the note (dim, wrapped at the terminal's width), the table."""
+    console.print(Text(view.title, style="bold"))
+    if view.note:
+        console.print(Text(view.note, style="dim"))
+    console.print(df_table(view.shown()))
 
 
 def progress(
     items: Sequence[T] | Iterable[T], description: str, total: int | None = None
 ) -> Iterator[T]:
-    """Iterate with a progress bar on stderr (hidden when stderr is not a terminal)."""
+    """Iterate with progress on stderr: a bar with count, elapsed time and time left on a
+    terminal; otherwise (a log file, CI) one plain line every few seconds."""
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
+    if not err_console.is_terminal:
+        yield from _plain_progress(items, description, total)
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -111,13 +205,38 @@ def progress(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(
-        *columns, console=err_console, transient=True, disable=not err_console.is_terminal
-    ) as bar:
+    with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(description, total=total)
         for item in items:
             yield item
             bar.advance(task)
+
+
+def _clock(seconds: float) -> str:
+    """``1:05`` or ``1:02:05``."""
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}:{seconds:02d}"
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def progress_line(description: str, done: int, total: int | None, elapsed: float) -> str:
+    """``fit: 12/40 (30%), 0:35 elapsed, about 1:22 left`` (no total: no estimate)."""
+    if not total:
+        return f"{description}: {done} done, {_clock(elapsed)} elapsed"
+    left = elapsed / done * (total - done) if done else float("nan")
+    eta = f", about {_clock(left)} left" if math.isfinite(left) else ""
+    return f"{description}: {done}/{total} ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
+
+
+def _plain_progress(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:
+    start = last = time.monotonic()
+    for done, item in enumerate(items, start=1):
+        yield item
+        now = time.monotonic()
+        if now - last >= PLAIN_PROGRESS_EVERY:
+            last = now
+            err_console.print(progress_line(description, done, total, now - start), highlight=False)
 
 
 def note_sample(cap) -> None:

@@ -5,184 +5,219 @@ over a capture, and the fastest compressor and rate within an error budget
 from __future__ import annotations
 
 import math
-from enum import Enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+import torch
 import typer
-from rich.panel import Panel
 
 from gradstat.analysis.recommend import (
     DEFAULT_CANDIDATES,
     DEFAULT_RATIOS,
+    Recommendation,
     RecommendParams,
     recommend,
 )
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
-    CaptureArg,
-    CsvOpt,
+    BANDWIDTH,
+    BETA,
+    DPI,
+    LATENCY,
+    RANK,
+    RATIOS,
+    SEED,
+    THREADS,
+    Bandwidth,
+    Baseline,
+    BaselineOpt,
+    Beta,
+    Capture,
+    ClusterSize,
+    Compressors,
+    Csv,
+    Detail,
     Device,
-    DpiOpt,
+    Dpi,
+    ErrorBudget,
     Jobs,
-    JsonOpt,
-    LearnersOpt,
+    Json,
+    Latency,
+    Learners,
     Memory,
-    PlotOpt,
-    ScopeOpt,
-    StepsOpt,
+    Plot,
+    Rank,
+    Ratios,
+    Scope,
+    Seed,
+    Steps,
+    Threads,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, err_console, note_sample, progress, to_json
-from gradstat.compressors.cost import Link, parse_link
-from gradstat.compressors.registry import REGISTRY, parse_compressors
+from gradstat.cli.output import (
+    Output,
+    Result,
+    View,
+    err_console,
+    note_sample,
+    progress,
+    show,
+    to_json,
+)
+from gradstat.compressors.cost import Link
+from gradstat.compressors.registry import parse_compressors
+from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
-from gradstat.plots.paths import check_plot_path
+from gradstat.report.answers import replay_answer
 from gradstat.store import open_capture
 
-
-class Baseline(str, Enum):
-    """The dense all-reduce a compressor must beat."""
-
-    fp32 = "fp32"
-    fp16 = "fp16"
-
-
-BandwidthOpt = typer.Option(
-    "10Gbit/s", "--bandwidth", help="Link bandwidth, e.g. 10Gbit/s, 25Gbps or 1.25GB/s."
-)
-LatencyOpt = typer.Option("5us", "--latency", help="Per-message latency, e.g. 5us or 0.2ms.")
-RankOpt = typer.Option(4, "--rank", min=1, help="PowerSGD rank r (powersgd:rank=R overrides).")
-BetaOpt = typer.Option(
-    1.0, "--beta", help="CLT-k low-pass memory factor in (0, 1] (clt-k:beta=B overrides)."
-)
-BaselineOpt = typer.Option(
-    Baseline.fp32, "--baseline", help="Dense all-reduce to beat: fp32 or fp16."
-)
-OutOpt = typer.Option(None, "--out", help="Write the recommendation as JSON (e.g. config.json).")
-ThreadsOpt = typer.Option(
-    1,
-    "--threads",
-    min=1,
-    help="Torch CPU threads while replaying; compress times are per learner on this many.",
-)
-SeedOpt = typer.Option(0, "--seed", help="Seed of random-k, DGC sampling, QSGD and TernGrad.")
-
-_TRAFFIC_COLUMNS = {
-    "compressor": "compressor",
-    "ratio": "ratio",
-    "density": "density",
-    "quality": "q",
-    "buildup": "B",
-    "bytes_per_learner": "bytes",
-    "comm_ms": "comm ms",
-    "speedup": "speed-up",
-}
-_ERROR_COLUMNS = {
-    "compressor": "compressor",
-    "ratio": "ratio",
-    "rel_error": "rel error",
-    "cosine": "cosine",
-    "memory_norm": "memory",
-    "compress_ms": "compress ms",
-}
+Out = Annotated[
+    Path | None,
+    typer.Option("--out", metavar="PATH", help="Write the recommendation as JSON."),
+]
+Candidates = Annotated[
+    str,
+    typer.Option(
+        "--compressors",
+        metavar="LIST",
+        show_default="every compressor but none",
+        help="Candidates, comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+    ),
+]
+#: Over-budget candidates the recommend table shows (closest first); --json has all.
+OVER_BUDGET_SHOWN = 5
 
 
-def _display(summary: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    """Columns under short headers, times in ms; fixed-rate compressors show '-' as ratio."""
-    summary = summary.assign(
+def _display(summary: pd.DataFrame) -> pd.DataFrame:
+    """Times in ms, whole bytes, ``-`` as the ratio of fixed-rate compressors, yes/no."""
+    shown = summary.assign(
         comm_ms=summary["comm_seconds"] * 1e3,
         compress_ms=summary["compress_seconds"] * 1e3,
-        ms=(summary["comm_seconds"] + summary["compress_seconds"]) * 1e3,
+        ms=summary["seconds"] * 1e3,
+        bytes_per_learner=summary["bytes_per_learner"].round().astype(int),
+        ratio=[("-" if math.isnan(r) else f"{r:g}") for r in summary["ratio"]],
     )
-    if "within_budget" in summary:
-        summary["fits"] = summary["within_budget"].map({True: "yes", False: "no"})
-    summary["bytes_per_learner"] = summary["bytes_per_learner"].round().astype(int)
-    shown = summary[list(columns)].rename(columns=columns)
-    shown["ratio"] = [("-" if math.isnan(r) else f"{r:g}") for r in summary["ratio"]]
+    if "within_budget" in shown:
+        shown["fits"] = shown["within_budget"].map({True: "yes", False: "no"})
     return shown
 
 
-def _link_text(link: Link) -> str:
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """Run with ``threads`` torch CPU threads, then restore the previous count.
+
+    Compression times are measured per learner, one learner after the other: one thread
+    by default keeps them reproducible and close to a learner's own cost, where several
+    threads on a busy machine mostly measure contention.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
 
 def replay_command(
-    capture: Path = CaptureArg,
-    compressors: str = typer.Option(
-        "topk,dgc,sidco-gpd,clt-k,powersgd",
-        "--compressors",
-        help=f"Comma-separated NAME[:PARAM=VALUE] of {', '.join(REGISTRY)} (docs/replay.md).",
-    ),
-    ratios: str = typer.Option(
-        "0.01,0.001", "--ratios", help="Densities k/d of the sparsifiers (others run once)."
-    ),
-    bandwidth: str = BandwidthOpt,
-    latency: str = LatencyOpt,
-    rank: int = RankOpt,
-    beta: float = BetaOpt,
-    scope: str = ScopeOpt,
-    steps: str | None = StepsOpt,
-    learners: str | None = LearnersOpt,
-    seed: int = SeedOpt,
-    threads: int = ThreadsOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
-    plot: Path | None = PlotOpt,
-    dpi: int = DpiOpt,
+    capture: Capture,
+    compressors: Compressors = REPLAYED,
+    ratios: Ratios = RATIOS,
+    bandwidth: Bandwidth = BANDWIDTH,
+    latency: Latency = LATENCY,
+    rank: Rank = RANK,
+    beta: Beta = BETA,
+    scope: Scope = "model",
+    steps: Steps = None,
+    learners: Learners = None,
+    seed: Seed = SEED,
+    threads: Threads = THREADS,
+    as_json: Json = False,
+    csv: Csv = None,
+    detail: Detail = False,
+    plot: Plot = None,
+    dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """Replay compressors with error feedback over consecutive recorded steps: density,
-    estimation quality, build-up, bytes, predicted communication time (alpha-beta model),
-    relative error and cosine against the true mean gradient, compression time."""
-    link = parse_link(bandwidth, latency)
+    """What each compressor costs and loses, replayed with error feedback.
+
+    Replays compressors over consecutive recorded steps: density, estimation quality,
+    build-up, bytes, predicted communication time (alpha-beta model), relative error and
+    cosine against the true mean gradient, compression time.
+    """
+    link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    check_plot_path(plot)
     params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
     compute = compute_options(device, memory, jobs)
-    with open_capture(capture) as cap:
+    with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
-        selection = Selection.of(cap, steps, learners, scope)
-        run = Replay(cap, selection, params, compute=compute)
+        run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
-    n = run.cost_learners
+    result = replay_result(records, link, len(run.learners), run.cost_learners)
+    result.document["world_size"] = cap.world_size
+    result.figure = lambda: _plot_replay(records)
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> Result:
+    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model."""
     summary = summarize_replay(records, link, n)
-    dense = ", ".join(
-        f"{scope_name}: {dense_seconds(int(d), n, link) * 1e3:.3g} ms"
-        for scope_name, d in summary.groupby("scope", sort=False)["numel"].first().items()
-    )
-    tables = []
-    for scope_name in summary["scope"].unique():
-        rows = summary[summary["scope"] == scope_name]
-        tables.append(
-            df_table(
-                _display(rows, _TRAFFIC_COLUMNS),
-                f"replay of {len(run.learners)} learners over {len(run.steps)} steps "
-                f"(cost model: {n} learners), scope {scope_name}, "
-                f"{_link_text(link)}; means over steps. q = selected/k, B = union/k, bytes "
-                "sent per learner per step, comm = predicted communication, speed-up = "
-                f"dense fp32 all-reduce ({dense}) / (comm + compress)",
+    views = []
+    for scope, rows in summary.groupby("scope", sort=False):
+        dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
+        shown = _display(rows)
+        views.append(
+            View(
+                f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
+                f"{scope}: traffic and time (cost model: {n} learners)",
+                shown,
+                {
+                    "compressor": "compressor",
+                    "ratio": "ratio",
+                    "quality": "q",
+                    "buildup": "B",
+                    "bytes_per_learner": "bytes",
+                    "comm_ms": "comm ms",
+                    "compress_ms": "compress ms",
+                    "speedup": "speed-up",
+                },
+                f"Means over steps on {link_text(link)}. q = selected / k; B = union / k; "
+                "bytes sent per learner per step; comm = predicted communication; "
+                "compress = time per learner here; speed-up = dense fp32 all-reduce "
+                f"({dense:.3g} ms) / (comm + compress).",
             )
         )
-        tables.append(
-            df_table(
-                _display(rows, _ERROR_COLUMNS),
-                f"error of the aggregate, scope {scope_name}: rel error = ||ĝ-g||²/||g||² "
-                "and cosine against the mean gradient (DGC: the dense momentum update), "
-                "memory = mean norm after the last step, compress ms = time per learner here",
+        views.append(
+            View(
+                f"error of the aggregate, scope {scope}",
+                shown,
+                {
+                    "compressor": "compressor",
+                    "ratio": "ratio",
+                    "density": "density",
+                    "rel_error": "rel error",
+                    "cosine": "cosine",
+                    "memory_norm": "memory",
+                },
+                "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
+                "dense momentum update); memory = error-feedback norm after the last step.",
             )
         )
-    emit(
+    return Result(
         records,
-        as_json=as_json,
-        csv=csv,
-        tables=tables,
-        json_document={
-            "learners": len(run.learners),
-            "world_size": cap.world_size,
+        summary=views,
+        answer=replay_answer(summary),
+        document={
+            "learners": learners,
             "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
             "latency_seconds": link.latency,
@@ -190,76 +225,50 @@ def replay_command(
             "summary": summary.to_dict(orient="records"),
         },
     )
-    if plot is not None:
-        from gradstat.plots.replay import plot_replay
-        from gradstat.plots.style import save_figure
-
-        save_figure(plot_replay(records), plot, dpi=dpi)
 
 
-#: Over-budget candidates the recommend table shows (closest first); --json has all.
-_OVER_BUDGET_SHOWN = 5
-_RANKING_COLUMNS = {
-    "compressor": "compressor",
-    "ratio": "ratio",
-    "rel_error": "rel error",
-    "fits": "fits",
-    "bytes_per_learner": "bytes",
-    "ms": "ms/step",
-    "speedup": "speed-up",
-}
+def _plot_replay(records: pd.DataFrame):
+    from gradstat.plots.replay import plot_replay
+
+    return plot_replay(records)
 
 
 def recommend_command(
-    capture: Path = CaptureArg,
-    error_budget: float = typer.Option(
-        ...,
-        "--error-budget",
-        help="Largest acceptable mean relative error ||ĝ-g||²/||g||², e.g. 0.2.",
-    ),
-    bandwidth: str = BandwidthOpt,
-    latency: str = LatencyOpt,
-    cluster: int | None = typer.Option(
-        None,
-        "--learners",
-        help="Cluster size for the cost model (default: the run's world size).",
-    ),
-    baseline: Baseline = BaselineOpt,
-    compressors: str = typer.Option(
-        DEFAULT_CANDIDATES, "--compressors", help="Candidates, NAME[:PARAM=VALUE], comma-separated."
-    ),
-    ratios: str = typer.Option(DEFAULT_RATIOS, "--ratios", help="Candidate densities k/d."),
-    rank: int = RankOpt,
-    beta: float = BetaOpt,
-    steps: str | None = StepsOpt,
-    seed: int = SeedOpt,
-    threads: int = ThreadsOpt,
-    out: Path | None = OutOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
+    capture: Capture,
+    error_budget: ErrorBudget,
+    bandwidth: Bandwidth = BANDWIDTH,
+    latency: Latency = LATENCY,
+    cluster_size: ClusterSize = None,
+    baseline: BaselineOpt = Baseline.fp32,
+    compressors: Candidates = DEFAULT_CANDIDATES,
+    ratios: Ratios = DEFAULT_RATIOS,
+    rank: Rank = RANK,
+    beta: Beta = BETA,
+    steps: Steps = None,
+    seed: Seed = SEED,
+    threads: Threads = THREADS,
+    out: Out = None,
+    as_json: Json = False,
+    csv: Csv = None,
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """The compressor and rate with the lowest predicted time per step (communication +
+    """The fastest compressor and rate within an error budget, and its settings.
+
+    The compressor and rate with the lowest predicted time per step (communication +
     compression) whose mean relative error stays within the budget, against the dense
-    baseline; its concrete settings, why it won and what came next."""
-    link = parse_link(bandwidth, latency)
+    baseline; its concrete settings, why it won and what came next.
+    """
+    link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     params = RecommendParams(
-        error_budget,
-        link,
-        cost_learners=cluster,
-        baseline=baseline.value,
-        compressors=specs,
-        ratios=ratios,
-        seed=seed,
-        threads=threads,
+        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, threads
     )
     compute = compute_options(device, memory, jobs)
-    with open_capture(capture) as cap:
+    with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
         result = recommend(
             cap,
@@ -268,29 +277,7 @@ def recommend_command(
             compute=compute,
             progress=lambda units: progress(units, "recommend"),
         )
-    document = result.to_dict()
-    fits = int(result.ranking["within_budget"].sum())
-    shown = result.ranking.iloc[: fits + _OVER_BUDGET_SHOWN]
-    hidden = len(result.ranking) - len(shown)
-    ranking = _display(shown, _RANKING_COLUMNS)
-    title = (
-        f"candidates for {result.cost_learners} learners ({_link_text(link)}), budget "
-        f"{error_budget:g}: within budget fastest first, then the rest by error; ms/step = "
-        "predicted communication + compression; speed-up over the dense "
-        f"{result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
-        + (f"; {hidden} more over budget in --json / --csv" if hidden else "")
-    )
-    text = "\n".join(result.explanation())
-    if result.winner is not None and result.settings:
-        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
-        text = f"[bold]{result.winner['compressor']}[/bold] settings: {settings}\n{text}"
-    emit(
-        result.ranking,
-        as_json=as_json,
-        csv=csv,
-        tables=[df_table(ranking, title), Panel(text, title="recommendation")],
-        json_document=document,
-    )
+    show(recommend_result(result), Output(as_json, csv))
     if result.winner is None:
         c = result.closest
         name = c["compressor"] if math.isnan(c["ratio"]) else f"{c['compressor']} {c['ratio']:g}"
@@ -300,7 +287,42 @@ def recommend_command(
         )
     if out is not None:
         try:
-            out.write_text(to_json(document) + "\n")
+            out.write_text(to_json(result.to_dict()) + "\n")
         except OSError as exc:
             raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
         err_console.print(f"[dim]wrote {out}[/dim]")
+
+
+def recommend_result(result: Recommendation) -> Result:
+    fits = int(result.ranking["within_budget"].sum())
+    shown = result.ranking.iloc[: fits + OVER_BUDGET_SHOWN]
+    hidden = len(result.ranking) - len(shown)
+    answer = result.explanation()
+    if result.pays_off:
+        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
+        use = f"Use {result.winner['compressor']}" + (f" with {settings}." if settings else ".")
+        answer = [use, *answer]
+    return Result(
+        result.ranking,
+        summary=[
+            View(
+                f"candidates for {result.cost_learners} learners, budget {result.error_budget:g}",
+                _display(shown),
+                {
+                    "compressor": "compressor",
+                    "ratio": "ratio",
+                    "rel_error": "rel error",
+                    "fits": "fits",
+                    "bytes_per_learner": "bytes",
+                    "ms": "ms/step",
+                    "speedup": "speed-up",
+                },
+                f"{link_text(result.link)}. Within budget fastest first, then the rest by "
+                "error; ms/step = predicted communication + compression; speed-up over the "
+                f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
+                + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),
+            )
+        ],
+        answer=answer,
+        document=result.to_dict(),
+    )

@@ -3,8 +3,7 @@ across learners and over time (ScaleCom, arXiv 2104.11125; docs/methods.md 3).""
 
 from __future__ import annotations
 
-from enum import Enum
-from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
 import typer
@@ -19,285 +18,336 @@ from gradstat.analysis.similarity import (
     similarity_summary,
 )
 from gradstat.cli.options import (
-    CaptureArg,
-    CsvOpt,
+    DPI,
+    RATIOS,
+    SET_RATIOS,
+    Capture,
+    Csv,
+    Detail,
     Device,
-    DpiOpt,
+    Dpi,
     Jobs,
-    JsonOpt,
-    LearnersOpt,
+    Json,
+    Learners,
     Memory,
-    PlotOpt,
-    ScopeOpt,
-    StepsOpt,
+    On,
+    OnVectors,
+    Plot,
+    Ratios,
+    Scope,
+    Steps,
+    between,
     compute_options,
 )
-from gradstat.cli.output import df_table, emit, note_sample, progress
+from gradstat.cli.output import Output, Result, View, note_sample, progress, show
 from gradstat.errors import UsageError
-from gradstat.plots.paths import check_plot_path
-from gradstat.store import Capture, open_capture
+from gradstat.report.answers import buildup_answer, overlap_answer, similarity_answer
+from gradstat.store import open_capture
+
+Lag = Annotated[
+    int,
+    typer.Option(
+        "--lag", callback=between(1), help="Compare each recorded step with the one LAG rows on."
+    ),
+]
+#: Learners up to which the overlap matrix is part of the default output.
+MATRIX_SHOWN = 8
 
 
-class On(str, Enum):
-    """Which vectors the top-k sets are taken of."""
-
-    raw = "raw"
-    ef = "ef"
-
-
-RatioOpt = typer.Option(0.001, "--ratio", help="Density k/d of the top-k sets.")
-OnOpt = typer.Option(
-    On.raw,
-    "--on",
-    help="raw: the recorded gradients; ef: g + memory of a top-k error-feedback replay "
-    "over consecutive recorded steps (what the compressor sees).",
-)
-
-
-def _select(
-    cap: Capture, steps: str | None, learners: str | None, scope: str, minimum: int, what: str
-) -> Selection:
+def _selection(cap, steps, learners, scope, minimum: int, what: str) -> Selection:
     if len(cap.learners) < minimum:
         raise UsageError(
             f"{what} compares learners' top-k sets and needs at least {minimum} learners; "
             f"{cap.path} recorded {len(cap.learners)} of {cap.world_size}"
         )
-    return Selection.of(cap, steps, learners, scope)
+    selection = Selection.of(cap, steps, learners, scope)
+    selection.require_learners(minimum, what)
+    return selection
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
-    return df.to_dict(orient="records")
-
-
-def _table(df: pd.DataFrame, title: str, columns: dict[str, str]):
-    """A rich table of the chosen columns under short headers (fits 80 columns)."""
-    return df_table(df[list(columns)].rename(columns=columns), title)
+def _per_ratio(run, ratios, description: str) -> list:
+    """Run ``run(ratio, progress)`` for each ratio, with one progress bar per ratio."""
+    return [
+        run(ratio, lambda units, r=ratio: progress(units, f"{description} {r:g}"))
+        for ratio in ratios
+    ]
 
 
 def similarity_command(
-    capture: Path = CaptureArg,
-    ratio: float = RatioOpt,
-    on: On = OnOpt,
-    scope: str = ScopeOpt,
-    steps: str | None = StepsOpt,
-    learners: str | None = LearnersOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
-    plot: Path | None = PlotOpt,
-    dpi: int = DpiOpt,
+    capture: Capture,
+    ratios: Ratios = SET_RATIOS,
+    on: OnVectors = On.raw,
+    scope: Scope = "model",
+    steps: Steps = None,
+    learners: Learners = None,
+    as_json: Json = False,
+    csv: Csv = None,
+    detail: Detail = False,
+    plot: Plot = None,
+    dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
-    the mean gradient; energy captured, ScaleCom's contraction check, random baseline."""
-    params = SimilarityParams(ratio, on.value)
-    compute = compute_options(device, memory, jobs)
-    check_plot_path(plot)
+    """How similar the learners' top-k sets are, to each other and to the mean's.
+
+    Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
+    the mean gradient; energy captured, ScaleCom's contraction check, random baseline.
+    """
     with open_capture(capture) as cap:
         note_sample(cap)
-        selection = _select(cap, steps, learners, scope, 2, "similarity")
-        result = similarity(
-            cap,
-            selection,
-            params,
-            compute=compute,
-            progress=lambda items: progress(items, "similarity"),
+        selection = _selection(cap, steps, learners, scope, 2, "similarity")
+        compute = compute_options(device, memory, jobs)
+        results = _per_ratio(
+            lambda ratio, bar: similarity(
+                cap, selection, SimilarityParams(ratio, on.value), compute=compute, progress=bar
+            ),
+            ratios,
+            "similarity",
         )
-    summary = similarity_summary(result.steps)
-    matrix = overlap_matrix(result.pairs)
+    pairs = pd.concat([r.pairs for r in results], ignore_index=True)
+    per_step = pd.concat([r.steps for r in results], ignore_index=True)
+    result = similarity_result(pairs, per_step, on.value)
+    result.figure = lambda: _plot("plot_similarity", results[-1].pairs)
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def similarity_result(pairs: pd.DataFrame, per_step: pd.DataFrame, on: str) -> Result:
+    summary = similarity_summary(per_step)
+    matrix = overlap_matrix(pairs[pairs["ratio"] == pairs["ratio"].min()])
     matrix_table = matrix.reset_index(names="learner")
     matrix_table.columns = [str(c) for c in matrix_table.columns]
     matrix_table["learner"] = matrix_table["learner"].astype(str)
-    note = f"ratio {ratio:g}, on {on.value}"
-    random = float(result.steps["random_overlap"].mean())
-    tables = [
-        _table(
-            result.steps,
-            f"top-k similarity per step ({note}): overlap = |A n B| / k between learners, "
-            f"vs mean = with the mean gradient's top-k (random {random:.3g}); all n = full "
-            "intersection / k; B = union / k; E(I*) = energy of the mean's top-k; CLT = "
-            "ScaleCom's contraction check for leader step mod n",
-            {
-                "step": "step",
-                "scope": "scope",
-                "k": "k",
-                "mean_overlap": "overlap",
-                "mean_overlap_global": "vs mean",
-                "full_intersection": "all n",
-                "buildup": "B",
-                "energy_topk": "E(I*)",
-                "leader_contraction_ok": "CLT",
-            },
-        ),
-        df_table(matrix_table, "mean overlap matrix ('mean' = top-k of the mean gradient)"),
-        _table(
-            summary,
-            f"mean over {result.steps['step'].nunique()} steps ({note}); x random = "
-            "overlap / random; CLT breaks = steps whose leader breaks the check",
-            {
-                "scope": "scope",
-                "mean_overlap": "overlap",
-                "mean_overlap_global": "vs mean",
-                "overlap_vs_random": "x random",
-                "buildup": "B",
-                "random_buildup": "B random",
-                "leader_breaks": "CLT breaks",
-            },
-        ),
-    ]
-    emit(
-        result.pairs,
-        as_json=as_json,
-        csv=csv,
-        tables=tables,
-        json_document={
-            "records": _records(result.pairs),
-            "steps": _records(result.steps),
-            "summary": _records(summary),
+    matrix_view = View(
+        f"mean overlap matrix at ratio {pairs['ratio'].min():g} ('mean': the mean gradient's)",
+        matrix_table,
+    )
+    shown = [matrix_view] if len(matrix_table) <= MATRIX_SHOWN else []
+    return Result(
+        pairs,
+        summary=[
+            *shown,
+            View(
+                f"top-k similarity, mean over {per_step['step'].nunique()} steps (on {on})",
+                summary,
+                {
+                    "scope": "scope",
+                    "ratio": "ratio",
+                    "mean_overlap": "overlap",
+                    "mean_overlap_global": "vs mean",
+                    "overlap_vs_random": "x random",
+                    "buildup": "B",
+                    "random_buildup": "B random",
+                    "leader_breaks": "CLT breaks",
+                },
+                "overlap = |A n B| / k between learners; vs mean = with the mean gradient's "
+                "top-k; x random = overlap / k/d; B = union / k; CLT breaks = steps whose "
+                "leader breaks ScaleCom's contraction check.",
+            ),
+        ],
+        answer=similarity_answer(summary),
+        detail=[
+            *([] if shown else [matrix_view]),
+            View(
+                "top-k similarity per step",
+                per_step,
+                {
+                    "step": "step",
+                    "scope": "scope",
+                    "ratio": "ratio",
+                    "mean_overlap": "overlap",
+                    "mean_overlap_global": "vs mean",
+                    "full_intersection": "all n",
+                    "buildup": "B",
+                    "energy_topk": "E(I*)",
+                    "leader_contraction_ok": "CLT",
+                },
+                "all n = full intersection / k; E(I*) = energy of the mean's top-k; CLT = "
+                "ScaleCom's contraction check for leader step mod n.",
+            ),
+        ],
+        document={
+            "records": pairs.to_dict(orient="records"),
+            "steps": per_step.to_dict(orient="records"),
+            "summary": summary.to_dict(orient="records"),
         },
     )
-    if plot is not None:
-        from gradstat.plots.similarity import plot_similarity
-        from gradstat.plots.style import save_figure
-
-        save_figure(plot_similarity(result.pairs), plot, dpi=dpi)
 
 
 def buildup_command(
-    capture: Path = CaptureArg,
-    ratios: str = typer.Option("0.01,0.001", "--ratios", help="Densities k/d, comma-separated."),
-    on: On = OnOpt,
-    scope: str = ScopeOpt,
-    steps: str | None = StepsOpt,
-    learners: str | None = LearnersOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
-    plot: Path | None = PlotOpt,
-    dpi: int = DpiOpt,
+    capture: Capture,
+    ratios: Ratios = RATIOS,
+    on: OnVectors = On.raw,
+    scope: Scope = "model",
+    steps: Steps = None,
+    learners: Learners = None,
+    as_json: Json = False,
+    csv: Csv = None,
+    detail: Detail = False,
+    plot: Plot = None,
+    dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """Gradient build-up B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean
-    over learner orders) against random sets, and the all-gather's effective density."""
-    params = BuildupParams(ratios, on.value)
-    compute = compute_options(device, memory, jobs)
-    check_plot_path(plot)
+    """How large the union of the learners' top-k sets grows (gradient build-up).
+
+    B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean over learner
+    orders) against random sets, and the all-gather's effective density.
+    """
     with open_capture(capture) as cap:
         note_sample(cap)
-        selection = _select(cap, steps, learners, scope, 2, "build-up")
         records = buildup(
             cap,
-            selection,
-            params,
-            compute=compute,
-            progress=lambda items: progress(items, "build-up"),
+            _selection(cap, steps, learners, scope, 2, "build-up"),
+            BuildupParams(ratios, on.value),
+            compute=compute_options(device, memory, jobs),
+            progress=lambda units: progress(units, "build-up"),
         )
+    result = buildup_result(records, on.value)
+    result.figure = lambda: _plot("plot_buildup", records)
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def _doubling(m: pd.Series) -> pd.Series:
+    """m = 1, 2, 4, 8, ... and the largest m: the rows of a long B(m) table shown first."""
+    top = m.max()
+    return (m == top) | ((m & (m - 1)) == 0)
+
+
+def buildup_result(records: pd.DataFrame, on: str) -> Result:
     summary = buildup_summary(records)
-    table = _table(
-        summary,
-        f"build-up B(m) = E[U(m)] / k, mean over {records['step'].nunique()} steps "
-        f"(on {on.value}); U/d: density after an all-gather; vs dense: its bytes over a "
-        "dense ring all-reduce's",
-        {
-            "scope": "scope",
-            "ratio": "ratio",
-            "k": "k",
-            "m": "m",
-            "buildup": "B",
-            "buildup_max": "B max",
-            "random_buildup": "B random",
-            "density": "U/d",
-            "allgather_vs_allreduce": "vs dense",
+    columns = {
+        "scope": "scope",
+        "ratio": "ratio",
+        "k": "k",
+        "m": "m",
+        "buildup": "B",
+        "buildup_max": "B max",
+        "random_buildup": "B random",
+        "density": "U/d",
+        "allgather_vs_allreduce": "vs dense",
+    }
+    note = "U/d: density after an all-gather; vs dense: its bytes over a dense ring all-reduce's."
+    title = f"build-up B(m) = E[U(m)] / k, mean over {records['step'].nunique()} steps (on {on})"
+    long = summary["m"].max() > MATRIX_SHOWN
+    shown = summary[_doubling(summary["m"])] if long else summary
+    return Result(
+        records,
+        summary=[View(title, shown, columns, note + (" m = 1, 2, 4, ... n." if long else ""))],
+        answer=buildup_answer(summary),
+        detail=[View(f"{title}, every m", summary, columns)] if long else [],
+        document={
+            "records": records.to_dict(orient="records"),
+            "summary": summary.to_dict(orient="records"),
         },
     )
-    emit(
-        records,
-        as_json=as_json,
-        csv=csv,
-        tables=[table],
-        json_document={"records": _records(records), "summary": _records(summary)},
-    )
-    if plot is not None:
-        from gradstat.plots.similarity import plot_buildup
-        from gradstat.plots.style import save_figure
-
-        save_figure(plot_buildup(records), plot, dpi=dpi)
 
 
 def overlap_command(
-    capture: Path = CaptureArg,
-    ratio: float = RatioOpt,
-    lag: int = typer.Option(
-        1, "--lag", min=1, help="Compare each selected recorded step with the one LAG rows on."
-    ),
-    on: On = OnOpt,
-    scope: str = ScopeOpt,
-    steps: str | None = StepsOpt,
-    learners: str | None = LearnersOpt,
-    as_json: bool = JsonOpt,
-    csv: Path | None = CsvOpt,
-    plot: Path | None = PlotOpt,
-    dpi: int = DpiOpt,
+    capture: Capture,
+    ratios: Ratios = SET_RATIOS,
+    lag: Lag = 1,
+    on: OnVectors = On.raw,
+    scope: Scope = "model",
+    steps: Steps = None,
+    learners: Learners = None,
+    as_json: Json = False,
+    csv: Csv = None,
+    detail: Detail = False,
+    plot: Plot = None,
+    dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """Temporal stability: overlap of top-k sets between recorded step t and t + lag, per
-    learner and for the mean gradient; each row states the real training-step gap."""
-    params = OverlapParams(ratio, lag, on.value)
-    compute = compute_options(device, memory, jobs)
-    check_plot_path(plot)
+    """How stable top-k sets are from one recorded step to the next.
+
+    Overlap of top-k sets between recorded step t and t + lag, per learner and for the
+    mean gradient; each row states the real training-step gap.
+    """
     with open_capture(capture) as cap:
         note_sample(cap)
-        selection = _select(cap, steps, learners, scope, 1, "overlap")
-        records = temporal_overlap(
-            cap,
-            selection,
-            params,
-            compute=compute,
-            progress=lambda items: progress(items, "overlap"),
+        selection = _selection(cap, steps, learners, scope, 1, "overlap")
+        compute = compute_options(device, memory, jobs)
+        records = pd.concat(
+            _per_ratio(
+                lambda ratio, bar: temporal_overlap(
+                    cap,
+                    selection,
+                    OverlapParams(ratio, lag, on.value),
+                    compute=compute,
+                    progress=bar,
+                ),
+                ratios,
+                "overlap",
+            ),
+            ignore_index=True,
         )
+    result = overlap_result(records, lag, on.value)
+    result.figure = lambda: _plot("plot_overlap", records[records["ratio"] == ratios[-1]])
+    show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def _two_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """Many learners: their mean as one row ('learners') and the mean gradient's row."""
+    is_mean = summary["learner"].astype(str) == "mean"
+    keys = ["scope", "ratio"]
+    learners = (
+        summary[~is_mean]
+        .groupby(keys, sort=False)
+        .agg(
+            pairs=("pairs", "first"),
+            gap_max=("gap_max", "max"),
+            mean_overlap=("mean_overlap", "mean"),
+            min_overlap=("min_overlap", "min"),
+            mean_jaccard=("mean_jaccard", "mean"),
+        )
+        .reset_index()
+        .assign(learner="learners")
+    )
+    return pd.concat([learners, summary[is_mean]], ignore_index=True)
+
+
+def overlap_result(records: pd.DataFrame, lag: int, on: str) -> Result:
     summary = overlap_summary(records)
-    keys = ["scope", "step", "next_step", "gap"]
+    keys = ["scope", "ratio", "step", "next_step", "gap"]
     wide = records.pivot_table(index=keys, columns="learner", values="overlap", sort=False)
     wide.columns = [str(c) for c in wide.columns]
     wide = wide.reset_index().rename(columns={"next_step": "next"})
-    gaps = records["gap"]
-    gap = f"{gaps.min()}" if gaps.min() == gaps.max() else f"{gaps.min()} to {gaps.max()}"
-    note = (
-        f"ratio {ratio:g}, k {records['k'].iloc[0]}, random k/d "
-        f"{records['random_overlap'].iloc[0]:.3g}, on {on.value}"
-    )
-    tables = [
-        df_table(
-            wide,
-            f"overlap of top-k(t) and top-k(t + lag {lag}) per learner and for the mean "
-            f"gradient, training-step gap {gap} ({note})",
-        ),
-        _table(
-            summary,
-            "mean over step pairs",
-            {
-                "scope": "scope",
-                "learner": "learner",
-                "pairs": "pairs",
-                "mean_overlap": "overlap",
-                "min_overlap": "min",
-                "mean_jaccard": "jaccard",
-            },
-        ),
-    ]
-    emit(
+    shown = summary if summary["learner"].nunique() <= MATRIX_SHOWN + 1 else _two_rows(summary)
+    return Result(
         records,
-        as_json=as_json,
-        csv=csv,
-        tables=tables,
-        json_document={"records": _records(records), "summary": _records(summary)},
+        summary=[
+            View(
+                f"overlap of top-k(t) and top-k(t + lag {lag}), mean over step pairs (on {on})",
+                shown,
+                {
+                    "scope": "scope",
+                    "ratio": "ratio",
+                    "learner": "learner",
+                    "pairs": "pairs",
+                    "gap_max": "max gap",
+                    "mean_overlap": "overlap",
+                    "min_overlap": "min",
+                    "mean_jaccard": "jaccard",
+                },
+                "max gap: the largest training-step gap between the compared recorded steps.",
+            )
+        ],
+        answer=overlap_answer(summary),
+        detail=[
+            *([] if shown is summary else [View("overlap per learner", summary)]),
+            View("overlap per step pair, per learner and for the mean gradient", wide),
+        ],
+        document={
+            "records": records.to_dict(orient="records"),
+            "summary": summary.to_dict(orient="records"),
+        },
     )
-    if plot is not None:
-        from gradstat.plots.similarity import plot_overlap
-        from gradstat.plots.style import save_figure
 
-        save_figure(plot_overlap(records), plot, dpi=dpi)
+
+def _plot(name: str, table: pd.DataFrame):
+    from gradstat.plots import similarity as plots
+
+    return getattr(plots, name)(table)

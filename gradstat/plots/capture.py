@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from gradstat.plots.style import new_figure
+from gradstat.plots.style import legend_below, new_figure
 
 
 def plot_loss(steps: np.ndarray, losses: np.ndarray, title: str = "training loss") -> Figure:
@@ -27,5 +27,5 @@ def plot_loss(steps: np.ndarray, losses: np.ndarray, title: str = "training loss
     ax.set_xlabel("training step")
     ax.set_ylabel("loss (each learner's own batch)")
     ax.set_title(title)
-    ax.legend(fontsize="small", ncols=2)
+    legend_below(fig, ax, ncols=5)
     return fig

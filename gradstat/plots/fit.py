@@ -28,71 +28,147 @@ def _fitted(records: pd.DataFrame) -> dict[str, Distribution]:
     }
 
 
+#: The x axes start where the histogram of ln|g| first reaches this share of its peak,
+#: so a few values near zero do not stretch them over decades where nothing else is.
+VISIBLE = 0.005
+
+
+def _visible_low(x: np.ndarray) -> float:
+    """The smallest |g| where the density of ln|g| is visible on a linear axis."""
+    edges = np.geomspace(x[0], x[-1], 200)
+    counts, _ = np.histogram(x, bins=edges)
+    heights = counts / np.diff(np.log(edges))
+    return float(edges[np.argmax(heights >= VISIBLE * heights.max())])
+
+
+def _grid(panels: int, ncols: int = 3) -> tuple[int, int]:
+    return math.ceil(panels / ncols), ncols
+
+
 def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figure:
     """Draw the fit figure from the records of one (step, learner, scope) and a sample of
-    its non-zero magnitudes."""
+    its non-zero magnitudes.
+
+    Panels fill a 3-column grid (histogram, CCDF, one Q-Q per distribution); the legend
+    takes the first free cell, or sits below the grid when there is none, so it never
+    covers data. The x axes start where the density of ln|g| becomes visible.
+    """
     dists = _fitted(records)
-    ncols = 3
-    nrows = 1 + math.ceil(len(dists) / ncols)
+    panels = 2 + len(dists)
+    nrows, ncols = _grid(panels)
     fig, axes = new_figure(nrows, ncols, width=4.2, height=3.4)
+    cells = list(axes.flat)
     x = np.sort(magnitudes)
     n = x.size
-    grid = np.geomspace(x[0], x[-1], 400)
+    low, high = _visible_low(x), float(x[-1])
+    grid = np.geomspace(low, high, 400)
     colors = {name: f"C{i}" for i, name in enumerate(dists)}
 
-    hist = axes[0, 0]
+    hist = cells[0]
     # Density of ln|g| (x f(x)): on log-spaced bins the shape of the bulk stays readable.
-    edges = np.geomspace(x[0], x[-1], 80)
+    edges = np.geomspace(low, high, 80)
     counts, _ = np.histogram(x, bins=edges)
-    hist.stairs(counts / (n * np.diff(np.log(edges))), edges, fill=True, color="0.8", label="|g|")
+    heights = counts / (n * np.diff(np.log(edges)))
+    hist.stairs(heights, edges, fill=True, color="0.8", label="|g| (histogram)")
+    peak = heights.max()
     for name, dist in dists.items():
         curve = grid * dist.magnitudes().logpdf(grid).exp().numpy()
         hist.plot(grid, curve, color=colors[name], label=name)
+        peak = max(peak, min(float(np.nanmax(curve)), 4 * heights.max()))
     hist.set(
         xscale="log",
-        ylim=(0, 1.3 * counts.max() / (n * np.diff(np.log(edges)).min())),
+        xlim=(low, high),
+        ylim=(0, 1.08 * peak),
         xlabel="|g|",
         ylabel="density of ln|g|  (x f(x))",
-        title="histogram",
+        title="histogram and fitted densities",
     )
-    hist.legend(fontsize="small")
 
-    ccdf = axes[0, 1]
+    ccdf = cells[1]
     survival = 1.0 - np.arange(n) / n
     ccdf.plot(x, survival, color="black", lw=2, label="empirical")
     for name, dist in dists.items():
-        ccdf.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name], label=name)
+        ccdf.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name])
     thresholds = records[(records["kind"] == "fit") & records["error"].isna()]
     for ratio, group in thresholds.groupby("ratio"):
         density = float(group["k"].iloc[0]) / float(group["nonzero"].iloc[0])
         ccdf.axvline(float(group["empirical"].iloc[0]), color="0.4", ls="--", lw=0.8)
-        ccdf.annotate(f"{ratio:g}", (float(group["empirical"].iloc[0]), density), fontsize=7)
+        ccdf.annotate(
+            f"k/d = {ratio:g}",
+            (float(group["empirical"].iloc[0]), density),
+            xytext=(-4, 0),
+            textcoords="offset points",
+            ha="right",
+            fontsize=7,
+        )
         for row in group.itertuples(index=False):
             ccdf.plot(row.threshold, density, "o", color=colors[row.dist], ms=4)
     ccdf.set(
         xscale="log",
         yscale="log",
+        xlim=(low, 1.2 * high),
         ylim=(0.5 / n, 1.5),
         xlabel="|g|",
         ylabel="P(|g| > x)",
-        title="CCDF; dashed: top-k threshold per ratio",
+        title="CCDF; dashed: top-k threshold",
     )
-    ccdf.legend(fontsize="small")
-    axes[0, 2].axis("off")
 
     probabilities = np.unique(
         np.concatenate([np.linspace(0.01, 0.9, 40), 1.0 - np.geomspace(0.1, 1.0 / n, 40)])
     )
     empirical = np.quantile(x, probabilities)
-    for i, (name, dist) in enumerate(dists.items()):
-        ax = axes[1 + i // ncols, i % ncols]
+    lo, hi = empirical.min() / 2, empirical.max() * 2
+    for ax, (name, dist) in zip(cells[2:], dists.items(), strict=False):
         fitted = np.array([dist.magnitude_isf(1.0 - p) for p in probabilities])
-        ax.plot(fitted, empirical, ".", color=colors[name])
-        lo, hi = min(fitted.min(), empirical.min()), max(fitted.max(), empirical.max())
+        inside = (fitted >= lo) & (fitted <= hi)
+        ax.plot(fitted[inside], empirical[inside], ".", color=colors[name])
+        # Quantiles off the scale are drawn at its edge as open triangles.
+        ax.plot(
+            np.clip(fitted[~inside], lo, hi),
+            empirical[~inside],
+            ">",
+            mfc="none",
+            color=colors[name],
+            ms=4,
+        )
         ax.plot([lo, hi], [lo, hi], color="0.4", lw=0.8)
-        ax.set(xscale="log", yscale="log", xlabel=f"{name} quantile", ylabel="empirical")
-        ax.set_title(f"Q-Q {name}")
-    for j in range(len(dists), (nrows - 1) * ncols):
-        axes[1 + j // ncols, j % ncols].axis("off")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlim=(lo, hi),
+            ylim=(lo, hi),
+            xlabel=f"{name} quantile",
+            ylabel="empirical quantile",
+            title=f"Q-Q {name}",
+        )
+    handles, labels = hist.get_legend_handles_labels()
+    handles.insert(1, ccdf.lines[0])
+    labels.insert(1, "empirical CCDF")
+    free = cells[panels:]
+    if free:
+        free[0].legend(handles, labels, loc="center", fontsize="small", frameon=False)
+    else:
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncols=min(len(labels), 5),
+            fontsize="small",
+            frameon=False,
+        )
+    for ax in free:
+        ax.axis("off")
     fig.suptitle(title)
     return fig
+
+
+def plot_fit_at(
+    records: pd.DataFrame, magnitudes: np.ndarray, step: int, learner: int, scope: str, name=""
+) -> Figure:
+    """:func:`plot_fit` of one (step, learner, scope) of a fit's records, titled by them
+    (after ``name``, e.g. the capture's): what ``fit --plot`` and the report both draw."""
+    chosen = records[
+        (records["step"] == step) & (records["learner"] == learner) & (records["scope"] == scope)
+    ]
+    title = f"step {step}, learner {learner}, scope {scope}"
+    return plot_fit(chosen, magnitudes, f"{name}: {title}" if name else title)

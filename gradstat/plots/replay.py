@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gradstat.plots.style import new_figure
+from gradstat.plots.style import legend_below, new_figure
+
+MARKERS = "osD^vP*X"
 
 
 def _label(compressor: str, ratio: float) -> str:
@@ -23,41 +25,50 @@ def _label(compressor: str, ratio: float) -> str:
 
 
 def plot_replay(records: pd.DataFrame) -> Figure:
-    """Error vs bytes, error over steps and build-up over steps (first scope only)."""
+    """Error vs bytes, error over steps and build-up over steps (first scope only).
+
+    Each compressor keeps one colour in every panel and each ratio one marker, named in
+    one legend under the panels, so no label sits on a point or a line.
+    """
     scope = records["scope"].iloc[0]
     data = records[records["scope"] == scope].copy()
     data["label"] = [_label(c, r) for c, r in zip(data["compressor"], data["ratio"], strict=True)]
+    colors = {name: f"C{i}" for i, name in enumerate(data["compressor"].unique())}
+    ratios = sorted(data["ratio"].dropna().unique(), reverse=True)
+    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(ratios)}
+
+    def style(group: pd.DataFrame) -> dict:
+        ratio = group["ratio"].iloc[0]
+        marker = "o" if math.isnan(ratio) else markers[ratio]
+        return {"color": colors[group["compressor"].iloc[0]], "marker": marker}
+
     fig, axes = new_figure(1, 3, width=5.0, height=4.0)
     trade, error, buildup = axes[0]
-    summary = data.groupby("label", sort=False)[["bytes_per_learner", "rel_error"]].mean()
-    for label, row in summary.iterrows():
-        trade.scatter(row["bytes_per_learner"], row["rel_error"], label=label)
-        trade.annotate(
-            label,
-            (row["bytes_per_learner"], row["rel_error"]),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
-        )
-    trade.set_xscale("log")
-    if (summary["rel_error"] > 0).any():
-        trade.set_yscale("log")
-    trade.set_xlabel("bytes sent per learner per step")
-    trade.set_ylabel("mean relative error ||ĝ - g||² / ||g||²")
-    trade.set_title(f"error vs traffic ({scope})")
     for label, group in data.groupby("label", sort=False):
-        error.plot(group["step"], group["rel_error"], marker=".", label=label)
+        look = style(group)
+        trade.plot(
+            group["bytes_per_learner"].mean(),
+            group["rel_error"].mean(),
+            ls="none",
+            ms=7,
+            label=label,
+            **look,
+        )
+        error.plot(group["step"], group["rel_error"], ms=3, lw=1, **look)
         if np.isfinite(group["buildup"]).any():
-            buildup.plot(group["step"], group["buildup"], marker=".", label=label)
+            buildup.plot(group["step"], group["buildup"], ms=3, lw=1, **look)
+    trade.set_xscale("log")
     if (data["rel_error"] > 0).any():
+        trade.set_yscale("log")
         error.set_yscale("log")
-    error.set_xlabel("step")
-    error.set_ylabel("relative error")
-    error.set_title("error over steps")
-    error.legend(fontsize=7)
-    buildup.set_xlabel("step")
-    buildup.set_ylabel("build-up U / k")
-    buildup.set_title("build-up of the sparse exchanges")
-    if buildup.lines:
-        buildup.legend(fontsize=7)
+    trade.set(
+        xlabel="bytes sent per learner per step",
+        ylabel="mean relative error ||ĝ - g||² / ||g||²",
+        title=f"error vs traffic ({scope})",
+    )
+    error.set(xlabel="training step", ylabel="relative error", title="error over steps")
+    buildup.set(
+        xlabel="training step", ylabel="build-up U / k", title="build-up of the sparse exchanges"
+    )
+    legend_below(fig, trade, ncols=6)
     return fig

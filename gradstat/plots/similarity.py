@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from gradstat.analysis.similarity import overlap_matrix
-from gradstat.plots.style import new_figure
+from gradstat.plots.style import legend_below, new_figure
 
 
 def _scopes_note(df: pd.DataFrame) -> str:
@@ -52,7 +52,7 @@ def plot_similarity(pairs: pd.DataFrame) -> Figure:
     line.set_xlabel("training step")
     line.set_ylabel("overlap with top-k of the mean")
     line.set_title(f"overlap with the mean gradient's top-k (ratio {pairs['ratio'].iloc[0]:g})")
-    line.legend(fontsize="small")
+    legend_below(fig, line, ncols=5)
     return fig
 
 
@@ -70,18 +70,29 @@ def plot_buildup(records: pd.DataFrame) -> Figure:
             stats.index,
             by_m["random_buildup"].mean(),
             linestyle="--",
+            marker="x",
             color=color,
-            label=f"random, ratio {ratio:g}",
+            zorder=3,
+            label=f"random sets, ratio {ratio:g}",
         )
     top = int(records["m"].max())
-    ax.plot([1, top], [1, top], color="grey", linewidth=0.8, label="disjoint sets (B = m)")
+    # Under the random baselines (they lie just below B = m at small ratios).
+    ax.plot(
+        [1, top],
+        [1, top],
+        color="0.6",
+        linewidth=3,
+        alpha=0.4,
+        zorder=1,
+        label="disjoint sets (B = m)",
+    )
     ax.set_xlabel("learners m")
     ax.set_ylabel("build-up B(m) = E[U(m)] / k")
     ax.set_xticks(range(1, top + 1))
     ax.set_title(
         f"build-up over {records['step'].nunique()} steps{_scopes_note(records)} (band: min..max)"
     )
-    ax.legend(fontsize="small")
+    legend_below(fig, ax, ncols=3)
     return fig
 
 
@@ -112,5 +123,5 @@ def plot_overlap(records: pd.DataFrame) -> Figure:
         f"temporal overlap, ratio {records['ratio'].iloc[0]:g}, training-step gap {gap}"
         f"{_scopes_note(records)}"
     )
-    ax.legend(fontsize="small")
+    legend_below(fig, ax, ncols=4)
     return fig

@@ -30,6 +30,24 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: fl
     return fig, axes
 
 
+def legend_below(fig: Figure, ax=None, ncols: int = 4) -> None:
+    """One legend under the axes grid (never over data): of ``ax`` or of all axes."""
+    axes = [ax] if ax is not None else fig.axes
+    seen: dict[str, object] = {}
+    for one in axes:
+        for handle, label in zip(*one.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    if seen:
+        fig.legend(
+            list(seen.values()),
+            list(seen),
+            loc="outside lower center",
+            ncols=min(ncols, len(seen)),
+            fontsize="small",
+            frameon=False,
+        )
+
+
 def save_figure(fig: Figure, path: Path | str, dpi: int = 150) -> Path:
     """Write ``fig`` to ``path`` (format by suffix) and close it."""
     path = check_plot_path(path)

@@ -1,56 +1,118 @@
 """``gradstat report``: every analysis of one capture on one self-contained HTML page.
 
-Each section runs one analysis with the report's settings, draws its figures with the
-library's plot functions and writes a one-paragraph reading of what the numbers show.
-A section that cannot be computed (too few learners, an interrupted capture with too
-few steps) says why instead of failing the whole report.
+The page is one ordered table of section specs (:data:`SECTIONS`: key, title, build).
+Each build runs its analysis through a shared :class:`ReportContext` (which replays the
+compressors once for both the replay and the recommendation sections), draws figures
+with the library's plot functions and returns a :class:`Part`: the reading of what the
+numbers show, figures, tables under human column names, and its line for the summary
+box at the top. A section that cannot be computed (too few learners, an interrupted
+capture with too few steps) says why instead of failing the whole report.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
+import torch
 
+from gradstat import __version__, defaults
 from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
 from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.recommend import choose
+from gradstat.analysis.recommend import Recommendation, choose
 from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
-from gradstat.compressors.cost import Link
+from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.errors import GradstatError
 from gradstat.plots.capture import plot_loss
-from gradstat.plots.fit import plot_fit
+from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
 from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
+from gradstat.report import answers
 from gradstat.report.html import Section, render
 from gradstat.store import Capture
 
 
 @dataclass
 class ReportSettings:
-    """What the report computes; the defaults are the demo's."""
+    """What the report computes; the defaults are those of the commands it stands for."""
 
-    ratios: Sequence[float] = (0.01, 0.001)
-    compressors: str = "fp16,topk,dgc,sidco-gpd,clt-k,powersgd"
-    error_budget: float = 0.5
-    link: Link = field(default_factory=lambda: Link(10e9 / 8, 5e-6))
+    ratios: Sequence[float] = defaults.RATIOS
+    compressors: str = defaults.REPORT_COMPRESSORS
+    error_budget: float = defaults.ERROR_BUDGET
+    link: Link = field(
+        default_factory=lambda: Link(
+            parse_bandwidth(defaults.BANDWIDTH), parse_latency(defaults.LATENCY)
+        )
+    )
     cost_learners: int | None = None
     fit_steps: int = 5
-    dpi: int = 110
+    dpi: int = defaults.REPORT_DPI
     compute: Compute = field(default_factory=Compute)
 
 
-def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    summary = cap.describe()
-    steps = cap.steps
+@dataclass
+class Part:
+    """What a section's build returns: the reading (a paragraph on what the numbers
+    show), figures, ``(caption, table)`` pairs and its lines for the summary box."""
+
+    reading: str
+    figures: list = field(default_factory=list)
+    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
+    verdict: list[str] = field(default_factory=list)
+
+
+class ReportContext:
+    """The capture, the settings and what several sections share (the replay, once)."""
+
+    def __init__(
+        self, cap: Capture, settings: ReportSettings, progress: Callable[[str], Progress]
+    ) -> None:
+        self.cap, self.settings, self.progress = cap, settings, progress
+        self.selection = Selection.of(cap)  # the whole capture
+        self.compute = settings.compute
+
+    @cached_property
+    def replay(self) -> tuple[Replay, pd.DataFrame]:
+        s = self.settings
+        params = ReplayParams(
+            s.compressors, s.ratios, s.link, cost_learners=s.cost_learners, skip_unfit=True
+        )
+        run = Replay(self.cap, self.selection, params, compute=self.compute)
+        return run, run.run(self.progress("replay"))
+
+    @cached_property
+    def recommendation(self) -> Recommendation:
+        run, records = self.replay
+        return choose(run, records, error_budget=self.settings.error_budget)
+
+    @property
+    def cost_learners(self) -> int:
+        """The cluster size of the cost model: as set, else the run's world size."""
+        return self.settings.cost_learners or self.cap.world_size
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    """One section of the page: its anchor, its heading and the function building it."""
+
+    key: str
+    title: str
+    build: Callable[[ReportContext], Part]
+
+
+def _overview(ctx: ReportContext) -> Part:
+    cap, steps = ctx.cap, ctx.cap.steps
     facts = pd.DataFrame(
         [
             ("workload", f"{cap.workload} ({cap.meta.get('workload_description', '')})"),
@@ -61,7 +123,7 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
                 f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if len(steps) else ""),
             ),
             ("gradient size", f"{cap.numel:,} values in {len(cap.layers)} layers ({cap.dtype})"),
-            ("bytes on disk", f"{summary['bytes'] / 1e6:.1f} MB"),
+            ("bytes on disk", f"{cap.describe()['bytes'] / 1e6:.1f} MB"),
             ("command", str(cap.meta.get("command", ""))),
         ],
         columns=["", "value"],
@@ -71,10 +133,9 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
     else:
         last = f"step {steps[-1]}" if len(steps) else "before its first step"
         state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
-    reading = (
-        f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
-        f"training{'' if not cap.is_sample else f'; {cap.learners_text()} recorded'}. {state}"
-    )
+    recorded = f"; {cap.learners_text()} recorded" if cap.is_sample else ""
+    reading = f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
+    reading += f"training{recorded}. {state}"
     figures = []
     if len(steps):
         first, last = np.nanmean(cap.losses[:, 0]), np.nanmean(cap.losses[:, -1])
@@ -84,72 +145,77 @@ def _overview(cap: Capture, settings: ReportSettings, progress: Progress) -> Sec
             "the data-parallel noise that makes their gradients differ."
         )
         figures.append(plot_loss(steps, cap.losses, f"{cap.path.name}: training loss per learner"))
-    return Section("overview", "Capture", reading, figures, [("capture", facts)])
+    return Part(reading, figures, [("capture", facts)])
 
 
-def _fit(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
+def _stages_text(quality: pd.DataFrame, estimator: str) -> list[str]:
+    """Per ratio, q of ``estimator`` by stage count, and whether more stages bring q
+    closer to 1 (said only when they do)."""
+    lines = []
+    rows = quality[(quality["estimator"] == estimator) & (quality["stages"] != "auto")]
+    for ratio, group in rows.groupby("ratio", sort=False):
+        group = group.sort_values("stages")
+        q = group["q median"].to_numpy()
+        by_stage = ", ".join(
+            f"{s} stage{'s' if s != '1' else ''}: {v:.3g}"
+            for s, v in zip(group["stages"], q, strict=True)
+        )
+        if len(q) > 1:
+            first, last = abs(np.log(q[0])), abs(np.log(q[-1]))
+            trend = (
+                "more stages bring q closer to 1"
+                if last < first
+                else "more stages do not bring q closer to 1 here"
+            )
+            by_stage += f"; {trend}"
+        lines.append(f"{estimator} at ratio {ratio:g}, median q by stages: {by_stage}.")
+    return lines
+
+
+def _fit(ctx: ReportContext) -> Part:
+    cap, settings = ctx.cap, ctx.settings
     chosen = np.unique(np.linspace(0, len(cap.steps) - 1, settings.fit_steps).round().astype(int))
     steps = ",".join(str(int(cap.steps[i])) for i in chosen) if len(cap.steps) else None
     analysis = Fit(
         cap,
+        steps=steps,
+        compute=ctx.compute,
         dists="all",
         ratios=settings.ratios,
-        steps=steps,
         sample=200_000,
-        compute=settings.compute,
     )
-    records = analysis.run(progress)
-    ranking = rank_distributions(records)
-    quality = quality_summary(records)
-    best = ranking.iloc[0]
-    sidco = quality[(quality["estimator"] == "sidco-gpd")]
-    parts = [
-        f"{int(r['stages'])} stage{'s' if r['stages'] != '1' else ''} at {r['ratio']:g}: "
-        f"median q {r['q median']:.3g}"
-        for r in sidco.to_dict(orient="records")
-        if r["stages"] != "auto"
-    ]
+    records = analysis.run(ctx.progress("fit"))
+    ranking, quality = rank_distributions(records), quality_summary(records)
+    stages = _stages_text(quality, "sidco-gpd")
     reading = (
-        f"Of the distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
-        f"{len(analysis.learners)} learners), {best['dist']} fits best by the "
-        f"Kolmogorov-Smirnov statistic (median {best['ks']:.3g}). SIDCo's estimator "
-        "with the generalized Pareto distribution selects q = selected / k of the target: "
-        + "; ".join(parts)
-        + ". q near 1 means the estimated threshold keeps the intended number of elements "
-        "without a sort; a single stage is often off by a large factor at small densities "
-        "and more stages fix it."
+        f"Distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
+        f"{len(analysis.learners)} learners): {answers.best_fit(ranking)} A threshold "
+        "estimator's quality is q = selected / k of the target: q near 1 keeps the intended "
+        "number of elements without a sort. "
+        + " ".join(stages + answers.closest_estimators(quality))
     )
     step, learner, scope = analysis.steps[0], analysis.learners[0], analysis.scopes[0]
-    one = records[
-        (records["step"] == step)
-        & (records["learner"] == learner)
-        & (records["scope"] == scope.name)
-    ]
-    figure = plot_fit(
-        one,
-        magnitude_sample(cap, step, learner, scope),
-        f"{cap.path.name}: step {step}, learner {learner}, whole model",
-    )
-    return Section(
-        "fit",
-        TITLES["fit"],
+    magnitudes = magnitude_sample(cap, step, learner, scope)
+    figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.path.name)
+    return Part(
         reading,
         [figure],
         [
-            ("distributions ranked by KS", ranking),
-            ("threshold estimators: q = selected / k", quality),
+            ("distributions ranked by KS", _human(ranking)),
+            ("threshold estimators: q = selected / k", _human(quality)),
         ],
+        [answers.best_fit(ranking), *answers.closest_estimators(quality)[-1:]],
     )
 
 
-def _similarity(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    ratio = min(settings.ratios)
+def _similarity(ctx: ReportContext) -> Part:
+    ratio = min(ctx.settings.ratios)
     result = similarity(
-        cap,
-        Selection.of(cap),
+        ctx.cap,
+        ctx.selection,
         SimilarityParams(ratio),
-        compute=settings.compute,
-        progress=progress,
+        compute=ctx.compute,
+        progress=ctx.progress("similarity"),
     )
     summary = similarity_summary(result.steps)
     row = summary.iloc[0]
@@ -162,99 +228,70 @@ def _similarity(cap: Capture, settings: ReportSettings, progress: Progress) -> S
         f"leader's indices capture {row['mean_energy']:.1%} of the mean gradient's energy "
         f"against {row['energy_topk']:.1%} for its own top-k."
     )
-    return Section(
-        "similarity",
-        "Top-k similarity across learners",
+    return Part(
         reading,
         [plot_similarity(result.pairs)],
-        [("summary over steps", summary)],
+        [("summary over steps", _human(summary))],
+        answers.similarity_answer(summary),
     )
 
 
-def _buildup(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
+def _buildup(ctx: ReportContext) -> Part:
     records = buildup(
-        cap,
-        Selection.of(cap),
-        BuildupParams(settings.ratios),
-        compute=settings.compute,
-        progress=progress,
+        ctx.cap,
+        ctx.selection,
+        BuildupParams(ctx.settings.ratios),
+        compute=ctx.compute,
+        progress=ctx.progress("buildup"),
     )
     summary = buildup_summary(records)
-    n = int(summary["m"].max())
-    full = summary[summary["m"] == n]
-    parts = [
-        f"at density {r['ratio']:g} the union of {n} learners' top-k sets is "
-        f"{r['buildup']:.2f}x k (random sets: {r['random_buildup']:.2f}x), so an all-gather "
-        f"moves {r['density']:.3%} of the gradient"
-        for r in full.to_dict(orient="records")
-    ]
     reading = (
-        "Gradient build-up: " + "; ".join(parts) + ". Build-up below the random baseline "
-        "means the learners agree on the important coordinates; it still grows with the "
-        "number of learners, which is why all-gathered sparse gradients stop paying off at "
-        "scale (a dense all-reduce moves the whole vector once)."
+        "Gradient build-up: " + " ".join(answers.buildup_answer(summary)) + " Build-up below "
+        "the random baseline means the learners agree on the important coordinates; it "
+        "still grows with the number of learners, which is why all-gathered sparse "
+        "gradients stop paying off at scale (a dense all-reduce moves the whole vector once)."
     )
-    return Section(
-        "buildup", "Gradient build-up", reading, [plot_buildup(records)], [("B(m)", summary)]
+    return Part(
+        reading,
+        [plot_buildup(records)],
+        [("B(m)", _human(summary))],
+        answers.buildup_answer(summary)[-1:],
     )
 
 
-def _overlap(cap: Capture, settings: ReportSettings, progress: Progress) -> Section:
-    ratio = min(settings.ratios)
+def _overlap(ctx: ReportContext) -> Part:
+    ratio = min(ctx.settings.ratios)
     records = temporal_overlap(
-        cap,
-        Selection.of(cap),
+        ctx.cap,
+        ctx.selection,
         OverlapParams(ratio),
-        compute=settings.compute,
-        progress=progress,
+        compute=ctx.compute,
+        progress=ctx.progress("overlap"),
     )
     summary = overlap_summary(records)
     mean_row = summary[summary["learner"].astype(str) == "mean"].iloc[0]
-    learners = summary[summary["learner"].astype(str) != "mean"]
     reading = (
-        f"Between consecutive recorded steps ({_gap(mean_row)} apart) a learner keeps "
-        f"{learners['mean_overlap'].mean():.1%} of its "
-        f"top-k indices at density {ratio:g}, and the mean gradient keeps "
-        f"{mean_row['mean_overlap']:.1%} (random sets: {mean_row['random_overlap']:.2%}). "
-        "High temporal overlap means indices chosen at one step stay good for the next, "
+        f"Between consecutive recorded steps ({_gap(mean_row)} apart): "
+        + " ".join(answers.overlap_answer(summary))
+        + " High temporal overlap means indices chosen at one step stay good for the next, "
         "which is what index-reuse and error-feedback schemes exploit."
     )
-    return Section(
-        "overlap", "Temporal overlap", reading, [plot_overlap(records)], [("per learner", summary)]
+    return Part(
+        reading,
+        [plot_overlap(records)],
+        [("per learner", _human(summary))],
+        answers.overlap_answer(summary),
     )
 
 
-@dataclass
-class _ReplayRun:
-    """One replay shared by the replay and recommendation sections."""
-
-    run: Replay
-    records: pd.DataFrame
-
-
-def _replay_run(cap: Capture, settings: ReportSettings, progress: Progress) -> _ReplayRun:
-    params = ReplayParams(
-        settings.compressors,
-        settings.ratios,
-        settings.link,
-        cost_learners=settings.cost_learners,
-        skip_unfit=True,
-    )
-    run = Replay(cap, Selection.of(cap), params, compute=settings.compute)
-    return _ReplayRun(run, run.run(progress))
-
-
-def _replay(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Section:
-    records, n = shared.records, shared.run.cost_learners
-    summary = summarize_replay(records, settings.link, n)
-    best = summary.sort_values("rel_error").iloc[0]
-    fastest = summary.sort_values("seconds").iloc[0]
+def _replay(ctx: ReportContext) -> Part:
+    records, n = ctx.replay[1], ctx.cost_learners
+    summary = summarize_replay(records, ctx.settings.link, n)
     reading = (
         f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps. The smallest mean relative error is {_label(best)} "
-        f"({best['rel_error']:.3g}); the fastest predicted step is {_label(fastest)} "
-        f"({fastest['seconds'] * 1e3:.3g} ms for {n} learners on the modelled link). "
-        "Relative errors above 1 are normal with error feedback: what is sent at a step "
+        f"recorded steps; times are predicted for {n} learners on the modelled link. "
+        + " ".join(answers.replay_answer(summary))
+        + " Relative errors above 1 are normal with error feedback: what is sent at a step "
         "includes residuals of earlier steps. Replay is open-loop: it follows the "
         "recorded (uncompressed) trajectory, so it measures error and traffic, not final "
         "accuracy."
@@ -271,26 +308,23 @@ def _replay(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Secti
         "rel_error",
         "cosine",
     ]
-    return Section(
-        "replay",
-        TITLES["replay"],
-        reading,
-        [plot_replay(records)],
-        [("mean over steps", summary[columns])],
-    )
+    return Part(reading, [plot_replay(records)], [("mean over steps", _human(summary[columns]))])
 
 
-def _recommend(cap: Capture, settings: ReportSettings, shared: _ReplayRun) -> Section:
-    result = choose(shared.run, shared.records, error_budget=settings.error_budget)
-    reading = " ".join(result.explanation())
+def _recommend(ctx: ReportContext) -> Part:
+    result = ctx.recommendation
+    lines = result.explanation()
     if result.winner is not None and result.settings:
-        reading += (
-            " Settings: " + ", ".join(f"{k} = {v:g}" for k, v in result.settings.items()) + "."
+        lines.append(
+            "Settings: " + ", ".join(f"{k} = {v:g}" for k, v in result.settings.items()) + "."
         )
     columns = ["compressor", "ratio", "rel_error", "seconds", "speedup", "within_budget"]
-    return Section(
-        "recommend", TITLES["recommend"], reading, [], [("candidates", result.ranking[columns])]
-    )
+    link = ctx.settings.link
+    verdict = lines[: 1 if result.pays_off else 2]  # a winner that loses says so
+    verdict.append(f"Link: {link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us.")
+    if result.winner is None:
+        verdict = ["No candidate fits the error budget: " + lines[0]]
+    return Part(" ".join(lines), [], [("candidates", _human(result.ranking[columns]))], verdict)
 
 
 def _gap(row: pd.Series) -> str:
@@ -299,36 +333,110 @@ def _gap(row: pd.Series) -> str:
     return f"{steps} training step" + ("" if high == 1 else "s")
 
 
-def _label(row: pd.Series) -> str:
-    return row["compressor"] + (f" at {row['ratio']:g}" if pd.notna(row["ratio"]) else "")
+#: Column names as people read them, with units; seconds become milliseconds.
+HEADERS = {
+    "dist": "distribution",
+    "ks": "KS",
+    "ad": "AD",
+    "aic": "AIC",
+    "estimator": "estimator",
+    "ratio": "ratio k/d",
+    "stages": "stages",
+    "q median": "q median",
+    "q min": "q min",
+    "q max": "q max",
+    "n": "records",
+    "scope": "scope",
+    "k": "k",
+    "d": "d",
+    "steps": "steps",
+    "mean_overlap": "overlap",
+    "min_overlap": "min overlap",
+    "mean_overlap_global": "overlap with mean's top-k",
+    "random_overlap": "random overlap",
+    "overlap_vs_random": "x random",
+    "full_intersection": "all-learner overlap",
+    "buildup": "build-up B",
+    "random_buildup": "random B",
+    "buildup_max": "max B",
+    "energy_topk": "energy of own top-k",
+    "mean_energy": "energy of leader's top-k",
+    "leader_breaks": "CLT breaks",
+    "m": "learners m",
+    "union": "union |U|",
+    "density": "density",
+    "allgather_vs_allreduce": "all-gather / dense bytes",
+    "learner": "learner",
+    "pairs": "step pairs",
+    "gap_min": "min gap (steps)",
+    "gap_max": "max gap (steps)",
+    "mean_jaccard": "Jaccard",
+    "compressor": "compressor",
+    "quality": "q",
+    "bytes_per_learner": "bytes per learner",
+    "comm_seconds": "comm (ms)",
+    "compress_seconds": "compress (ms)",
+    "seconds": "time per step (ms)",
+    "rel_error": "relative error",
+    "cosine": "cosine",
+    "speedup": "speed-up",
+    "within_budget": "within budget",
+}
 
 
-BUILDERS = {
-    "overview": _overview,
-    "fit": _fit,
-    "similarity": _similarity,
-    "buildup": _buildup,
-    "overlap": _overlap,
-}
-TITLES = {
-    "overview": "Capture",
-    "fit": "Distribution fits and threshold estimators",
-    "similarity": "Top-k similarity across learners",
-    "buildup": "Gradient build-up",
-    "overlap": "Temporal overlap",
-    "replay": "Compressor replay",
-    "recommend": "Recommendation",
-}
+def _human(table: pd.DataFrame) -> pd.DataFrame:
+    """Human column names with units: seconds as ms, ``qerr@r`` as threshold error."""
+    table = table.copy()
+    for column in table.columns:
+        if str(column).endswith("seconds") or column == "seconds":
+            table[column] = table[column] * 1e3
+    names = {c: HEADERS.get(c, c) for c in table.columns}
+    names |= {c: f"threshold error at {c[5:]}" for c in table.columns if str(c).startswith("qerr@")}
+    return table.rename(columns=names)
+
+
 #: The report's sections, in page order.
-SECTIONS = tuple(TITLES)
+SECTIONS: tuple[SectionSpec, ...] = (
+    SectionSpec("overview", "Capture", _overview),
+    SectionSpec("fit", "Distribution fits and threshold estimators", _fit),
+    SectionSpec("similarity", "Top-k similarity across learners", _similarity),
+    SectionSpec("buildup", "Gradient build-up", _buildup),
+    SectionSpec("overlap", "Temporal overlap", _overlap),
+    SectionSpec("replay", "Compressor replay", _replay),
+    SectionSpec("recommend", "Recommendation", _recommend),
+)
 
 
-def _guarded(key: str, builder: Callable[..., Section], *args) -> Section:
-    """The section, or one that says why it could not be made."""
-    try:
-        return builder(*args)
-    except GradstatError as exc:
-        return Section(key, TITLES[key], error=str(exc))
+def equivalent_command(ctx: ReportContext) -> str:
+    """The ``gradstat recommend`` call that gives the report's recommendation."""
+    s = ctx.settings
+    return (
+        f"gradstat recommend {ctx.cap.path} --error-budget {s.error_budget:g} "
+        f"--compressors {s.compressors} --ratios {defaults.ratios_text(s.ratios)} "
+        f"--cluster-size {ctx.cost_learners} --bandwidth {s.link.bandwidth * 8 / 1e9:g}Gbit/s "
+        f"--latency {s.link.latency * 1e6:g}us"
+    )
+
+
+def assumptions(ctx: ReportContext) -> pd.DataFrame:
+    """What the numbers assume and where they come from (the report's provenance)."""
+    cap, s = ctx.cap, ctx.settings
+    link = f"{s.link.bandwidth * 8 / 1e9:g} Gbit/s, latency {s.link.latency * 1e6:g} us"
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads"
+    facts = {
+        "link": f"{link} (alpha-beta model of a ring all-reduce / all-gather)",
+        "cluster size": f"{ctx.cost_learners} learners for the cost model; errors and "
+        f"build-up measured with the capture's {cap.learners_text()}",
+        "target hardware": f"communication: the link above; compression timed on the "
+        f"machine that made this report ({machine})",
+        "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
+        f"error budget {s.error_budget:g}; fits on {s.fit_steps} evenly spaced steps",
+        "same recommendation as": equivalent_command(ctx),
+        "capture": f"{cap.path} (created {cap.meta.get('created', 'unknown')})",
+        "made with": f"gradstat {__version__}, torch {torch.__version__}, on "
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}",
+    }
+    return pd.DataFrame(list(facts.items()), columns=["", "value"])
 
 
 def build_report(
@@ -338,22 +446,29 @@ def build_report(
 ) -> str:
     """The report page for ``cap`` as an HTML string.
 
-    ``progress(section)`` returns the step-progress wrapper to use for that section.
+    ``progress(section)`` returns the progress wrapper of that section's work units.
     """
-    settings = settings or ReportSettings()
-    wrap = progress or (lambda key: no_progress)
-    sections = [
-        _guarded(key, builder, cap, settings, wrap(key)) for key, builder in BUILDERS.items()
-    ]
-    try:
-        shared = _replay_run(cap, settings, wrap("replay"))
-    except GradstatError as exc:
-        sections += [Section(key, TITLES[key], error=str(exc)) for key in ("replay", "recommend")]
-    else:
-        sections.append(_guarded("replay", _replay, cap, settings, shared))
-        sections.append(_guarded("recommend", _recommend, cap, settings, shared))
+    ctx = ReportContext(cap, settings or ReportSettings(), progress or (lambda key: no_progress))
+    sections, verdicts = [], []
+    for spec in SECTIONS:
+        try:
+            part = spec.build(ctx)
+        except GradstatError as exc:
+            sections.append(Section(spec.key, spec.title, error=str(exc)))
+            verdicts.append((spec.title, [f"not available: {exc}"]))
+            continue
+        sections.append(Section(spec.key, spec.title, part.reading, part.figures, part.tables))
+        if part.verdict:
+            verdicts.append((spec.title, part.verdict))
     subtitle = (
         f"{cap.path} · {cap.learners_text()} · {len(cap.steps)} recorded steps · "
-        f"status {cap.status} · made {time.strftime('%Y-%m-%d %H:%M')}"
+        f"status {cap.status} · gradstat {__version__}"
     )
-    return render(f"gradstat report: {cap.path.name}", subtitle, sections, dpi=settings.dpi)
+    return render(
+        f"gradstat report: {cap.path.name}",
+        subtitle,
+        sections,
+        summary=verdicts,
+        provenance=assumptions(ctx),
+        dpi=ctx.settings.dpi,
+    )

@@ -1,7 +1,10 @@
-"""A self-contained HTML page: sections with a reading, embedded figures and tables.
+"""A self-contained HTML page: the summary box, the assumptions, then sections with a
+reading, embedded figures and tables.
 
 No network is needed to view it: figures are PNGs embedded as ``data:`` URIs and the
-style sheet is inline.
+style sheet is inline. It reads on a phone: a viewport meta tag, figures that stack
+full width below 700 px, tables that scroll sideways instead of being cut, and numbers
+that never break across lines.
 """
 
 from __future__ import annotations
@@ -20,15 +23,33 @@ from gradstat.formatting import format_cell
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
        color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; }
+h1 { font-size: 1.6em; overflow-wrap: anywhere; }
 h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+.subtitle { color: #555; overflow-wrap: anywhere; }
+.summary { border: 2px solid #4a7ab5; border-radius: 6px; padding: .4em 1.2em;
+           background: #f5f8fc; }
+.summary h2 { border: 0; margin-top: .4em; }
+.summary dt { font-weight: bold; margin-top: .5em; }
+.summary dd { margin-left: 0; }
 p.reading { background: #f5f7fa; border-left: 4px solid #4a7ab5; padding: .6em 1em; }
 p.error { background: #fdf0f0; border-left: 4px solid #b54a4a; padding: .6em 1em; }
-img { max-width: 100%; display: block; margin: 1em 0; }
-table { border-collapse: collapse; font-size: .85em; margin: 1em 0; }
+.figures { display: flex; flex-wrap: wrap; gap: 1em; }
+.figures img { flex: 0 1 auto; min-width: 0; max-width: 100%; height: auto; margin: .5em 0; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
-th { background: #eef; } td:first-child, th:first-child { text-align: left; }
-nav a { margin-right: 1em; }
+td { white-space: nowrap; font-variant-numeric: tabular-nums; }
+th { background: #eef; vertical-align: bottom; }
+td:first-child, th:first-child { text-align: left; }
+table.facts td { white-space: normal; text-align: left; overflow-wrap: break-word; }
+table.facts td:first-child { white-space: nowrap; font-weight: bold; }
+nav { display: flex; flex-wrap: wrap; gap: .2em 1em; margin: 1em 0; }
+nav a { white-space: nowrap; }
+@media (max-width: 700px) {
+  body { margin: 1em auto; padding: 0 .6em; } h1 { font-size: 1.3em; }
+  table.facts td { display: block; border: 0; padding: .1em .3em; }
+  table.facts tr { display: block; border-bottom: 1px solid #ddd; padding: .3em 0; }
+}
 """
 
 
@@ -52,7 +73,8 @@ def figure_png(fig: Figure, dpi: int = 110) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def table_html(df: pd.DataFrame, max_rows: int = 40) -> str:
+def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str:
+    """A table in a sideways-scrolling box; cells formatted as in the terminal."""
     shown = df.head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     rows = "".join(
@@ -60,30 +82,72 @@ def table_html(df: pd.DataFrame, max_rows: int = 40) -> str:
         for row in shown.itertuples(index=False)
     )
     more = f"<p>… {len(df) - max_rows} more rows</p>" if len(df) > max_rows else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{more}"
+    attr = f' class="{css_class}"' if css_class else ""
+    return (
+        f'<div class="scroll"><table{attr}><thead><tr>{head}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></div>{more}"
+    )
 
 
-def render(title: str, subtitle: str, sections: list[Section], dpi: int = 110) -> str:
-    """The whole page."""
+def _facts(df: pd.DataFrame) -> str:
+    """A two-column label/value table without a header row."""
+    rows = "".join(
+        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+        for k, v in df.itertuples(index=False)
+    )
+    return f'<div class="scroll"><table class="facts"><tbody>{rows}</tbody></table></div>'
+
+
+def _summary(summary: list[tuple[str, list[str]]], provenance: pd.DataFrame | None) -> str:
+    items = "".join(
+        f"<dt>{html.escape(title)}</dt><dd>{html.escape(' '.join(lines))}</dd>"
+        for title, lines in summary
+    )
+    parts = ['<section id="summary" class="summary"><h2>Summary</h2>', f"<dl>{items}</dl>"]
+    if provenance is not None:
+        parts.append(f"<h3>Assumptions and provenance</h3>{_facts(provenance)}")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def render(
+    title: str,
+    subtitle: str,
+    sections: list[Section],
+    *,
+    summary: list[tuple[str, list[str]]] | None = None,
+    provenance: pd.DataFrame | None = None,
+    dpi: int = 110,
+) -> str:
+    """The whole page: title, the summary box with the assumptions, then the sections."""
     nav = "".join(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in sections)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1><p>{html.escape(subtitle)}</p><nav>{nav}</nav>",
+        f'<h1>{html.escape(title)}</h1><p class="subtitle">{html.escape(subtitle)}</p>',
     ]
+    if summary is not None:
+        parts.append(_summary(summary, provenance))
+    parts.append(f"<nav>{nav}</nav>")
     for section in sections:
         parts.append(f'<section id="{section.key}"><h2>{html.escape(section.title)}</h2>')
         if section.error is not None:
             parts.append(f'<p class="error">Not available: {html.escape(section.error)}</p>')
         else:
             parts.append(f'<p class="reading">{html.escape(section.reading)}</p>')
-            for fig in section.figures:
-                parts.append(
+            if section.figures:
+                images = "".join(
                     f'<img alt="{html.escape(section.title)}" src="{figure_png(fig, dpi)}">'
+                    for fig in section.figures
                 )
+                parts.append(f'<div class="figures">{images}</div>')
             for caption, df in section.tables:
-                parts.append(f"<h3>{html.escape(caption)}</h3>{table_html(df)}")
+                if list(df.columns) == ["", "value"]:
+                    parts.append(f"<h3>{html.escape(caption)}</h3>{_facts(df)}")
+                else:
+                    parts.append(f"<h3>{html.escape(caption)}</h3>{table_html(df)}")
         parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts)

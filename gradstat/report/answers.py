@@ -1,0 +1,106 @@
+"""The answer of each analysis in a sentence or two, from its summary table.
+
+Shared by the terminal (the ``answer`` panel under each command's summary) and the
+report's summary box, so both say the same thing about the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+#: Estimators that hit k by construction (a sort), left out of "closest to k".
+EXACT = {"topk"}
+
+
+def _ratio_text(ratio: float) -> str:
+    return f"{ratio:g}"
+
+
+def best_fit(ranking: pd.DataFrame) -> str:
+    """``gpd fits |g| best (median KS 0.042; next lognormal, 0.053).``"""
+    if ranking.empty:
+        return "No distribution could be fitted."
+    best = ranking.iloc[0]
+    text = f"{best['dist']} fits |g| best (median KS {best['ks']:.3g}"
+    if len(ranking) > 1:
+        runner = ranking.iloc[1]
+        text += f"; next {runner['dist']}, {runner['ks']:.3g}"
+    return text + ")."
+
+
+def closest_estimators(quality: pd.DataFrame) -> list[str]:
+    """Per ratio, the estimator whose median q = selected / k is closest to 1 (on a log
+    scale, so q = 2 and q = 0.5 are equally far), with its range over records."""
+    rows = quality[~quality["estimator"].isin(EXACT) & ~quality["estimator"].str.startswith("fit:")]
+    lines = []
+    for ratio, group in rows.groupby("ratio", sort=False):
+        distance = np.abs(np.log(group["q median"].clip(lower=1e-12)))
+        best = group.loc[distance.idxmin()]
+        stages = "" if best["stages"] in ("1", 1) else f", {best['stages']} stages"
+        lines.append(
+            f"At ratio {_ratio_text(ratio)}, {best['estimator']}{stages} comes closest to k "
+            f"(exact top-k aside): median q {best['q median']:.3g} "
+            f"(range {best['q min']:.3g} to {best['q max']:.3g})."
+        )
+    return lines
+
+
+def similarity_answer(summary: pd.DataFrame) -> list[str]:
+    """How much two learners' top-k sets share, against random sets."""
+    lines = []
+    for row in summary.to_dict(orient="records"):
+        lines.append(
+            f"At ratio {_ratio_text(row['ratio'])}, two learners' top-k sets share "
+            f"{row['mean_overlap']:.0%} of their indices ({row['overlap_vs_random']:.0f}x "
+            f"random sets) and a learner's set holds {row['mean_overlap_global']:.0%} of the "
+            "mean gradient's top-k."
+        )
+    return lines
+
+
+def buildup_answer(summary: pd.DataFrame) -> list[str]:
+    """The union of all learners' top-k against k, against random, against dense."""
+    n = int(summary["m"].max())
+    full = summary[summary["m"] == n]
+    return [
+        f"At ratio {_ratio_text(row['ratio'])}, the union of {n} learners' top-k sets is "
+        f"{row['buildup']:.2f}x k (random sets: {row['random_buildup']:.2f}x); an all-gather "
+        f"moves {row['allgather_vs_allreduce']:.2g} of a dense all-reduce's bytes."
+        for row in full.to_dict(orient="records")
+    ]
+
+
+def overlap_answer(summary: pd.DataFrame) -> list[str]:
+    """How much of its top-k a learner and the mean gradient keep from step to step."""
+    lines = []
+    for (_, ratio), group in summary.groupby(["scope", "ratio"], sort=False):
+        learners = group[group["learner"].astype(str) != "mean"]
+        mean = group[group["learner"].astype(str) == "mean"]
+        text = (
+            f"At ratio {_ratio_text(ratio)}, a learner keeps {learners['mean_overlap'].mean():.0%}"
+            " of its top-k indices from one recorded step to the next"
+        )
+        if len(mean):
+            text += f", the mean gradient {mean['mean_overlap'].iloc[0]:.0%}"
+        lines.append(text + f" (random sets: {group['random_overlap'].iloc[0]:.2%}).")
+    return lines
+
+
+def _label(row: dict) -> str:
+    ratio = row.get("ratio")
+    fixed = ratio is None or (isinstance(ratio, float) and math.isnan(ratio))
+    return row["compressor"] if fixed else f"{row['compressor']} at {ratio:g}"
+
+
+def replay_answer(summary: pd.DataFrame) -> list[str]:
+    """The most accurate and the fastest compressor of a replay."""
+    best = summary.sort_values("rel_error").iloc[0].to_dict()
+    fastest = summary.sort_values("seconds").iloc[0].to_dict()
+    return [
+        f"Smallest mean relative error: {_label(best)} ({best['rel_error']:.3g}).",
+        f"Fastest predicted step: {_label(fastest)} ({fastest['seconds'] * 1e3:.3g} ms: "
+        f"communication + compression).",
+    ]

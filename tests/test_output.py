@@ -1,0 +1,132 @@
+"""The output object and its rendering: summary by default, --detail, --json, progress."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gradstat.cli import output
+from gradstat.cli.output import Output, Result, View, progress_line, show
+from gradstat.cli.similarity import buildup_result, overlap_result
+from gradstat.formatting import format_cell
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (float("nan"), "-"),
+        (None, "-"),
+        (pd.NA, "-"),
+        (True, "yes"),
+        (np.bool_(False), "no"),
+        (0.000123456, "1.235e-04"),
+        (23000.4, "23000"),
+        (2.5e7, "2.500e+07"),
+        (0.5, "0.5"),
+        (float("inf"), "inf"),
+        (3, "3"),
+    ],
+)
+def test_cells_read_as_people_write_them(value, text):
+    assert format_cell(value) == text
+
+
+def _result() -> Result:
+    rows = pd.DataFrame({"step": [0, 1], "value": [0.5, math.nan]})
+    return Result(
+        rows,
+        summary=[View("the summary", rows.tail(1), {"value": "value (ms)"}, "a note")],
+        answer=["The answer is 42."],
+        detail=[View("every row", rows)],
+    )
+
+
+def test_default_is_summary_and_answer_detail_on_request(capsys):
+    show(_result(), Output())
+    out = capsys.readouterr().out
+    assert "the summary" in out and "value (ms)" in out and "The answer is 42." in out
+    assert "every row" not in out and "--detail" in out
+    assert "nan" not in out
+    show(_result(), Output(detail=True))
+    out = capsys.readouterr().out
+    assert out.index("every row") < out.index("the summary")
+
+
+def test_json_is_one_document_and_nothing_else(capsys):
+    show(_result(), Output(as_json=True))
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["records"][1] == {"step": 1, "value": None}
+    assert doc["summary"] == [{"step": 1, "value": None}]
+
+
+def test_progress_line_has_total_and_time_left():
+    assert progress_line("fit", 10, 40, 30.0) == "fit: 10/40 (25%), 0:30 elapsed, about 1:30 left"
+    assert progress_line("fit", 3, None, 3725.0) == "fit: 3 done, 1:02:05 elapsed"
+
+
+def test_plain_progress_lines_when_stderr_is_not_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(output, "PLAIN_PROGRESS_EVERY", 0.0)
+    assert list(output.progress(range(3), "replay")) == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert "replay: 1/3 (33%)" in err and "replay: 3/3 (100%)" in err
+
+
+def _buildup_records(n: int) -> pd.DataFrame:
+    rows = []
+    for m in range(1, n + 1):
+        rows.append(
+            {
+                "step": 0,
+                "scope": "model",
+                "ratio": 0.01,
+                "k": 10,
+                "d": 1000,
+                "m": m,
+                "union": 10 * m**0.5,
+                "buildup": m**0.5,
+                "random_union": 10 * m,
+                "random_buildup": float(m),
+                "density": 0.01 * m**0.5,
+                "allgather_vs_allreduce": 0.01 * m,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def test_long_buildup_tables_show_doubling_m_by_default():
+    result = buildup_result(_buildup_records(12), "raw")
+    assert list(result.summary[0].rows["m"]) == [1, 2, 4, 8, 12]
+    assert len(result.detail[0].rows) == 12
+    assert buildup_result(_buildup_records(4), "raw").detail == []
+
+
+def test_many_learners_overlap_is_two_rows_by_default():
+    learners = [*range(10), "mean"]
+    records = pd.DataFrame(
+        [
+            {
+                "step": s,
+                "next_step": s + 1,
+                "gap": 1,
+                "scope": "model",
+                "ratio": 0.01,
+                "k": 5,
+                "d": 500,
+                "learner": learner,
+                "overlap": 0.5 + 0.01 * s,
+                "jaccard": 0.3,
+                "random_overlap": 0.01,
+            }
+            for s in range(3)
+            for learner in learners
+        ]
+    )
+    result = overlap_result(records, 1, "raw")
+    shown = result.summary[0].rows
+    assert list(shown["learner"].astype(str)) == ["learners", "mean"]
+    assert shown["mean_overlap"].tolist() == pytest.approx([0.51, 0.51])
+    assert len(result.detail[0].rows) == len(learners)
