@@ -59,7 +59,12 @@ def _unmeasured(document):
 def _single(capsys, argv: list[str]) -> tuple[dict, str]:
     result = run_cli(capsys, *argv)
     assert result.code == 0, result.stderr
-    return _unmeasured(json.loads(result.stdout)), result.stderr
+    return _unmeasured(json.loads(result.stdout)), _messages(result.stderr)
+
+
+def _messages(stderr: str) -> list[str]:
+    """Warning and error lines (progress lines on a slow run come and go with timing)."""
+    return [line for line in stderr.splitlines() if line.startswith(("Warning:", "Error:"))]
 
 
 def test_every_command_prints_the_same_under_torchrun(capsys, capture, tmp_path):
@@ -71,7 +76,7 @@ def test_every_command_prints_the_same_under_torchrun(capsys, capture, tmp_path)
         expected, expected_err = _single(capsys, argv)
         assert got["code"] == 0, got["stderr"]
         assert _unmeasured(json.loads(got["stdout"])) == expected, argv[0]
-        assert got["stderr"] == expected_err, argv[0]
+        assert _messages(got["stderr"]) == expected_err, argv[0]
 
 
 def _gradstat_torchrun(argv: list[str]) -> subprocess.CompletedProcess:
@@ -104,7 +109,7 @@ def test_torchrun_m_gradstat_prints_one_document_on_rank_0(capsys, capture, comm
     assert job.returncode == 0, job.stderr[-3000:]
     expected, expected_err = _single(capsys, argv)
     assert _unmeasured(json.loads(job.stdout)) == expected
-    assert expected_err.count("Warning:") == 1  # the gap 0 -> 2, once
+    assert len(expected_err) == 1 and "gap" in expected_err[0]  # the gap 0 -> 2, once
     assert job.stderr.count("Warning:") == 1 and "gap" in job.stderr
 
 
