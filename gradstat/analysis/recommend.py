@@ -234,8 +234,9 @@ def check_options(error_budget: float, baseline: str, cost_learners: int | None)
 class RecommendParams:
     """What to choose among and how to judge: the ``error_budget`` (largest acceptable
     mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
-    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``, and
-    the ``target`` hardware compression is timed on (default ``cpu-here``)."""
+    ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``, the
+    ``target`` hardware compression is timed on (default ``cpu-here``) and the torch
+    ``threads`` the replay measures compression with."""
 
     error_budget: float
     link: Link
@@ -244,7 +245,8 @@ class RecommendParams:
     compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
     ratios: str | Sequence[float] = DEFAULT_RATIOS
     seed: int = 0
-    target: Target | None = None  # last: callers pass the others by position
+    target: Target | None = None
+    threads: int = 1
 
     def __post_init__(self) -> None:
         check_options(self.error_budget, self.baseline, self.cost_learners)
@@ -258,6 +260,7 @@ class RecommendParams:
             cost_learners=self.cost_learners,
             seed=self.seed,
             skip_unfit=True,
+            threads=self.threads,
         )
 
 

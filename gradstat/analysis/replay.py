@@ -11,14 +11,14 @@ and cosine similarity against the true mean gradient (for DGC the dense momentum
 the mean memory norm and the compression time per learner.
 
 Replay is open-loop: it follows the recorded (uncompressed) trajectory, so it measures
-error and traffic, not accuracy. Memory is bounded by one step of all selected learners
-plus each compressor's memory (one row per learner).
+error and traffic, not accuracy. It streams (:mod:`~gradstat.analysis.replay_stream`):
+beyond each compressor's error-feedback memories (one row per learner, in RAM or a
+scratch file) and its aggregate, a few rows of one learner are alive at a time.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +28,8 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
+from gradstat.analysis.replay_stream import SchemeStep, memory_bytes_needed, replay_streamed
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
 from gradstat.analysis.units import Work
 from gradstat.compressors.base import Exchange
@@ -41,7 +41,8 @@ from gradstat.compressors.registry import (
     parse_compressors,
 )
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.parallel import run_units
+from gradstat.parallel import planned_workers, run_units
+from gradstat.parallel.threads import torch_threads
 from gradstat.store import Capture, Layer, Scope
 
 #: Columns of the per-step records, in order.
@@ -105,14 +106,24 @@ def check_gaps(recorded: Sequence[int], chosen: Sequence[int]) -> None:
         )
 
 
+#: Values per float64 chunk of the error sums: cache-sized, so no full-length float64 copy.
+_CHUNK = 1 << 16
+
+
 def _error_and_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    estimate, reference = estimate.double(), reference.double()
-    ref_sq = float(reference.square().sum())
-    est_norm = float(torch.linalg.vector_norm(estimate))
-    err = float((estimate - reference).square().sum())
+    """``||e - r||^2 / ||r||^2`` and ``cos(e, r)``, summed in float64 chunk by chunk."""
+    ref_sq = est_sq = err = dot = 0.0
+    for start in range(0, estimate.numel(), _CHUNK):
+        e = estimate[start : start + _CHUNK].double()
+        r = reference[start : start + _CHUNK].double()
+        diff = e - r
+        ref_sq += float(r @ r)
+        est_sq += float(e @ e)
+        dot += float(e @ r)
+        err += float(diff @ diff)
     rel = err / ref_sq if ref_sq > 0 else math.nan
-    denominator = est_norm * math.sqrt(ref_sq)
-    cos = float(estimate @ reference) / denominator if denominator > 0 else math.nan
+    denominator = math.sqrt(est_sq) * math.sqrt(ref_sq)
+    cos = dot / denominator if denominator > 0 else math.nan
     return rel, cos
 
 
@@ -130,8 +141,9 @@ def _multiplicity(exchange: Exchange, collective: str) -> list[int] | None:
 class ReplayParams:
     """The replay's parameters: ``compressors`` (``"topk,dgc"`` or specs), ``ratios``,
     the ``link`` of the cost model, ``cost_learners`` (cluster size for the cost model;
-    None: the replayed learners), ``seed``, and ``skip_unfit`` (skip, with one warning,
-    a compressor or ratio that cannot run on a scope instead of failing)."""
+    None: the replayed learners), ``seed``, ``skip_unfit`` (skip, with one warning,
+    a compressor or ratio that cannot run on a scope instead of failing) and ``threads``,
+    the torch threads compression runs and is timed on (``compress_seconds``)."""
 
     compressors: tuple[CompressorSpec, ...]
     ratios: tuple[float, ...]
@@ -139,8 +151,11 @@ class ReplayParams:
     cost_learners: int | None = None
     seed: int = 0
     skip_unfit: bool = False
+    threads: int = 1
 
     def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise UsageError(f"threads={self.threads}: use at least 1")
         specs = self.compressors
         specs = parse_compressors(specs) if isinstance(specs, str) else tuple(specs)
         object.__setattr__(self, "compressors", tuple(specs))
@@ -159,8 +174,7 @@ class Replay:
     or ratio that cannot run on a scope (a ratio keeping less than one element, PowerSGD
     without a matrix) fails, unless ``skip_unfit`` is set or there are several scopes
     (``layers``): then it is skipped with one warning. Units: groups of schemes (indices
-    into ``schemes``), each replayed over every step; here one group of all of them, so
-    each step is read once.
+    into ``schemes``), each replayed over every step (:meth:`run`).
     """
 
     def __init__(
@@ -218,35 +232,43 @@ class Replay:
             )
 
     def run(self, progress: Progress = no_progress) -> pd.DataFrame:
-        """Every scheme over every step; one record per step and scheme, in that order."""
+        """Every scheme over every step; one record per step and scheme, in that order.
+
+        Units: as many groups of schemes as processes will run them (``--jobs`` x
+        torchrun ranks; schemes dealt round-robin), each group replayed over every step,
+        so one process reads each step once."""
         check_gaps([int(s) for s in self.capture.steps], self.steps)
         work = Work(replay_unit, str(self.capture.path), self.selection, self.params)
-        units = [tuple(range(len(self.schemes)))]
+        workers = planned_workers(self.capture, self.selection, self.compute.jobs)
+        groups = min(len(self.schemes), workers)
+        units = [tuple(range(g, len(self.schemes), groups)) for g in range(groups)]
         records = run_units(self.capture, work, units, self.compute, progress)
-        records.sort(key=lambda record: (record["step"], record.pop("scheme")))
+        position = {step: i for i, step in enumerate(self.steps)}
+        records.sort(key=lambda record: (position[record["step"]], record.pop("scheme")))
         return pd.DataFrame.from_records(records, columns=list(COLUMNS))
 
     def replay_schemes(self, indices: Sequence[int]) -> list[dict]:
-        """Records of the schemes ``indices`` over every step (key ``scheme``: the index)."""
+        """Records of the schemes ``indices`` over every step (key ``scheme``: the index),
+        streamed one learner's row at a time; the error-feedback memories in RAM, or in a
+        scratch file when they exceed the memory budget (``replay_stream``)."""
         n = len(self.learners)
-        chosen = [(i, *self.schemes[i]) for i in indices]
-        device = self.compute.torch_device()
+        chosen = [self.schemes[i] for i in indices]
+        needed = memory_bytes_needed([s for _, s in chosen], n, [sc.numel for sc, _ in chosen])
+        scratch = needed > self.compute.memory_bytes()
         records = []
-        for step, grads in self.capture.iter_steps(self.steps, self.learners):
-            grads = grads.to(device)
-            require_finite(step, grads, self.learners, "replay")
-            for i, sc, scheme in chosen:
-                record = self._step(step, sc.name, sc.take(grads), scheme, n)
-                records.append({**record, "scheme": i})
+        with torch_threads(self.params.threads):
+            for step, results in replay_streamed(
+                self.capture, self.steps, self.learners, chosen, scratch=scratch
+            ):
+                for i, (sc, scheme), result in zip(indices, chosen, results, strict=True):
+                    record = self._record(step, sc.name, scheme, result, n)
+                    records.append({**record, "scheme": i})
         return records
 
-    def _step(self, step: int, scope: str, grads: torch.Tensor, scheme: Scheme, n: int) -> dict:
-        d = grads.shape[1]
-        reference = scheme.reference(grads.mean(dim=0))
-        start = time.perf_counter()
-        exchange = scheme.step(grads)
-        compress_seconds = (time.perf_counter() - start) / n
-        rel_error, cosine = _error_and_cosine(exchange.estimate, reference)
+    def _record(self, step: int, scope: str, scheme: Scheme, result: SchemeStep, n: int) -> dict:
+        exchange = result.outcome
+        d = exchange.estimate.numel()
+        rel_error, cosine = _error_and_cosine(exchange.estimate, result.reference)
         k = scheme.compressor.k
         mean_selected = sum(exchange.selected) / n
         sent_bytes = exchange.bytes_per_learner
@@ -269,12 +291,12 @@ class Replay:
             "bytes_per_learner": sent_bytes,
             "gathered_bytes": exchange.gathered_bytes if exchange.gathered_bytes else math.nan,
             # a threshold can select nothing (Gaussian-k's 2 adjustments at tiny k)
-            "compression": d * grads.element_size() / sent_bytes if sent_bytes else math.inf,
+            "compression": d * 4 / sent_bytes if sent_bytes else math.inf,
             "comm_seconds": comm,
-            "compress_seconds": compress_seconds,
+            "compress_seconds": result.compress_seconds,
             "rel_error": rel_error,
             "cosine": cosine,
-            "memory_norm": scheme.memory.norm(),
+            "memory_norm": exchange.memory_norm,
             "threshold": exchange.info.get("threshold", math.nan),
             "stages": exchange.info.get("stages", math.nan),
             "multiplicity": _multiplicity(exchange, scheme.compressor.collective),

@@ -425,10 +425,11 @@ def replay_streamed(
             def read_row(i: int, step: int = step) -> torch.Tensor:
                 nonlocal reading
                 start = time.perf_counter()
-                g = cap.read_step(step, [learners[i]])
-                require_finite(step, g, [learners[i]], "replay")
+                g = torch.from_numpy(cap.read_row(step, learners[i]))
+                if not math.isfinite(float(g.sum())):  # one cheap pass; then find the culprit
+                    require_finite(step, g[None], [learners[i]], "replay")
                 reading += time.perf_counter() - start
-                return g[0]
+                return g
 
             for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
                 start, before = time.perf_counter(), reading

@@ -1,13 +1,14 @@
 """Every analysis as independent units of work, run in unit order.
 
 An analysis plans its work as a :class:`Work` (a module-level unit function and the
-small, picklable context it needs: the capture's path, the :class:`Selection` and the
+small, JSON-able context it needs: the capture's path, the :class:`Selection` and the
 parsed parameters) and a list of units (a step, a pair of steps, a group of compressor
 configurations; each analysis says which). ``work.function(cap, selection, params,
 compute, unit)`` returns the unit's records (``list[dict]``); :func:`run_units` returns
 every unit's records in unit order, so the analysis builds the same table however the
-units were run. Units never share state, so a runner may hand them to worker processes
-or to other ranks that open the capture from ``work.capture`` themselves.
+units were run. Units never share state, so the runner (:func:`gradstat.parallel.run_units`)
+hands them to ``--jobs`` worker processes or to torchrun ranks, which open the capture
+from ``work.capture`` themselves and receive the context as typed JSON.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from gradstat.cli.options import (
     Detail,
     Device,
     Dpi,
+    Jobs,
     Json,
     Learners,
     Memory,
@@ -107,6 +108,7 @@ def fit_command(
     dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Which distribution |g| follows, and how close threshold estimators get to k.
 
@@ -121,7 +123,7 @@ def fit_command(
             scope=scope,
             steps=steps,
             learners=learners,
-            compute=compute_options(device, memory),
+            compute=compute_options(device, memory, jobs),
             dists=dist,
             method=method,
             ratios=ratios,

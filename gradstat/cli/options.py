@@ -158,10 +158,26 @@ Memory = Annotated[
 ]
 
 
-def compute_options(device: str = "auto", memory: str | None = None) -> Compute:
-    """The ``Compute`` of the ``--device`` and ``--memory`` options, checked before any
-    work starts (``--device cuda`` without a GPU is a usage error)."""
-    compute = Compute(device=device, memory=None if memory is None else parse_bytes(memory))
+Jobs = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        metavar="N",
+        min=1,
+        help="Worker processes (default: the CPUs this process may use; one below 1 GiB "
+        "of selected gradients); see docs/large.md.",
+        show_default=False,
+    ),
+]
+
+
+def compute_options(
+    device: str = "auto", memory: str | None = None, jobs: int | None = None
+) -> Compute:
+    """The ``Compute`` of the ``--device``, ``--memory`` and ``--jobs`` options, checked
+    before any work starts (``--device cuda`` without a GPU is a usage error)."""
+    bytes_ = None if memory is None else parse_bytes(memory)
+    compute = Compute(device=device, jobs=jobs, memory=bytes_)
     compute.torch_device()
     return compute
 

@@ -45,6 +45,7 @@ from gradstat.cli.options import (
     Device,
     Dpi,
     ErrorBudget,
+    Jobs,
     Json,
     Latency,
     Learners,
@@ -166,6 +167,7 @@ def replay_command(
     dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """What each compressor costs and loses, replayed with error feedback.
 
@@ -175,8 +177,8 @@ def replay_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    params = ReplayParams(specs, ratios, link, seed=seed)
-    compute = compute_options(device, memory)
+    params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
+    compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
         run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
@@ -273,6 +275,7 @@ def recommend_command(
     csv: Csv = None,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """The fastest compressor and rate within an error budget, and its settings.
 
@@ -286,9 +289,17 @@ def recommend_command(
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     params = RecommendParams(
-        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile
+        error_budget,
+        link,
+        cluster_size,
+        baseline.value,
+        specs,
+        ratios,
+        seed,
+        target=profile,
+        threads=threads,
     )
-    compute = compute_options(device, memory)
+    compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, _torch_threads(threads):
         note_sample(cap)
         result = recommend(

@@ -21,6 +21,7 @@ from gradstat.cli.options import (
     Device,
     Dpi,
     ErrorBudget,
+    Jobs,
     Latency,
     Memory,
     Ratios,
@@ -58,6 +59,7 @@ def report_command(
     dpi: Dpi = REPORT_DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
 
@@ -80,7 +82,7 @@ def report_command(
         Link(bandwidth, latency),
         cluster_size,
         dpi=dpi,
-        compute=compute_options(device, memory),
+        compute=compute_options(device, memory, jobs),
     )
     with open_capture(capture) as cap:
         note_sample(cap)

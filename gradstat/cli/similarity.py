@@ -26,6 +26,7 @@ from gradstat.cli.options import (
     Detail,
     Device,
     Dpi,
+    Jobs,
     Json,
     Learners,
     Memory,
@@ -86,6 +87,7 @@ def similarity_command(
     dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """How similar the learners' top-k sets are, to each other and to the mean's.
 
@@ -95,7 +97,7 @@ def similarity_command(
     with open_capture(capture) as cap:
         note_sample(cap)
         selection = _selection(cap, steps, learners, scope, 2, "similarity")
-        compute = compute_options(device, memory)
+        compute = compute_options(device, memory, jobs)
         results = _per_ratio(
             lambda ratio, bar: similarity(
                 cap, selection, SimilarityParams(ratio, on.value), compute=compute, progress=bar
@@ -186,6 +188,7 @@ def buildup_command(
     dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """How large the union of the learners' top-k sets grows (gradient build-up).
 
@@ -198,7 +201,7 @@ def buildup_command(
             cap,
             _selection(cap, steps, learners, scope, 2, "build-up"),
             BuildupParams(ratios, on.value),
-            compute=compute_options(device, memory),
+            compute=compute_options(device, memory, jobs),
             progress=lambda units: progress(units, "build-up"),
         )
     result = buildup_result(records, on.value)
@@ -256,6 +259,7 @@ def overlap_command(
     dpi: Dpi = DPI,
     device: Device = "auto",
     memory: Memory = None,
+    jobs: Jobs = None,
 ) -> None:
     """How stable top-k sets are from one recorded step to the next.
 
@@ -265,7 +269,7 @@ def overlap_command(
     with open_capture(capture) as cap:
         note_sample(cap)
         selection = _selection(cap, steps, learners, scope, 1, "overlap")
-        compute = compute_options(device, memory)
+        compute = compute_options(device, memory, jobs)
         records = pd.concat(
             _per_ratio(
                 lambda ratio, bar: temporal_overlap(

@@ -5,8 +5,8 @@ command in every rank. :func:`run_command` (called by the CLI entry point) joins
 process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``); rank 0 runs the command as one process would, the other ranks never
 parse it: they follow. Each time the command reaches :func:`gradstat.parallel.run_units`,
-rank 0 broadcasts the request (work, context, units) and every rank computes the units
-``i`` with ``i mod world_size == rank``, reading its own steps from the shared capture;
+rank 0 broadcasts the request (work, context, units) and every rank computes its
+contiguous run of the units (:func:`share`), reading its own steps from the shared capture;
 the outcomes are gathered on rank 0 in unit order. When the command ends (success or
 error) rank 0 broadcasts a stop. So only rank 0 prints (tables, progress, warnings,
 errors) and writes files, and its output is exactly the single-process output.
@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gradstat.parallel.codec import decode, encode
+from gradstat.parallel.pool import contiguous
 
 T = TypeVar("T")
 
@@ -60,24 +61,33 @@ def world_size() -> int:
 
 
 def run_command(command: Callable[[], T]) -> T | int:
-    """Run ``command`` on rank 0 and follow on the other ranks (0 as their result);
-    without torchrun just run it."""
-    if not launched_by_torchrun() or active():
+    """Run ``command`` on rank 0 and follow on the other ranks (0 as their result).
+
+    Under torchrun this joins (and at the end leaves) a gloo process group; in a group
+    that is already running (a script that started one) it uses that group; otherwise it
+    just runs ``command``."""
+    if active():
+        return _lead_or_follow(command)
+    if not launched_by_torchrun():
         return command()
     dist.init_process_group("gloo", timeout=TIMEOUT)
     if torch.cuda.is_available():  # --device cuda: each rank of a node on its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     try:
-        if dist.get_rank() != 0:
-            _silence()
-            _follow()
-            return 0
-        try:
-            return command()
-        finally:
-            _broadcast(_STOP)
+        return _lead_or_follow(command)
     finally:
         dist.destroy_process_group()
+
+
+def _lead_or_follow(command: Callable[[], T]) -> T | int:
+    if dist.get_rank() != 0:
+        _silence()
+        _follow()
+        return 0
+    try:
+        return command()
+    finally:
+        _broadcast(_STOP)
 
 
 def _silence() -> None:
@@ -128,8 +138,11 @@ def _broadcast_int(value: int) -> int:
 
 
 def share(count: int) -> list[int]:
-    """The unit indices this rank computes: ``i mod world_size == rank``."""
-    return list(range(rank(), count, world_size()))
+    """The unit indices this rank computes: the ``rank``-th of ``world_size`` contiguous
+    runs (sizes within one), so that neighbouring units (overlap's step pairs) that share
+    a step meet in one rank."""
+    start, stop = contiguous(count, world_size())[rank()]
+    return list(range(start, stop))
 
 
 def exchange(request: dict, compute: Callable[[dict], dict[int, dict]]) -> dict[int, dict]:

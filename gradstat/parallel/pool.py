@@ -2,14 +2,16 @@
 
 Workers are fresh interpreters (no fork of a process that holds open HDF5 files or
 torch's thread pools), each on its own share of the CPUs (:mod:`~gradstat.parallel.threads`).
-Units are handed out as workers become free, two at a time per worker so that none
-waits for its next unit; outcomes come back as JSON lines and are put back in unit order
-by the caller.
+Each worker gets a contiguous run of the units (:func:`contiguous`), so that units
+sharing data (overlap's consecutive step pairs) meet in one process, and holds two at a
+time so that it never waits for its next one; outcomes come back as JSON lines and are
+put back in unit order by the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import selectors
 import subprocess
 import sys
@@ -41,6 +43,7 @@ class _Worker:
             env=worker_environment(threads),
         )
         self.pending = 0
+        self.queue: deque[tuple[int, Any]] = deque()
         self.send(header)
 
     def send(self, line: bytes) -> None:
@@ -75,17 +78,17 @@ def run_pool(
     """Yield ``(index, outcome)`` of every unit (typed JSON) as ``jobs`` workers running
     ``task`` (a task message) finish them, in any order."""
     header = encode({"task": task, "threads": threads})
-    todo = deque(enumerate(units))
     workers: list[_Worker] = []
     selector = selectors.DefaultSelector()
     try:
-        for _ in range(min(jobs, len(units))):
+        for start, stop in contiguous(len(units), min(jobs, len(units))):
             worker = _Worker(header, threads)
             workers.append(worker)
+            worker.queue.extend((i, units[i]) for i in range(start, stop))
             assert worker.process.stdout is not None
             selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
         for worker in workers:
-            _feed(worker, todo)
+            _feed(worker)
         remaining = len(units)
         while remaining:
             for key, _ in selector.select():
@@ -96,7 +99,7 @@ def run_pool(
                 answer = decode(line)
                 worker.pending -= 1
                 remaining -= 1
-                _feed(worker, todo)
+                _feed(worker)
                 index = answer.pop("index")
                 yield index, answer
     finally:
@@ -105,8 +108,14 @@ def run_pool(
             worker.stop()
 
 
-def _feed(worker: _Worker, todo: deque) -> None:
-    while todo and worker.pending < IN_FLIGHT:
-        index, unit = todo.popleft()
+def contiguous(count: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``(start, stop)`` runs of ``range(count)``, sizes within one."""
+    bounds = [count * part // parts for part in range(parts + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def _feed(worker: _Worker) -> None:
+    while worker.queue and worker.pending < IN_FLIGHT:
+        index, unit = worker.queue.popleft()
         worker.send(encode({"index": index, "unit": unit}))
         worker.pending += 1

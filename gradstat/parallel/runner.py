@@ -5,8 +5,9 @@ module decides where the units run:
 
 * one process, ``jobs=1`` (or a single unit): a plain loop in this process;
 * ``jobs=N``: N worker processes on this machine (:mod:`gradstat.parallel.pool`);
-* under torchrun (:mod:`gradstat.parallel.distributed`): rank r computes the units
-  ``i mod world_size == r`` (each rank with its own ``--jobs`` workers), rank 0 gathers.
+* under torchrun (:mod:`gradstat.parallel.distributed`): rank r computes the r-th
+  contiguous run of the units (each rank with its own ``--jobs`` workers), rank 0
+  gathers them.
 
 Whatever the mode, records come back in unit order, pass through the same JSON
 encoding, and warnings and the first error surface as one process would show them, so
@@ -40,8 +41,10 @@ MIN_WORKER_MEMORY = 1 << 20
 
 
 #: Below this many bytes of selected gradients an analysis runs in one process by
-#: default: starting a worker (a fresh interpreter importing torch) costs about 2 s of CPU.
-PARALLEL_MIN_BYTES = 256 << 20
+#: default: starting a worker (a fresh interpreter importing torch) costs about 2 s of
+#: CPU, and on a loaded machine far more wall time (measured: similarity of 128 MiB took
+#: 3.1 s in one process, 52 s with two fresh workers, at a load average of 20 on 2 cores).
+PARALLEL_MIN_BYTES = 1 << 30
 
 
 def requested_jobs(cap: Capture, selection: Any, jobs: int | None) -> int | None:
