@@ -32,7 +32,6 @@ from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay_stream import SchemeStep, memory_bytes_needed, replay_streamed
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
 from gradstat.analysis.units import Work
-from gradstat.compressors.base import Exchange
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
     CompressorSpec,
@@ -125,16 +124,6 @@ def _error_and_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[
     denominator = math.sqrt(est_sq) * math.sqrt(ref_sq)
     cos = dot / denominator if denominator > 0 else math.nan
     return rel, cos
-
-
-def _multiplicity(exchange: Exchange, collective: str) -> list[int] | None:
-    """All-gathered sparse sets: h(c), c = 1..n, how many coordinates exactly c learners
-    sent (for the build-up curve B(m), :func:`gradstat.stats.topk_sets.buildup_curve`)."""
-    if collective != "allgather" or exchange.union is None:
-        return None
-    n = exchange.sent.shape[0]
-    holders = torch.count_nonzero(exchange.sent, dim=0)
-    return torch.bincount(holders, minlength=n + 1)[1:].tolist()
 
 
 @dataclass(frozen=True)
@@ -299,7 +288,7 @@ class Replay:
             "memory_norm": exchange.memory_norm,
             "threshold": exchange.info.get("threshold", math.nan),
             "stages": exchange.info.get("stages", math.nan),
-            "multiplicity": _multiplicity(exchange, scheme.compressor.collective),
+            "multiplicity": exchange.multiplicity,
         }
 
 

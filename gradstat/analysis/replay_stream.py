@@ -60,6 +60,9 @@ class StepOutcome:
     union: int | None = None
     gathered_bytes: float | None = None
     info: dict[str, float] = field(default_factory=dict)
+    #: all-gathered sparse sets: h(c), c = 1..n, how many coordinates exactly c learners
+    #: sent (the build-up curve's input, :func:`gradstat.stats.topk_sets.buildup_curve`)
+    multiplicity: list[int] | None = None
 
     @property
     def bytes_per_learner(self) -> float:
@@ -194,7 +197,11 @@ class LocalStream(StreamedScheme):
             estimate = torch.sign(self.total) * torch.stack(self.scales).mean()
         else:
             estimate = self.total / self.n
-        union = int(torch.unique(torch.cat(self.indices)).numel()) if self.indices else None
+        union = multiplicity = None
+        if self.indices:
+            _, holders = torch.unique(torch.cat(self.indices), return_counts=True)
+            union = int(holders.numel())
+            multiplicity = torch.bincount(holders, minlength=self.n + 1)[1:].tolist()
         collective = self.compressor.collective
         info = {
             key: sum(info[key] for info in self.infos) / len(self.infos) for key in self.infos[0]
@@ -207,6 +214,7 @@ class LocalStream(StreamedScheme):
             union=union,
             gathered_bytes=float(sum(self.sizes)) if collective == "allgather" else None,
             info=info,
+            multiplicity=multiplicity if collective == "allgather" else None,
         )
 
 
