@@ -103,11 +103,9 @@ def worker(args: argparse.Namespace) -> None:
         if capture is not None:
             capture.close()
     numel = sum(p.numel() for p in workload.model.parameters())
-    print(
-        "RESULT "
-        + json.dumps({"rank": rank, "numel": numel, **{n: v[3] for n, v in variants.items()}}),
-        flush=True,
-    )
+    # one file per rank: two ranks printing to one pipe can interleave their lines
+    result = {"rank": rank, "numel": numel, **{n: v[3] for n, v in variants.items()}}
+    (Path(args.out) / f"result-{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
     exit_without_teardown()
 
@@ -133,10 +131,10 @@ def training_overhead(args: argparse.Namespace) -> list[dict]:
         ]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or len(lines) != 2:
-        sys.exit(f"worker failed:\n{result.stdout}\n{result.stderr}")
-    return sorted((json.loads(line[len("RESULT ") :]) for line in lines), key=lambda r: r["rank"])
+        files = [Path(out) / f"result-{rank}.json" for rank in (0, 1)]
+        if result.returncode != 0 or not all(f.exists() for f in files):
+            sys.exit(f"worker failed:\n{result.stdout}\n{result.stderr}")
+        return [json.loads(f.read_text()) for f in files]
 
 
 def _median_seconds(write, repeats: int) -> float:

@@ -25,7 +25,7 @@ import torch
 
 from gradstat.analysis.selection import k_for
 from gradstat.compressors.registry import REGISTRY, build_scheme, parse_compressors
-from gradstat.compressors.targets import measure_cpu
+from gradstat.compressors.targets import measure
 from gradstat.compressors.work import compressor_work, seconds
 
 LEARNERS = 2
@@ -43,7 +43,7 @@ def gradients(d: int, seed: int) -> torch.Tensor:
 def calibrate(sizes: list[int]) -> list[dict]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    target = measure_cpu()
+    target = measure("cpu")
     rows = []
     for name in REGISTRY:
         spec = parse_compressors(name)[0]

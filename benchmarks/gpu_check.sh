@@ -11,6 +11,7 @@
 #   3. capture overhead at every=1 and every=10 on resnet50 (step time ratios, 1 rank nccl)
 #   4. similarity and fit with --device cuda against --device cpu, where the analyses
 #      have --device
+#   5. the cost model's GPU rates measured (--target gpu-here) beside the derived profile
 #
 # Installs nothing beyond the project. Python: $PYTHON if set, else the project's .venv,
 # else python3; it must import torch with CUDA (the project pins torch's CPU build, so a
@@ -120,6 +121,29 @@ for analysis in similarity fit; do
   ratio=$([[ $gpu_s == n/a ]] && echo n/a || "$py" -c "print(f'{$cpu_s / $gpu_s:.1f}x')")
   say "   $analysis: cpu ${cpu_s}s, cuda ${gpu_s}s, cuda speed-up $ratio (one run each, same capture)"
 done
+
+# --- 5. the cost model's GPU rates, measured --------------------------------------------
+# recommend's built-in GPU profiles derive top-k, sort and randperm rates from the memory
+# bandwidth; gpu-here measures them on this GPU with the same operations as cpu-here.
+if [[ $MODE == gpu ]]; then
+  say "5. target profile measured on this GPU (gpu-here) against the derived h200 profile"
+  "$py" - <<'PY' || failures=$((failures + 1))
+from gradstat.compressors.targets import BUILTIN, builtin_target
+
+measured, derived = builtin_target("gpu-here"), BUILTIN["h200"]
+print(f"   {measured.description}")
+print(f"   {'rate':<18} {'measured':>12} {'derived h200':>14} {'measured/derived':>17}")
+for name, value in measured.to_dict().items():
+    if isinstance(value, float):
+        other = getattr(derived, name)
+        print(f"   {name:<18} {value:>12.4g} {other:>14.4g} {value / other:>17.2f}")
+PY
+  say "   recommend on the gloo-4 capture with --target gpu-here (ranked table as printed)"
+  gradstat recommend "$capture" --ratios 0.01,0.001 --cluster-size 64 --bandwidth 10Gbit/s \
+    --target gpu-here 2>&1 | tail -25 || failures=$((failures + 1))
+else
+  say "5. skipped on CPU (gpu-here measures a CUDA GPU)"
+fi
 
 say "done in $((SECONDS - started)) s: $failures failure(s); logs and captures in $OUT"
 exit $((failures > 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +21,13 @@ class Result:
     code: int
     stdout: str
     stderr: str
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child that a test interrupts: SIGINT's default disposition.
+    A test run started in the background of a script (``make test &``) inherits SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler in the child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(capsys: pytest.CaptureFixture, *args: str) -> Result:

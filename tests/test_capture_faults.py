@@ -16,7 +16,7 @@ import pytest
 
 from gradstat import open_capture
 from gradstat.store.schema import rank_file_name
-from tests.helpers import TESTS, run_cli, torchrun
+from tests.helpers import TESTS, interruptible, run_cli, torchrun
 
 SCRIPT = TESTS / "ddp_faults_train.py"
 
@@ -129,6 +129,7 @@ def test_ctrl_c_during_capture_is_one_line_with_what_was_committed(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=interruptible,
     )
     try:
         deadline = time.time() + 120

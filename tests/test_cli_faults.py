@@ -16,7 +16,7 @@ import pytest
 
 from gradstat.store import layer_table, write_capture
 from gradstat.store.schema import rank_file_name
-from tests.helpers import assert_clean_error, run_cli
+from tests.helpers import assert_clean_error, interruptible, run_cli
 
 
 def test_markup_in_arguments_is_one_error_line(capsys, tmp_path):
@@ -102,7 +102,13 @@ def test_ctrl_c_is_one_error_line(tmp_path, command):
     argv = [sys.executable, "-m", "gradstat", command, str(path)]
     if command == "report":
         argv += ["--out", str(tmp_path / "r.html")]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not _has_open(process.pid, rank_file_name(0)):
         time.sleep(0.2)  # until the analysis has opened the capture

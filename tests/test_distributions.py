@@ -63,6 +63,26 @@ def test_functions_agree_with_scipy(name, frozen, true):
 
 
 @pytest.mark.parametrize(("name", "frozen", "true"), CASES, ids=IDS)
+def test_sorted_tails_agree_with_scipy_in_both_tails(name, frozen, true):
+    # KS and AD take the CDF, log-CDF and log-SF from one evaluation per element
+    # (the CDF below the median, the SF above): both far tails keep full precision.
+    dist = get_distribution(name)(**true).magnitudes()
+    mags = np.sort(np.abs(frozen.rvs(2000, random_state=np.random.default_rng(3))))
+    x = np.unique(
+        np.concatenate([mags, np.abs(frozen.ppf([1e-12, 0.5])), np.abs(frozen.isf([1e-12]))])
+    )
+    x = x[x > 0]
+    tails = dist.sorted_tails(torch.from_numpy(x))
+    np.testing.assert_allclose(tails.cdf.numpy(), dist.cdf(x).numpy(), rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(tails.logcdf.numpy(), dist.logcdf(x).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(tails.logsf.numpy(), dist.logsf(x).numpy(), rtol=1e-10)
+    if not isinstance(dist, Folded):  # the folded normal: test_folded_normal_is_scipys_foldnorm
+        scipy_dist = dist.to_scipy()
+        np.testing.assert_allclose(tails.logcdf.numpy(), scipy_dist.logcdf(x), rtol=1e-9)
+        np.testing.assert_allclose(tails.logsf.numpy(), scipy_dist.logsf(x), rtol=1e-9)
+
+
+@pytest.mark.parametrize(("name", "frozen", "true"), CASES, ids=IDS)
 def test_moments_fit_matches_the_sample_moments_exactly(name, frozen, true):
     x = _draw(frozen, 50_000)
     cls = get_distribution(name)
@@ -147,6 +167,9 @@ def test_folded_normal_is_scipys_foldnorm():
     np.testing.assert_allclose(dist.cdf(t).numpy(), ref.cdf(t), rtol=1e-9, atol=1e-300)
     np.testing.assert_allclose(dist.sf(t).numpy(), ref.sf(t), rtol=1e-9, atol=1e-300)
     np.testing.assert_allclose(dist.logsf(t[:-1]).numpy(), ref.logsf(t[:-1]), rtol=1e-9)
+    tails = dist.sorted_tails(torch.from_numpy(t[1:-1]))
+    np.testing.assert_allclose(tails.logcdf.numpy(), ref.logcdf(t[1:-1]), rtol=1e-9)
+    np.testing.assert_allclose(tails.logsf.numpy(), ref.logsf(t[1:-1]), rtol=1e-9)
     q = np.array([1e-3, 0.25, 0.9])
     np.testing.assert_allclose(dist.isf(q).numpy(), ref.isf(q), rtol=1e-9)
     np.testing.assert_allclose(dist.ppf(q).numpy(), ref.ppf(q), rtol=1e-9)

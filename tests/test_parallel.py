@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,6 +12,7 @@ from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import parse_compressors
 from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.parallel import codec, threads
+from gradstat.parallel.runner import requested_jobs
 from gradstat.parallel.units import Task, finish, resolve_function
 
 
@@ -68,6 +70,19 @@ def test_default_jobs_is_this_nodes_share_of_the_cpus(monkeypatch):
     assert threads.default_jobs() == 1
     with pytest.raises(UsageError):
         threads.check_jobs(0)
+
+
+def test_worker_processes_start_where_bytes_times_cost_pay_for_them():
+    # 4 steps x 8 learners x 8M float32 = 1 GiB: the threshold for one pass; a small
+    # selection runs in this process unless its analysis costs many passes per byte.
+    class Cap:
+        numel, steps, learners = 8 << 20, range(4), range(8)
+
+    small = SimpleNamespace(steps=[0], learners=[0])
+    assert requested_jobs(Cap, small, None) == 1
+    assert requested_jobs(Cap, small, None, cost=32) is None  # the default: every CPU
+    assert requested_jobs(Cap, small, None, cost=31.9) == 1
+    assert requested_jobs(Cap, small, 3, cost=1) == 3  # asked for: always honoured
 
 
 def test_unit_threads_default_to_one(monkeypatch):

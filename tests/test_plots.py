@@ -48,3 +48,33 @@ def test_bad_plot_suffix_fails_before_any_work(synthetic_capture, tmp_path, caps
     assert_clean_error(result, code=2)
     assert "suffix" in result.stderr
     assert not (tmp_path / "figure.jpg").exists()
+
+
+@pytest.mark.parametrize(("low", "high"), [(1e-12, 1.0), (2.0, 9.0)])
+def test_saving_skips_only_invisible_minor_ticks(tmp_path, low, high):
+    # save_figure drops the minor-tick locators of log axes spanning many decades (the
+    # style draws no minor marks and matplotlib labels none there): the pixels must be
+    # those of a plain savefig; a short log axis keeps its labelled minor ticks.
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import NullLocator
+    from PIL import Image
+
+    from gradstat.plots.style import new_figure, save_figure
+
+    def figure():
+        fig, axes = new_figure(1, 2)
+        x = np.geomspace(low, high, 50)
+        for ax in axes.flat:
+            ax.loglog(x, x**0.5)
+        return fig
+
+    plain = figure()
+    plain.savefig(tmp_path / "plain.png", dpi=60)
+    ours = figure()
+    save_figure(ours, tmp_path / "ours.png", dpi=60)
+    minor = ours.axes[0].xaxis.get_minor_locator()
+    plt.close(plain)
+    assert isinstance(minor, NullLocator) == (high / low > 100)
+    pixels = [np.asarray(Image.open(tmp_path / f"{n}.png")) for n in ("plain", "ours")]
+    assert np.array_equal(*pixels)

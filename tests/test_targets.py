@@ -8,10 +8,17 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from gradstat.analysis.cluster import buildup_model, fit_exponent
 from gradstat.compressors.registry import REGISTRY, build_scheme, parse_compressors
-from gradstat.compressors.targets import BUILTIN, TARGET_NAMES, load_target, resolve_target
+from gradstat.compressors.targets import (
+    BUILTIN,
+    TARGET_NAMES,
+    load_target,
+    measure,
+    resolve_target,
+)
 from gradstat.compressors.work import CALIBRATION, Ops, compressor_work, seconds
 from gradstat.errors import UsageError
 from gradstat.stats.topk_sets import buildup_curve
@@ -28,7 +35,7 @@ def scheme(name: str, d: int = 4096, ratio: float | None = 0.01):
 
 
 def test_builtin_profiles_follow_their_datasheets():
-    assert set(TARGET_NAMES) == {"cpu-here", "v100", "a100", "h100", "h200"}
+    assert set(TARGET_NAMES) == {"cpu-here", "gpu-here", "v100", "a100", "h100", "h200"}
     # effective bandwidth = 0.85 x datasheet; H200 4.8 TB/s, V100 900 GB/s
     assert BUILTIN["h200"].bandwidth == pytest.approx(0.85 * 4.8e12)
     assert BUILTIN["v100"].bandwidth == pytest.approx(0.85 * 900e9)
@@ -110,6 +117,17 @@ def test_target_file_round_trip_and_errors(tmp_path):
         resolve_target("tpu", None)
     with pytest.raises(UsageError, match="not both"):
         resolve_target("h100", path)
+
+
+def test_measured_profiles_come_from_the_same_operations(monkeypatch):
+    # cpu-here and gpu-here share one measurement: every rate positive and named by its
+    # source; gpu-here without a GPU is a usage error, never a silent CPU profile.
+    cpu = measure("cpu", numel=1 << 16)
+    assert cpu.name == "cpu-here" and set(cpu.sources) >= {"bandwidth", "topk_rate", "flops"}
+    assert all(v > 0 for k, v in cpu.to_dict().items() if k.endswith("rate"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="gpu-here measures a CUDA GPU"):
+        resolve_target("gpu-here", None)
 
 
 def test_power_law_buildup_is_recovered_and_capped():

@@ -11,7 +11,7 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import k_for
-from gradstat.stats.sidco import AdaptiveStages, stage_densities
+from gradstat.stats.sidco import AdaptiveStages, SharedPasses, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
@@ -115,6 +115,27 @@ def test_one_stage_is_far_off_on_heavy_tails_and_stages_fix_it(samples):
     three = estimate_threshold(samples["gpd"], 0.001, "sidco-exp", stages=3)
     assert one.quality > 2.0
     assert abs(math.log(three.quality)) < abs(math.log(one.quality)) / 3
+
+
+def test_shared_passes_give_the_same_thresholds_as_fresh_calls(samples):
+    # fit runs every SIDCo variant at several densities and stage counts on one row with
+    # one SharedPasses: each result must equal a call that scans the row itself.
+    values = samples["gpd"][:300_000].clone()
+    values[::7] = 0.0  # zeros: include and exclude use different stage-1 moments
+    shared = SharedPasses()
+    calls = [
+        (estimator, ratio, stages, zeros)
+        for estimator in ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd")
+        for zeros in ("exclude", "include")
+        for ratio in (0.01, 0.001)
+        for stages in (1, 2, 3)
+    ]
+    for estimator, ratio, stages, zeros in calls:
+        kept = estimate_threshold(
+            values, ratio, estimator, stages=stages, zeros=zeros, shared=shared
+        )
+        fresh = estimate_threshold(values, ratio, estimator, stages=stages, zeros=zeros)
+        assert kept == fresh, (estimator, ratio, stages, zeros)
 
 
 def test_zeros_are_excluded_from_the_density(samples):

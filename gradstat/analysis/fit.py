@@ -47,13 +47,12 @@ from gradstat.stats.distributions import (
     split_values,
 )
 from gradstat.stats.goodness import (
-    ad_statistic,
     information_criteria,
-    ks_statistic,
+    ks_ad,
     quantile_error,
     subsample,
 )
-from gradstat.stats.sidco import AdaptiveStages, check_choices
+from gradstat.stats.sidco import AdaptiveStages, SharedPasses, check_choices
 from gradstat.stats.thresholds import (
     DEFAULT_ESTIMATORS,
     ESTIMATORS,
@@ -174,13 +173,14 @@ class _Scorer:
         x = self.sorted_magnitudes()
         loglik = magnitudes.loglik(x)
         aic, bic = information_criteria(loglik, dist.n_params, x.numel())
+        ks, ad = ks_ad(x, magnitudes, presorted=True)
         return {
             "n_fit": x.numel(),
             "loglik": loglik,
             "aic": aic,
             "bic": bic,
-            "ks": ks_statistic(x, magnitudes, presorted=True),
-            "ad": ad_statistic(x, magnitudes, presorted=True),
+            "ks": ks,
+            "ad": ad,
         }
 
 
@@ -252,7 +252,9 @@ def fit(
     compute = compute or Compute()
     steps = selection.steps
     units = [steps] if params.stages is None else [(step,) for step in steps]
-    work = Work(fit_unit, str(cap.path), selection, params)
+    # about a pass per distribution (fit, sort, KS/AD) and per estimator and ratio
+    cost = 1 + len(params.dists) + len(params.estimators) * len(params.ratios) / 2
+    work = Work(fit_unit, str(cap.path), selection, params, cost)
     records = pd.DataFrame(run_units(cap, work, units, compute, progress), columns=list(COLUMNS))
     counts = ("n_fit", "stages", "k", "selected")
     records = records.astype(dict.fromkeys(counts, "Int64"))
@@ -439,6 +441,7 @@ class _Fitter:
         stages: int,
         generator: torch.Generator,
         empirical: dict,
+        shared: SharedPasses,
     ) -> ThresholdResult:
         """One estimator's threshold; ``topk`` is the empirical quantile already found."""
         if estimator == "topk" and not isinstance(empirical[ratio], str):
@@ -453,11 +456,13 @@ class _Fitter:
             generator=generator,
             zeros=self.params.zeros,
             stage_fit=self.params.stage_fit,
+            shared=shared,
         )
 
     def _estimators(self, base: dict, values: torch.Tensor, empirical: dict) -> list[dict]:
         rows = []
         generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
+        shared = SharedPasses()  # SIDCo's passes over this row, shared by its calls
         for estimator in self.estimators:
             for ratio in self.ratios:
                 for stages, adaptive in self._settings(estimator, base, ratio):
@@ -472,7 +477,7 @@ class _Fitter:
                     }
                     try:
                         result = self._estimate(
-                            values, ratio, estimator, stages, generator, empirical
+                            values, ratio, estimator, stages, generator, empirical, shared
                         )
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))

@@ -279,20 +279,7 @@ class GTopKStream(StreamedScheme):
 
     def finish(self) -> StepOutcome:
         k = self.compressor.k
-        surviving = [indices for indices, _ in self.local]
-        nodes = [(pair, [i]) for i, pair in enumerate(self.local)]
-        while len(nodes) > 1:  # GTopK.exchange's tree, on the kept pairs
-            merged = []
-            for j in range(0, len(nodes) - 1, 2):
-                (left, left_members), (right, right_members) = nodes[j], nodes[j + 1]
-                node = self.compressor._merge(left, right)
-                members = left_members + right_members
-                for i in members:
-                    surviving[i] = surviving[i][torch.isin(surviving[i], node[0])]
-                merged.append((node, members))
-            if len(nodes) % 2:
-                merged.append(nodes[-1])
-            nodes = merged
+        surviving, final = self.compressor.tree(self.local)
         total = torch.zeros(self.d)
         store = self.memories.m
         for i, indices in enumerate(surviving):
@@ -307,7 +294,7 @@ class GTopKStream(StreamedScheme):
             transfers=(Transfer("reduce", pair_bytes), Transfer("broadcast", pair_bytes)),
             selected=[k] * self.n,
             memory_norm=self.memories.norm(),
-            union=int(nodes[0][0][0].numel()),
+            union=int(final.numel()),
         )
 
 

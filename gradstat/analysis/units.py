@@ -26,9 +26,13 @@ UnitFunction = Callable[[Capture, Selection, Any, Compute, Any], list[dict]]
 
 @dataclass(frozen=True)
 class Work:
-    """One analysis's unit function and its context (module docstring)."""
+    """One analysis's unit function and its context (module docstring). ``cost``: its
+    compute per byte of gradients read, in passes over them (1: about one pass, as the
+    top-k set analyses); the runner starts worker processes only where the selected
+    bytes times ``cost`` pay for their start."""
 
     function: UnitFunction
     capture: str
     selection: Selection
     params: Any
+    cost: float = 1.0

@@ -350,13 +350,13 @@ def recommend_result(result: Recommendation) -> Result:
                     "rel_error": "rel error",
                     "fits": "fits",
                     "bytes_per_learner": "bytes",
-                    "compress_ms": "compress ms",
                     "ms": "ms/step",
                     "speedup": "speed-up",
                 },
                 f"{link_text(result.link)}; compression on {_target_name(result)}. Within "
                 "budget fastest first, then the rest by error; ms/step = predicted communication + "
-                "compression (compress ms on the target, from the work model); speed-up over the "
+                "compression (on the target, from the work model; per candidate in --json); "
+                "speed-up over the "
                 f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),
             )

@@ -31,7 +31,6 @@ from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
 from gradstat.errors import UsageError
-from gradstat.report.build import ReportSettings, build_report
 from gradstat.store import open_capture
 
 HtmlOut = Annotated[
@@ -75,6 +74,9 @@ def report_command(
         raise UsageError(f"--out {out}: the report is HTML; use a .html file name")
     if not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    # matplotlib and seaborn load here, not on every gradstat command
+    from gradstat.report.build import ReportSettings, build_report
+
     settings = ReportSettings(
         ratios,
         compressors,

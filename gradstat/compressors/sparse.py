@@ -18,6 +18,8 @@ For sparsifiers the rate is the density ``k/d`` (``k = k_for(ratio, d)``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from gradstat.compressors.base import (
@@ -149,14 +151,14 @@ class GTopK(Compressor):
             indices, summed = indices[keep], summed[keep]
         return indices, summed
 
-    def exchange(self, corrected: torch.Tensor) -> Exchange:
-        n, d = corrected.shape
-        local = [top_indices(row, self.k) for row in corrected]
-        surviving = list(local)
-        nodes = [
-            ((idx, row[idx]), [i])
-            for i, (idx, row) in enumerate(zip(local, corrected, strict=True))
-        ]
+    def tree(
+        self, local: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The reduce tree over the learners' local (indices, values) pairs, merged in
+        pairs over ceil(log2 n) rounds: the indices of each learner that survive every
+        merge it takes part in (what it really sent), and the final global index set."""
+        surviving = [indices for indices, _ in local]
+        nodes = [(pair, [i]) for i, pair in enumerate(local)]
         while len(nodes) > 1:
             merged = []
             for j in range(0, len(nodes) - 1, 2):
@@ -169,6 +171,14 @@ class GTopK(Compressor):
             if len(nodes) % 2:
                 merged.append(nodes[-1])
             nodes = merged
+        return surviving, nodes[0][0][0]
+
+    def exchange(self, corrected: torch.Tensor) -> Exchange:
+        n, d = corrected.shape
+        local = [top_indices(row, self.k) for row in corrected]
+        surviving, final = self.tree(
+            [(idx, row[idx]) for idx, row in zip(local, corrected, strict=True)]
+        )
         sent = torch.zeros_like(corrected)
         for i, idx in enumerate(surviving):
             sent[i, idx] = corrected[i, idx]
@@ -180,5 +190,5 @@ class GTopK(Compressor):
             estimate=sent.mean(dim=0),
             transfers=(Transfer("reduce", pair_bytes), Transfer("broadcast", pair_bytes)),
             selected=[self.k] * n,
-            union=int(nodes[0][0][0].numel()),
+            union=int(final.numel()),
         )

@@ -27,7 +27,9 @@ multi-block ``topk`` for large inputs; Shanbhag et al. 2018, "Efficient Top-K Qu
 Processing on Massively Parallel Hardware", find radix select near memory bandwidth),
 sort and ``randperm`` as an LSD radix sort of 32-bit keys with 32-bit values (4 passes,
 each reading and writing 8 bytes per element, CUB's ``DeviceRadixSort``). ``cpu-here``
-is measured when first used, on one torch thread (replay's default ``--threads 1``).
+is measured when first used, on one torch thread (replay's default ``--threads 1``);
+``gpu-here`` likewise on the analysis machine's CUDA GPU, with the same operations
+(``benchmarks/gpu_check.sh`` prints it beside the derived profile of that GPU).
 ``--target-file`` reads the same fields from JSON (:func:`load_target`).
 """
 
@@ -150,7 +152,7 @@ BUILTIN: dict[str, Target] = {
         "NVIDIA H200 datasheet",
     ),
 }
-TARGET_NAMES = ("cpu-here", *BUILTIN)
+TARGET_NAMES = ("cpu-here", "gpu-here", *BUILTIN)
 
 
 def _best_seconds(run, repeats: int = 7) -> float:
@@ -169,43 +171,77 @@ def _best_seconds(run, repeats: int = 7) -> float:
     return max(best, 1e-9)
 
 
-def measure_cpu(numel: int = 1 << 20) -> Target:
-    """Measure this machine's rates on the current torch thread count (about a second).
+def _best_seconds_cuda(run, repeats: int = 7) -> float:
+    """The smallest GPU time between two CUDA events around ``run`` (kernels queued on
+    the current stream), over ``repeats`` calls after one warm-up."""
+    run()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        begin = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        begin.record()
+        run()
+        end.record()
+        end.synchronize()
+        best = min(best, begin.elapsed_time(end) / 1e3)
+    return max(best, 1e-9)
+
+
+def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Target:
+    """Measure the rates of ``device`` (a second or two): ``cpu-here`` on the current
+    torch thread count, ``gpu-here`` on a CUDA device (``numel`` 2^20 on a CPU, 2^26 on
+    a GPU, large enough that a kernel is not just its launch).
 
     Every operation allocates its output as the compressors do. Bandwidth from
     ``a + b`` (12 bytes per element); top-k at densities 0.001 and 0.1 (solving
     ``t = d / rate + k * per_selected``); sort of ``numel / 4`` values; ``randperm``;
-    ``a > 0.5``; ``nonzero`` of a mask with 2 % set; ``rand``; a 512^3 matrix product; a
-    thin product pair ``M Q``, ``M^T P`` (M 1024 x 1024, rank 4, as PowerSGD's); the
-    cost of one call on a 1-element tensor.
+    ``a > 0.5``; ``nonzero`` of a mask with 2 % set; ``rand``; a square matrix product
+    (512 on a CPU, 4096 on a GPU); a thin product pair ``M Q``, ``M^T P`` (M 1024 x 1024
+    on a CPU, 8192 x 8192 on a GPU, rank 4, as PowerSGD's); the cost of one call on a
+    1-element tensor.
     """
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(numel, generator=generator)
-    b = torch.randn(numel, generator=generator)
-    add = _best_seconds(lambda: a + b)
+    device = torch.device(device)
+    gpu = device.type == "cuda"
+    numel = numel or (1 << 26 if gpu else 1 << 20)
+    square, tall_side = (4096, 8192) if gpu else (512, 1024)
+    seconds = _best_seconds_cuda if gpu else _best_seconds
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    a, b = randn(numel), randn(numel)
+    add = seconds(lambda: a + b)
     small_k, large_k = numel // 1000, numel // 10
-    t_small = _best_seconds(lambda: torch.topk(a, small_k, sorted=False))
-    t_large = _best_seconds(lambda: torch.topk(a, large_k, sorted=False))
+    t_small = seconds(lambda: torch.topk(a, small_k, sorted=False))
+    t_large = seconds(lambda: torch.topk(a, large_k, sorted=False))
     per_selected = max((t_large - t_small) / (large_k - small_k), 0.0)
     topk_rate = numel / max(t_small - small_k * per_selected, 1e-9)
-    sort = _best_seconds(lambda: torch.sort(a[: numel // 4]))
-    perm = _best_seconds(lambda: torch.randperm(numel, generator=generator))
-    compare = _best_seconds(lambda: a > 0.5)
+    sort = seconds(lambda: torch.sort(a[: numel // 4]))
+    perm = seconds(lambda: torch.randperm(numel, generator=generator, device=device))
+    compare = seconds(lambda: a > 0.5)
     mask = a > 2.05
-    compact = _best_seconds(lambda: torch.nonzero(mask))
-    random = _best_seconds(lambda: torch.rand(numel, generator=generator))
-    m = torch.randn(512, 512, generator=generator)
-    matmul = _best_seconds(lambda: m @ m)
-    tall = torch.randn(1, 1024, 1024, generator=generator)
-    q = torch.randn(1024, 4, generator=generator)
-    thin = _best_seconds(lambda: (tall @ q, tall.transpose(1, 2) @ q))
-    one = torch.ones(1)
-    launch = _best_seconds(lambda: [torch.add(one, one) for _ in range(100)]) / 100
-    threads = torch.get_num_threads()
-    how = f"measured now on {threads} torch thread(s)"
+    compact = seconds(lambda: torch.nonzero(mask))
+    random = seconds(lambda: torch.rand(numel, generator=generator, device=device))
+    m = randn(square, square)
+    matmul = seconds(lambda: m @ m)
+    tall = randn(1, tall_side, tall_side)
+    q = randn(tall_side, 4)
+    thin = seconds(lambda: (tall @ q, tall.transpose(1, 2) @ q))
+    one = torch.ones(1, device=device)
+    launch = seconds(lambda: [torch.add(one, one) for _ in range(100)]) / 100
+    if gpu:
+        name = "gpu-here"
+        description = f"this machine's {torch.cuda.get_device_name(device)}"
+        how = "measured now with CUDA events"
+    else:
+        threads = torch.get_num_threads()
+        name, description = "cpu-here", f"this machine's CPU, {threads} torch thread(s)"
+        how = f"measured now on {threads} torch thread(s)"
     return Target(
-        name="cpu-here",
-        description=f"this machine's CPU, {threads} torch thread(s)",
+        name=name,
+        description=description,
         bandwidth=12 * numel / add,
         topk_rate=topk_rate,
         topk_per_selected=per_selected,
@@ -214,8 +250,8 @@ def measure_cpu(numel: int = 1 << 20) -> Target:
         compare_rate=numel / compare,
         compact_rate=numel / compact,
         random_rate=numel / random,
-        flops=2 * 512**3 / matmul,
-        matmul_bandwidth=2 * 4 * 1024 * 1024 / thin,
+        flops=2 * square**3 / matmul,
+        matmul_bandwidth=2 * 4 * tall_side * tall_side / thin,
         launch=launch,
         sources={
             "bandwidth": f"{how}: a + b of {numel:,} float32 (12 B per element)",
@@ -225,23 +261,31 @@ def measure_cpu(numel: int = 1 << 20) -> Target:
             "compare_rate": f"{how}: a > 0.5 on {numel:,} float32",
             "compact_rate": f"{how}: torch.nonzero of a {numel:,}-element mask",
             "random_rate": f"{how}: torch.rand({numel:,})",
-            "flops": f"{how}: 512x512 @ 512x512 float32",
-            "matmul_bandwidth": f"{how}: M Q and M^T Q, M 1024x1024, Q 1024x4",
+            "flops": f"{how}: {square}x{square} @ {square}x{square} float32",
+            "matmul_bandwidth": f"{how}: M Q and M^T Q, M {tall_side}x{tall_side}, Q {tall_side}x4",
             "launch": f"{how}: torch.add on 1-element tensors",
         },
     )
 
 
-_MEASURED: dict[int, Target] = {}
+_MEASURED: dict[tuple[str, int], Target] = {}
 
 
 def builtin_target(name: str) -> Target:
-    """A built-in profile by name; ``cpu-here`` is measured once per thread count."""
+    """A built-in profile by name; ``cpu-here`` is measured once per thread count,
+    ``gpu-here`` once on the current CUDA device (a :class:`UsageError` without one)."""
     if name == "cpu-here":
-        threads = torch.get_num_threads()
-        if threads not in _MEASURED:
-            _MEASURED[threads] = measure_cpu()
-        return _MEASURED[threads]
+        key = ("cpu", torch.get_num_threads())
+        if key not in _MEASURED:
+            _MEASURED[key] = measure("cpu")
+        return _MEASURED[key]
+    if name == "gpu-here":
+        if not torch.cuda.is_available():
+            raise UsageError("--target gpu-here measures a CUDA GPU, and none is available here")
+        key = ("cuda", torch.cuda.current_device())
+        if key not in _MEASURED:
+            _MEASURED[key] = measure(torch.device("cuda", key[1]))
+        return _MEASURED[key]
     if name not in BUILTIN:
         raise UsageError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}")
     return BUILTIN[name]

@@ -40,27 +40,28 @@ from gradstat.store import Capture
 MIN_WORKER_MEMORY = 1 << 20
 
 
-#: Below this many bytes of selected gradients an analysis runs in one process by
-#: default: starting a worker (a fresh interpreter importing torch) costs about 2 s of
-#: CPU, and on a loaded machine far more wall time (measured: similarity of 128 MiB took
-#: 3.1 s in one process, 52 s with two fresh workers, at a load average of 20 on 2 cores).
+#: Below this many bytes of selected gradients (times the analysis's cost in passes per
+#: byte) an analysis runs in one process by default: starting a worker (a fresh
+#: interpreter importing torch) costs about 2 s of CPU, and on a loaded machine far more
+#: wall time (measured: similarity of 128 MiB took 3.1 s in one process, 52 s with two
+#: fresh workers, at a load average of 20 on 2 cores).
 PARALLEL_MIN_BYTES = 1 << 30
 
 
-def requested_jobs(cap: Capture, selection: Any, jobs: int | None) -> int | None:
-    """Worker processes per rank: ``jobs`` if given; one for a small selection (under
-    ``PARALLEL_MIN_BYTES``); else ``None``: each rank's share of its CPUs."""
+def requested_jobs(cap: Capture, selection: Any, jobs: int | None, cost: float = 1.0) -> int | None:
+    """Worker processes per rank: ``jobs`` if given; one for a small selection (bytes x
+    ``cost`` under ``PARALLEL_MIN_BYTES``); else ``None``: each rank's share of its CPUs."""
     if jobs is not None:
         return check_jobs(jobs)
     steps = len(getattr(selection, "steps", None) or cap.steps)
     learners = len(getattr(selection, "learners", None) or cap.learners)
-    return 1 if cap.numel * learners * steps * 4 < PARALLEL_MIN_BYTES else None
+    return 1 if cap.numel * learners * steps * 4 * cost < PARALLEL_MIN_BYTES else None
 
 
-def planned_workers(cap: Capture, selection: Any, jobs: int | None) -> int:
+def planned_workers(cap: Capture, selection: Any, jobs: int | None, cost: float = 1.0) -> int:
     """How many processes will run units at once: ranks x jobs per rank (an analysis may
     group its work into this many units, as replay does with its configurations)."""
-    return distributed.world_size() * check_jobs(requested_jobs(cap, selection, jobs))
+    return distributed.world_size() * check_jobs(requested_jobs(cap, selection, jobs, cost))
 
 
 def run_units(
@@ -74,7 +75,7 @@ def run_units(
     processes per rank (None: :func:`requested_jobs`). ``progress`` wraps the completions
     of this process's units.
     """
-    jobs = requested_jobs(cap, work.selection, getattr(compute, "jobs", None))
+    jobs = requested_jobs(cap, work.selection, getattr(compute, "jobs", None), work.cost)
     task = Task(work.function, str(work.capture), work.selection, work.params, compute, cap)
     request = {"task": task.to_message(), "units": to_typed(list(units)), "jobs": jobs}
     if distributed.active():

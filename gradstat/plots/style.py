@@ -7,6 +7,7 @@ Matplotlib is imported here, never by ``import gradstat``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -16,6 +17,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 from gradstat.errors import UsageError
 from gradstat.plots.paths import check_plot_path
@@ -48,9 +50,26 @@ def legend_below(fig: Figure, ax=None, ncols: int = 4) -> None:
         )
 
 
+def _skip_invisible_minor_ticks(fig: Figure) -> None:
+    """No minor-tick locators on log axes that span over 2 decades, where seaborn's
+    whitegrid draws no tick marks or grid lines and matplotlib's log formatter labels
+    no minor tick: placing and measuring those invisible ticks took 80% of the time to
+    save a 9-panel fit figure, for the same pixels."""
+    for ax in fig.axes:
+        for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            if axis.get_scale() != "log" or min(limits) <= 0:
+                continue
+            tick = axis.get_minor_ticks(1)[0]
+            marks = (tick.tick1line, tick.tick2line, tick.gridline)
+            span = math.log10(max(limits) / min(limits))
+            if span > 2 and not any(mark.get_visible() for mark in marks):
+                axis.set_minor_locator(NullLocator())
+
+
 def save_figure(fig: Figure, path: Path | str, dpi: int = 150) -> Path:
     """Write ``fig`` to ``path`` (format by suffix) and close it."""
     path = check_plot_path(path)
+    _skip_invisible_minor_ticks(fig)
     try:
         fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
     except OSError as exc:

@@ -77,6 +77,15 @@ def split_values(values: torch.Tensor) -> SplitValues:
     return SplitValues(flat, flat.abs(), zeros, nonfinite)
 
 
+@dataclass(frozen=True)
+class Tails:
+    """CDF, log-CDF and log-SF of the same values (:meth:`Distribution.sorted_tails`)."""
+
+    cdf: torch.Tensor
+    logcdf: torch.Tensor
+    logsf: torch.Tensor
+
+
 def _f64(x) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.float64)
 
@@ -183,6 +192,35 @@ class Distribution:
     def loglik(self, x: torch.Tensor) -> float:
         """Log-likelihood of the data: sum of ``logpdf``."""
         return float(self.logpdf(x).sum())
+
+    def sorted_tails(self, x: torch.Tensor) -> Tails:
+        """CDF, log-CDF and log-SF of ascending ``x`` for goodness-of-fit scores, each
+        element evaluated once, on the side where it is accurate: the CDF (or its
+        closed-form log) below the median, the SF above it; the other side follows as
+        ``log1p(-p)``, exact to rounding where ``p <= 1/2``. Half of what ``cdf``,
+        ``logcdf`` and ``logsf`` cost one after another (each of which may evaluate
+        both sides on every element)."""
+        z = self._z(x).clamp_min(self.lower)  # ascending: scale > 0
+        split = int(torch.searchsorted(z, self._ppf(_f64([0.5]))))
+        low, high = z[:split], z[split:]
+        logcdf_low = self._lower_log(low)
+        logsf_high = self._upper_log(high)
+        cdf = torch.cat([logcdf_low.exp(), -torch.expm1(logsf_high)])
+        logcdf = torch.cat([logcdf_low, torch.log1p(-logsf_high.exp())])
+        logsf = torch.cat([torch.log1p(-logcdf_low.exp()), logsf_high])
+        return Tails(cdf, logcdf, logsf)
+
+    def _lower_log(self, z: torch.Tensor) -> torch.Tensor:
+        """log F(z) where F(z) <= 1/2: the closed form where the subclass has one."""
+        if type(self)._logcdf is Distribution._logcdf:
+            return self._cdf(z).log()
+        return self._logcdf(z)
+
+    def _upper_log(self, z: torch.Tensor) -> torch.Tensor:
+        """log S(z) where S(z) <= 1/2: the closed form where the subclass has one."""
+        if type(self)._logsf is Distribution._logsf:
+            return self._sf(z).log()
+        return self._logsf(z)
 
     # --- standard form: subclasses write _logpdf, _cdf, _ppf (and more for precision) ---
     def _logpdf(self, z: torch.Tensor) -> torch.Tensor:

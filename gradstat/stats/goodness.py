@@ -29,26 +29,41 @@ def _sorted(x: torch.Tensor, presorted: bool) -> torch.Tensor:
     return x if presorted else torch.sort(x).values
 
 
+def ks_from_cdf(cdf: torch.Tensor) -> float:
+    """Kolmogorov-Smirnov D = sup |F_n - F| from F at the ascending sample (as
+    scipy.stats.kstest computes it)."""
+    n = cdf.numel()
+    above = torch.arange(1, n + 1, dtype=torch.float64).div_(n).sub_(cdf)  # i/n - F
+    below = 1.0 / n - float(above.amin())  # max F - (i-1)/n
+    return max(float(above.amax()), below)
+
+
+def ad_from_logs(logcdf: torch.Tensor, logsf: torch.Tensor) -> float:
+    """Anderson-Darling A^2 = -n - (1/n) sum (2i - 1)[ln F(x_(i)) + ln S(x_(n+1-i))]
+    (Anderson & Darling 1954) from log F and log S at the ascending sample, with logs
+    for accuracy in the tails; +inf when a value lies outside the fitted support."""
+    n = logcdf.numel()
+    weights = torch.arange(1, 2 * n, 2, dtype=torch.float64)
+    value = -n - float((weights * (logcdf + logsf.flip(0))).sum()) / n
+    return value if not math.isnan(value) else math.inf
+
+
+def ks_ad(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> tuple[float, float]:
+    """(KS D, AD A^2) from one evaluation of the fitted tails
+    (:meth:`~gradstat.stats.distributions.Distribution.sorted_tails`)."""
+    tails = dist.sorted_tails(_sorted(x, presorted))
+    return ks_from_cdf(tails.cdf), ad_from_logs(tails.logcdf, tails.logsf)
+
+
 def ks_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
-    """Kolmogorov-Smirnov D = sup |F_n - F| (as scipy.stats.kstest computes it).
-    ``presorted``: ``x`` is already in ascending order (sort once, score many fits)."""
-    sorted_x = _sorted(x, presorted)
-    n = sorted_x.numel()
-    cdf = dist.cdf(sorted_x)
-    i = torch.arange(1, n + 1, dtype=torch.float64)
-    return float(torch.maximum((i / n - cdf).amax(), (cdf - (i - 1) / n).amax()))
+    """Kolmogorov-Smirnov D alone (:func:`ks_ad`). ``presorted``: ``x`` is already in
+    ascending order (sort once, score many fits)."""
+    return ks_from_cdf(dist.cdf(_sorted(x, presorted)))
 
 
 def ad_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
-    """Anderson-Darling A^2 = -n - (1/n) sum (2i - 1)[ln F(x_(i)) + ln S(x_(n+1-i))]
-    (Anderson & Darling 1954), with log-CDF and log-SF for accuracy in the tails;
-    +inf when a value lies outside the fitted support."""
-    sorted_x = _sorted(x, presorted)
-    n = sorted_x.numel()
-    weights = torch.arange(1, 2 * n, 2, dtype=torch.float64)
-    terms = dist.logcdf(sorted_x) + dist.logsf(sorted_x).flip(0)
-    value = -n - float((weights * terms).sum()) / n
-    return value if not math.isnan(value) else math.inf
+    """Anderson-Darling A^2 alone (:func:`ks_ad`)."""
+    return ks_ad(x, dist, presorted)[1]
 
 
 def quantile_error(fitted: float, empirical: float) -> float:

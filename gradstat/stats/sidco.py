@@ -174,6 +174,32 @@ class _GpdMle:
         return minimum + float(GenPareto(c=c, loc=0.0, scale=scale).isf(density))
 
 
+class SharedPasses:
+    """Full-vector passes that SIDCo runs on one vector, kept for the next call on the
+    same vector: the magnitude sums (stage 1's moments) and the exceedances of the last
+    stage-1 threshold. An analysis that runs SIDCo-E/P/GP at several densities and stage
+    counts on one row (``fit``) scans the row once per stage-1 fit instead of once per
+    call: stage 1 sits at density 0.25 whatever the target density when there is more
+    than one stage. Holds at most a quarter of the vector (one set of exceedances);
+    use one instance per vector."""
+
+    def __init__(self) -> None:
+        self._sums: MagnitudeSums | None = None
+        self._above: tuple[float, torch.Tensor] | None = None
+
+    def sums(self, values: torch.Tensor, log: bool) -> MagnitudeSums:
+        """:func:`magnitude_sums` of ``values`` (with the log sum when ``log``)."""
+        if self._sums is None or (log and math.isnan(self._sums.log_sum)):
+            self._sums = magnitude_sums(values, log=log)
+        return self._sums
+
+    def exceed(self, values: torch.Tensor, threshold: float) -> torch.Tensor:
+        """The magnitudes of ``values`` above ``threshold``."""
+        if self._above is None or self._above[0] != threshold:
+            self._above = (threshold, exceed(values, threshold))
+        return self._above[1]
+
+
 def sidco(
     values: torch.Tensor,
     k: int,
@@ -183,11 +209,14 @@ def sidco(
     stages: int,
     zeros: str = "exclude",
     stage_fit: str = "moments",
+    shared: SharedPasses | None = None,
 ) -> Stages:
     """SIDCo's threshold for ``k`` of the magnitudes of ``values`` (see the module
-    docstring): ``first`` and ``later`` name the stage fits (exp, gpd, gamma)."""
+    docstring): ``first`` and ``later`` name the stage fits (exp, gpd, gamma);
+    ``shared``: passes kept from earlier calls on the same ``values``."""
     check_choices(zeros, stage_fit)
-    sums = magnitude_sums(values, log=first == "gamma")
+    shared = shared or SharedPasses()
+    sums = shared.sums(values, log=first == "gamma")
     check_k(k, sums.nonzeros)
     moments = first_stage_moments(sums, zeros)
     densities = stage_densities(k / moments.n, stages)
@@ -199,7 +228,7 @@ def sidco(
     thresholds = [eta]
     current = values  # the full signed vector, then each stage's exceedances (magnitudes)
     for density in densities[1:]:
-        above = exceed(values, eta) if current is values else current[current > eta]
+        above = shared.exceed(values, eta) if current is values else current[current > eta]
         if above.numel() < 2:
             break  # nothing left to fit: keep the previous stage's threshold
         minimum = float(above.amin())

@@ -37,7 +37,7 @@ from scipy.special import ndtri
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import check_k, k_for
 from gradstat.stats.passes import chunks, count, exceed, nonzeros
-from gradstat.stats.sidco import check_choices, sidco
+from gradstat.stats.sidco import SharedPasses, check_choices, sidco
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,16 @@ class ThresholdResult:
 @dataclass(frozen=True)
 class Settings:
     """What an estimator may be asked beyond the density: SIDCo's ``stages``, the hard
-    ``threshold``, DGC's sampling ``generator``, how fits treat exact ``zeros``, and how
-    later SIDCo stages fit (``stage_fit``)."""
+    ``threshold``, DGC's sampling ``generator``, how fits treat exact ``zeros``, how
+    later SIDCo stages fit (``stage_fit``), and SIDCo's passes kept from earlier calls
+    on the same vector (``shared``)."""
 
     stages: int = 3
     threshold: float | None = None
     generator: torch.Generator | None = None
     zeros: str = "exclude"
     stage_fit: str = "moments"
+    shared: SharedPasses | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def _sidco(first: str, later: str) -> Callable[[torch.Tensor, int, Settings], Th
             stages=settings.stages,
             zeros=settings.zeros,
             stage_fit=settings.stage_fit,
+            shared=settings.shared,
         )
         return ThresholdResult(
             stages.threshold,
@@ -297,6 +300,7 @@ def estimate_threshold(
     generator: torch.Generator | None = None,
     zeros: str = "exclude",
     stage_fit: str = "moments",
+    shared: SharedPasses | None = None,
 ) -> ThresholdResult:
     """Estimate the threshold that keeps about ``k = k_for(ratio, values.numel())``.
 
@@ -304,7 +308,8 @@ def estimate_threshold(
     thresholds ``|values|``. ``stages`` is SIDCo's stage count M, ``threshold`` the
     ``hard`` estimator's lambda, ``generator`` DGC's sampling generator; ``zeros``
     (``exclude``/``include``) and ``stage_fit`` (``moments``/``mle``) choose how the
-    fitting estimators (SIDCo, Gaussian-k) treat exact zeros and later SIDCo stages.
+    fitting estimators (SIDCo, Gaussian-k) treat exact zeros and later SIDCo stages;
+    ``shared`` keeps SIDCo's full-vector passes for further calls on the same ``values``.
     Raises :class:`UsageError` for an unknown estimator or choice, a ratio outside
     (0, 1), a stage count below 1 or k above the number of non-zeros;
     :class:`DataError` for an all-zero or non-finite vector.
@@ -317,7 +322,7 @@ def estimate_threshold(
     check_choices(zeros, stage_fit)
     if values.numel() == 0:
         raise DataError("no values to threshold (empty vector)")
-    settings = Settings(stages, threshold, generator, zeros, stage_fit)
+    settings = Settings(stages, threshold, generator, zeros, stage_fit, shared)
     result = entry.select(values, k_for(ratio, values.numel()), settings)
     return replace(result, estimator=estimator, inclusive=entry.inclusive)
 
