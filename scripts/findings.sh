@@ -63,6 +63,9 @@ for W in $WORKLOADS; do
     --csv "$DIR/fit.csv" --plot "$FIG/$W-fit.png" --dpi $DPI
   run fit-adaptive fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages auto --steps ::4 \
     --estimators sidco-exp,sidco-gpd,sidco-gamma-gpd --csv "$DIR/fit-adaptive.csv"
+  # SIDCo's GPD stages fitted by maximum likelihood instead of moments (issue 10 part 4)
+  run fit-mle fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages 1,2,3 --steps ::4 \
+    --estimators sidco-gpd,sidco-gamma-gpd --stage-fit mle --csv "$DIR/fit-mle.csv"
 
   step "$W: SIDCo: best fit per layer (first recorded step, learner 0)"
   run fit-layers fit "$RUN" --dist all --scope layers --steps 0 --learners 0 --estimators '' \

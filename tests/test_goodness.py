@@ -86,6 +86,20 @@ def test_subsample(heavy):
     assert not torch.equal(part, subsample(heavy, 1000, seed=4))
 
 
+@pytest.mark.parametrize("size", [300, 200])  # numpy's draw (n <= 4 size), distinct draws
+def test_subsample_gives_every_element_the_same_chance(size):
+    # over many seeds each position is drawn size/n of the time (a binomial spread),
+    # every draw without repeats and in the original order
+    positions = torch.arange(1000)
+    seeds = 2000
+    counts = np.zeros(1000)
+    for seed in range(seeds):
+        drawn = subsample(positions, size, seed=seed).numpy()
+        assert drawn.size == size and np.all(np.diff(drawn) > 0)
+        counts[drawn] += 1
+    assert stats.chisquare(counts).pvalue > 1e-4
+
+
 def test_folded_normal_and_laplace_on_magnitudes():
     normal = Normal(loc=0.3, scale=1.5)
     folded = normal.magnitudes()

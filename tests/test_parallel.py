@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import threading
 from types import SimpleNamespace
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from gradstat.analysis.compute import Compute
+from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.capture.launch import CaptureOptions, _worker_env
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import parse_compressors
 from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.parallel import codec, threads
+from gradstat.parallel.pool import WorkerDied, _Worker
 from gradstat.parallel.runner import requested_jobs
 from gradstat.parallel.units import Task, finish, resolve_function
+from gradstat.store import layer_table, open_capture, write_capture
 
 
 def test_typed_json_rebuilds_gradstat_dataclasses_and_tuples():
@@ -102,3 +111,41 @@ def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_pat
     assert env["OMP_NUM_THREADS"] == env["GRADSTAT_THREADS"] == expected
     monkeypatch.setenv("GRADSTAT_THREADS", "3")
     assert _worker_env(options)["OMP_NUM_THREADS"] == "3"
+
+
+def test_pool_takes_every_answer_that_arrived_together():
+    # Regression: the pool read answers with a buffered readline after select(); two
+    # answers arriving together were both pulled into Python's buffer, one returned, and
+    # select() never woke up for the other: overlap --jobs 2 waited forever.
+    read, write = os.pipe()
+    worker = object.__new__(_Worker)
+    worker.process = SimpleNamespace(stdout=os.fdopen(read, "rb"), wait=lambda: 0)
+    worker.partial = bytearray()
+    worker.log = io.BytesIO(b"the worker's last words\n")
+    os.write(write, b'{"index": 0}\n{"index": 1}\n{"ind')
+    assert [codec.decode(line) for line in worker.answers()] == [{"index": 0}, {"index": 1}]
+    os.write(write, b'ex": 2}\n')
+    assert [codec.decode(line) for line in worker.answers()] == [{"index": 2}]
+    os.close(write)
+    with pytest.raises(WorkerDied, match="last words"):
+        worker.answers()  # end of file: the worker is gone
+    worker.process.stdout.close()
+
+
+def test_many_quick_units_in_two_workers_finish(tmp_path):
+    # the same bug end to end: 400 step pairs, each answered in milliseconds (run in a
+    # thread: a hang fails the test instead of stopping the suite)
+    grads = np.random.default_rng(0).normal(size=(2, 401, 50)).astype(np.float32)
+    cap = open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (50,))])))
+    params = OverlapParams(ratio=0.1)
+    results = {}
+
+    def run(jobs: int) -> None:
+        results[jobs] = temporal_overlap(cap, params=params, compute=Compute(jobs=jobs))
+
+    for jobs in (2, 1):
+        thread = threading.Thread(target=run, args=(jobs,), daemon=True)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), f"jobs={jobs} did not finish"
+    pd.testing.assert_frame_equal(results[2], results[1])

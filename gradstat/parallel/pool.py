@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import selectors
 import subprocess
 import sys
@@ -44,7 +45,24 @@ class _Worker:
         )
         self.pending = 0
         self.queue: deque[tuple[int, Any]] = deque()
+        self.partial = bytearray()  # the start of an answer line still arriving
         self.send(header)
+
+    def answers(self) -> list[bytes]:
+        """The complete answer lines that have arrived, after one read of what is there.
+
+        Reads the pipe's file descriptor directly: a buffered ``readline`` would pull two
+        quick answers into Python's buffer and return one, and ``select`` would never
+        report the other (the pipe is empty), so the pool would wait for it forever
+        (it did, on ``overlap --jobs 2``)."""
+        assert self.process.stdout is not None
+        chunk = os.read(self.process.stdout.fileno(), 1 << 20)
+        if not chunk:
+            raise self.died()
+        self.partial += chunk
+        *lines, rest = self.partial.split(b"\n")
+        self.partial = bytearray(rest)
+        return lines
 
     def send(self, line: bytes) -> None:
         assert self.process.stdin is not None
@@ -93,15 +111,13 @@ def run_pool(
         while remaining:
             for key, _ in selector.select():
                 worker = key.data
-                line = key.fileobj.readline()
-                if not line:
-                    raise worker.died()
-                answer = decode(line)
-                worker.pending -= 1
-                remaining -= 1
-                _feed(worker)
-                index = answer.pop("index")
-                yield index, answer
+                for line in worker.answers():
+                    answer = decode(line)
+                    worker.pending -= 1
+                    remaining -= 1
+                    _feed(worker)
+                    index = answer.pop("index")
+                    yield index, answer
     finally:
         selector.close()
         for worker in workers:

@@ -17,11 +17,37 @@ from gradstat.stats.distributions import Distribution
 
 
 def subsample(x: torch.Tensor, size: int | None, seed: int = 0) -> torch.Tensor:
-    """Up to ``size`` elements of ``x`` drawn uniformly without replacement (all if None)."""
-    if size is None or x.numel() <= size:
+    """Up to ``size`` elements of ``x`` (all if None), drawn uniformly without
+    replacement (every ``size``-subset equally likely), in their original order."""
+    n = x.numel()
+    if size is None or n <= size:
         return x
-    index = np.random.default_rng(seed).choice(x.numel(), size=size, replace=False)
-    return x[torch.from_numpy(np.sort(index))]
+    rng = np.random.default_rng(seed)
+    if n <= 4 * size:  # numpy's exact draw; the n-element index it builds is small here
+        index = rng.choice(n, size=size, replace=False)
+    else:
+        index = _distinct_draw(rng, n, size)
+    return x.reshape(-1)[torch.from_numpy(np.sort(index))]
+
+
+def _distinct_draw(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
+    """``size`` distinct positions of ``n``, uniformly, in O(size) memory: draws with
+    replacement until ``size`` distinct positions are in, then a uniform ``size``-subset
+    of those. Every step treats all positions alike, so every ``size``-subset is equally
+    likely. (numpy's ``choice(n, size, replace=False)`` builds an n-element index when
+    size > n/50: 256 MB for a 1M sample of 32M values.)"""
+    drawn = _distinct(rng.integers(0, n, size=size + size // 8 + 16))
+    while drawn.size < size:
+        more = rng.integers(0, n, size=size - drawn.size + 16)
+        drawn = _distinct(np.concatenate([drawn, more]))
+    return rng.choice(drawn, size=size, replace=False)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, ascending (a sort and a mask: ``np.unique`` took ten times
+    as long on a million int64)."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
 
 
 def _sorted(x: torch.Tensor, presorted: bool) -> torch.Tensor:
