@@ -61,7 +61,8 @@ for W in $WORKLOADS; do
   # every 4th recorded step, all learners: the fits are the expensive part
   run fit fit "$RUN" --dist all --ratios 0.1,0.01,0.001 --stages 1,2,3 --steps ::4 \
     --csv "$DIR/fit.csv" --plot "$FIG/$W-fit.png" --dpi $DPI
-  run fit-adaptive fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages auto --steps ::4 \
+  # every step: the adaptive rule decides on the mean q of 5 steps per learner
+  run fit-adaptive fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages auto \
     --estimators sidco-exp,sidco-gpd,sidco-gamma-gpd --csv "$DIR/fit-adaptive.csv"
   # SIDCo's GPD stages fitted by maximum likelihood instead of moments (issue 10 part 4)
   run fit-mle fit "$RUN" --dist gpd --ratios 0.1,0.01,0.001 --stages 1,2,3 --steps ::4 \
