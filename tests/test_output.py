@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -130,3 +131,18 @@ def test_many_learners_overlap_is_two_rows_by_default():
     assert list(shown["learner"].astype(str)) == ["learners", "mean"]
     assert shown["mean_overlap"].tolist() == pytest.approx([0.51, 0.51])
     assert len(result.detail[0].rows) == len(learners)
+
+
+def test_plain_progress_repeats_its_line_while_one_unit_runs(capsys, monkeypatch):
+    # a replay is one unit of every step: without a heartbeat, minutes of silence
+    monkeypatch.setattr(output, "HEARTBEAT_EVERY", 0.2)
+
+    def slow():
+        time.sleep(1.0)
+        yield "one"
+
+    assert list(output.progress(slow(), "replay", total=1)) == ["one"]
+    lines = capsys.readouterr().err.splitlines()
+    assert sum(line.startswith("replay: 0/1 (0%)") for line in lines) >= 2
+    time.sleep(0.5)  # stopped with the iteration: no line after it
+    assert capsys.readouterr().err == ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ T = TypeVar("T")
 
 #: Seconds between plain progress lines when stderr is not a terminal (a log, CI).
 PLAIN_PROGRESS_EVERY = 5.0
+#: Seconds without a completed unit after which the plain progress line is repeated.
+HEARTBEAT_EVERY = 30.0
 
 
 @dataclass
@@ -230,14 +233,49 @@ def progress_line(description: str, done: int, total: int | None, elapsed: float
     return f"{description}: {done}/{total} ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
 
 
+class _PlainProgress:
+    """The state of one plain progress report: units done and when a line was printed.
+    A daemon thread prints the state again when no line came for ``HEARTBEAT_EVERY``
+    seconds, so one long unit (a replay of every step) is not minutes of silence."""
+
+    def __init__(self, description: str, total: int | None) -> None:
+        self.description, self.total = description, total
+        self.done = 0
+        self.start = self.last = time.monotonic()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def advance(self) -> None:
+        with self.lock:
+            self.done += 1
+            if time.monotonic() - self.last >= PLAIN_PROGRESS_EVERY:
+                self._print()
+
+    def stop(self) -> None:
+        with self.lock:  # a line being printed finishes first; none comes after
+            self.stopped.set()
+
+    def _heartbeat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_EVERY / 4):
+            with self.lock:
+                if not self.stopped.is_set() and time.monotonic() - self.last >= HEARTBEAT_EVERY:
+                    self._print()
+
+    def _print(self) -> None:
+        self.last = now = time.monotonic()
+        line = progress_line(self.description, self.done, self.total, now - self.start)
+        err_console.print(line, highlight=False)
+
+
 def _plain_progress(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:
-    start = last = time.monotonic()
-    for done, item in enumerate(items, start=1):
-        yield item
-        now = time.monotonic()
-        if now - last >= PLAIN_PROGRESS_EVERY:
-            last = now
-            err_console.print(progress_line(description, done, total, now - start), highlight=False)
+    report = _PlainProgress(description, total)
+    try:
+        for item in items:
+            yield item
+            report.advance()
+    finally:
+        report.stop()
 
 
 def note_sample(cap) -> None:
