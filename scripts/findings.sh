@@ -89,6 +89,9 @@ for W in $WORKLOADS; do
 
   step "$W: ScaleCom: CLT-k (leader's indices) against local top-k, with error feedback"
   run replay replay "$RUN" --compressors topk,clt-k --ratios 0.01,0.001 --csv "$DIR/replay.csv"
+  # with ScaleCom's low-pass filter of the memory
+  run replay-beta replay "$RUN" --compressors clt-k --beta 0.1 --ratios 0.01,0.001 \
+    --csv "$DIR/replay-beta.csv"
 
   if [[ "${KEEP:-0}" != 1 ]]; then
     rm -rf "$RUN"
