@@ -46,7 +46,7 @@ from gradstat.analysis.replay import Replay, ReplayParams
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.compressors import parse_link
-from gradstat.parallel.threads import THREADS_ENV, default_jobs
+from gradstat.parallel.threads import THREADS_ENV, default_jobs, torch_threads
 from gradstat.store import layer_table, open_capture, write_capture
 
 LINK = parse_link("10Gbit/s", "5us")
@@ -96,16 +96,6 @@ def medians(configs: dict[str, Callable[[], object]], repeats: int) -> dict[str,
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-@contextmanager
-def threads(count: int):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def thread_ops(repeats: int) -> None:
     print("1. time on 2 intra-op threads / on 1 (above 1: threads hurt)")
     print(f"   {'values':>10} {'op':<12} {'quiet':>7} {'busy':>7}")
@@ -123,7 +113,7 @@ def thread_ops(repeats: int) -> None:
 
                     def on(count: int, op=op) -> Callable[[], object]:
                         def run() -> None:
-                            with threads(count):
+                            with torch_threads(count):
                                 for _ in range(5):
                                     op()
 

@@ -5,13 +5,10 @@ over a capture, and the fastest compressor and rate within an error budget
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
-import torch
 import typer
 from rich.markup import escape
 
@@ -75,6 +72,7 @@ from gradstat.compressors.registry import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
+from gradstat.parallel.threads import torch_threads
 from gradstat.report.answers import replay_answer
 from gradstat.store import open_capture
 
@@ -127,22 +125,6 @@ def _display(summary: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-@contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
-    """Run with ``threads`` torch CPU threads, then restore the previous count.
-
-    Compression times are measured per learner, one learner after the other: one thread
-    by default keeps them reproducible and close to a learner's own cost, where several
-    threads on a busy machine mostly measure contention.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
@@ -179,7 +161,7 @@ def replay_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
     compute = compute_options(device, memory, jobs)
-    with open_capture(capture) as cap, _torch_threads(threads):
+    with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
         run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
@@ -300,7 +282,7 @@ def recommend_command(
         threads=threads,
     )
     compute = compute_options(device, memory, jobs)
-    with open_capture(capture) as cap, _torch_threads(threads):
+    with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
         result = recommend(
             cap,
