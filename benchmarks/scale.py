@@ -12,7 +12,8 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   against the read of that one row.
 
 Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
-the default thread policy) and reports its own wall time without the interpreter start;
+the default thread policy) and reports its own wall time without the interpreter start
+and imports;
 peak RSS is the subprocess's (``wait4``). Also prints HDF5 reads against a raw read of
 the same bytes. Targets (issue 9): similarity / buildup / overlap <= 2x the read, fit <= 4x,
 peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x k bytes.
@@ -46,6 +47,10 @@ import numpy as np
 from gradstat.store import open_capture
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import SimilarityParams, similarity
+from gradstat.analysis.buildup import BuildupParams, buildup
+from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.fit import FitParams, fit
 
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
 compute = Compute(device="cpu", jobs=1)
@@ -59,16 +64,12 @@ with open_capture(path) as cap:
             for learner in learners:
                 cap.read_row(step, learner, out=buffer)
     elif what == "similarity":
-        from gradstat.analysis.similarity import SimilarityParams, similarity
         similarity(cap, Selection.of(cap), SimilarityParams(ratio), compute=compute)
     elif what == "buildup":
-        from gradstat.analysis.buildup import BuildupParams, buildup
         buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
     elif what == "overlap":
-        from gradstat.analysis.overlap import OverlapParams, temporal_overlap
         temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
     elif what == "fit":
-        from gradstat.analysis.fit import FitParams, fit
         selection = Selection.of(cap, steps[:1], cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
     print(json.dumps({"seconds": time.perf_counter() - start}))

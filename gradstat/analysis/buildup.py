@@ -19,6 +19,7 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.topk_stream import release_workspace
 from gradstat.analysis.units import Work
 from gradstat.parallel import run_units
 from gradstat.stats.topk_sets import (
@@ -68,7 +69,10 @@ def buildup(
     compute = compute or Compute()
     units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up")
     work = Work(buildup_unit, str(cap.path), selection, params)
-    return pd.DataFrame(run_units(cap, work, units, compute, progress))
+    try:
+        return pd.DataFrame(run_units(cap, work, units, compute, progress))
+    finally:
+        release_workspace()
 
 
 def buildup_unit(

@@ -22,7 +22,8 @@ DEVICES = ("auto", "cpu", "cuda")
 #: Share of the available memory an analysis takes for rows when ``memory`` is not given.
 MEMORY_SHARE = 0.25
 #: Full-length float32 rows alive at once in the streaming analyses (the learner's row
-#: being read, |row| and the running mean), what ``block_numel`` budgets for.
+#: being scanned, the next one being read, the running mean's sum and its compensation),
+#: what ``block_numel`` budgets for.
 ROWS_ALIVE = 4
 #: Smallest column block: below this per-block overhead dominates.
 MIN_BLOCK = 1 << 16

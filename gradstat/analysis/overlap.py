@@ -19,6 +19,7 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.topk_stream import release_workspace
 from gradstat.analysis.units import Work
 from gradstat.errors import UsageError
 from gradstat.parallel import run_units
@@ -78,7 +79,10 @@ def temporal_overlap(
     else:
         units = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
     work = Work(overlap_unit, str(cap.path), selection, params)
-    return pd.DataFrame(run_units(cap, work, units, compute, progress))
+    try:
+        return pd.DataFrame(run_units(cap, work, units, compute, progress))
+    finally:
+        release_workspace()
 
 
 ScopeSets = dict[str, tuple[Scope, int, torch.Tensor]]

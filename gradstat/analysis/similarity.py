@@ -25,7 +25,7 @@ from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
-from gradstat.analysis.topk_stream import StepSets, stream_step_sets
+from gradstat.analysis.topk_stream import StepSets, release_workspace, stream_step_sets
 from gradstat.analysis.units import Work
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import run_units
@@ -213,7 +213,10 @@ def similarity(
     compute = compute or Compute()
     units = plan_sets(cap, selection, [params.ratio], params.on, 2, "similarity")
     work = Work(similarity_unit, str(cap.path), selection, params)
-    step_records = run_units(cap, work, units, compute, progress)
+    try:
+        step_records = run_units(cap, work, units, compute, progress)
+    finally:
+        release_workspace()
     pairs = [pair for record in step_records for pair in record.pop("pairs")]
     return SimilarityResult(pd.DataFrame(pairs), pd.DataFrame(step_records))
 
