@@ -11,7 +11,8 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import k_for
-from gradstat.stats.sidco import AdaptiveStages, SharedPasses, stage_densities
+from gradstat.stats.passes import RowPasses
+from gradstat.stats.sidco import AdaptiveStages, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
@@ -118,24 +119,49 @@ def test_one_stage_is_far_off_on_heavy_tails_and_stages_fix_it(samples):
 
 
 def test_shared_passes_give_the_same_thresholds_as_fresh_calls(samples):
-    # fit runs every SIDCo variant at several densities and stage counts on one row with
-    # one SharedPasses: each result must equal a call that scans the row itself.
+    # fit runs every estimator at several densities and stage counts on one row with one
+    # RowPasses, whose counts run on kept exceedance pools: each result must equal a call
+    # that scans the row itself, and each count must equal a brute-force count.
     values = samples["gpd"][:300_000].clone()
     values[::7] = 0.0  # zeros: include and exclude use different stage-1 moments
-    shared = SharedPasses()
+    shared = RowPasses(values)
     calls = [
         (estimator, ratio, stages, zeros)
-        for estimator in ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd")
+        for estimator in (*ESTIMATORS, "hard")
         for zeros in ("exclude", "include")
         for ratio in (0.01, 0.001)
         for stages in (1, 2, 3)
     ]
+    magnitudes = values.abs()
     for estimator, ratio, stages, zeros in calls:
+        options = {"stages": stages, "zeros": zeros, "threshold": 0.5}
+        generator = torch.Generator().manual_seed(5)  # DGC's sample: the same for both
         kept = estimate_threshold(
-            values, ratio, estimator, stages=stages, zeros=zeros, shared=shared
+            values, ratio, estimator, shared=shared, generator=generator, **options
         )
-        fresh = estimate_threshold(values, ratio, estimator, stages=stages, zeros=zeros)
+        generator = torch.Generator().manual_seed(5)
+        fresh = estimate_threshold(values, ratio, estimator, generator=generator, **options)
         assert kept == fresh, (estimator, ratio, stages, zeros)
+        passing = magnitudes >= kept.threshold if kept.inclusive else magnitudes > kept.threshold
+        if estimator not in ("topk", "dgc"):  # these two report k after an exact top-k
+            assert kept.selected == int(passing.sum()), (estimator, ratio, stages, zeros)
+
+
+def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold():
+    # pools are reused for every later question: counts and exceedances (in the row's
+    # order) must equal a full scan at thresholds below, at and above earlier ones,
+    # strict and inclusive, zero and negative thresholds included.
+    rng = np.random.default_rng(3)
+    values = torch.from_numpy(rng.standard_t(2, 200_000).astype(np.float32))
+    values[::5] = 0.0
+    passes = RowPasses(values)
+    magnitudes = values.abs()
+    thresholds = [1.0, 3.0, 2.0, 3.0, 10.0, 0.5, 0.0, -1.0, float(magnitudes[11]), 50.0]
+    for t in thresholds:
+        for inclusive in (False, True):
+            passing = magnitudes >= t if inclusive else magnitudes > t
+            assert passes.count(t, inclusive) == int(passing.sum()), (t, inclusive)
+            assert torch.equal(passes.exceed(t, inclusive), magnitudes[passing]), (t, inclusive)
 
 
 def test_zeros_are_excluded_from_the_density(samples):

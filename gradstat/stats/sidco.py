@@ -38,7 +38,7 @@ from gradstat.errors import UsageError
 from gradstat.stats import mle
 from gradstat.stats.density import check_k
 from gradstat.stats.distributions import Exponential, Gamma, GenPareto
-from gradstat.stats.passes import MagnitudeSums, count, exceed, magnitude_sums
+from gradstat.stats.passes import MagnitudeSums, RowPasses
 
 ZEROS: tuple[str, ...] = ("exclude", "include")
 STAGE_FITS: tuple[str, ...] = ("moments", "mle")
@@ -174,32 +174,6 @@ class _GpdMle:
         return minimum + float(GenPareto(c=c, loc=0.0, scale=scale).isf(density))
 
 
-class SharedPasses:
-    """Full-vector passes that SIDCo runs on one vector, kept for the next call on the
-    same vector: the magnitude sums (stage 1's moments) and the exceedances of the last
-    stage-1 threshold. An analysis that runs SIDCo-E/P/GP at several densities and stage
-    counts on one row (``fit``) scans the row once per stage-1 fit instead of once per
-    call: stage 1 sits at density 0.25 whatever the target density when there is more
-    than one stage. Holds at most a quarter of the vector (one set of exceedances);
-    use one instance per vector."""
-
-    def __init__(self) -> None:
-        self._sums: MagnitudeSums | None = None
-        self._above: tuple[float, torch.Tensor] | None = None
-
-    def sums(self, values: torch.Tensor, log: bool) -> MagnitudeSums:
-        """:func:`magnitude_sums` of ``values`` (with the log sum when ``log``)."""
-        if self._sums is None or (log and math.isnan(self._sums.log_sum)):
-            self._sums = magnitude_sums(values, log=log)
-        return self._sums
-
-    def exceed(self, values: torch.Tensor, threshold: float) -> torch.Tensor:
-        """The magnitudes of ``values`` above ``threshold``."""
-        if self._above is None or self._above[0] != threshold:
-            self._above = (threshold, exceed(values, threshold))
-        return self._above[1]
-
-
 def sidco(
     values: torch.Tensor,
     k: int,
@@ -209,14 +183,16 @@ def sidco(
     stages: int,
     zeros: str = "exclude",
     stage_fit: str = "moments",
-    shared: SharedPasses | None = None,
+    shared: RowPasses | None = None,
 ) -> Stages:
     """SIDCo's threshold for ``k`` of the magnitudes of ``values`` (see the module
     docstring): ``first`` and ``later`` name the stage fits (exp, gpd, gamma);
-    ``shared``: passes kept from earlier calls on the same ``values``."""
+    ``shared``: the passes over ``values`` kept from earlier calls (``fit`` runs every
+    SIDCo variant on a row with one: stage 1 sits at density 0.25 whatever the target
+    when there is more than one stage, so its exceedances serve every such call)."""
     check_choices(zeros, stage_fit)
-    shared = shared or SharedPasses()
-    sums = shared.sums(values, log=first == "gamma")
+    passes = shared or RowPasses(values)
+    sums = passes.sums(log=first == "gamma")
     check_k(k, sums.nonzeros)
     moments = first_stage_moments(sums, zeros)
     densities = stage_densities(k / moments.n, stages)
@@ -226,9 +202,10 @@ def sidco(
     else:
         eta = QUANTILES[first](moments, densities[0])
     thresholds = [eta]
-    current = values  # the full signed vector, then each stage's exceedances (magnitudes)
+    floor = None  # each stage fits the |x| above the level before: None, the full vector
     for density in densities[1:]:
-        above = shared.exceed(values, eta) if current is values else current[current > eta]
+        floor = _level(eta, floor)
+        above = passes.exceed(floor)  # = the last stage's exceedances above eta, as a pool
         if above.numel() < 2:
             break  # nothing left to fit: keep the previous stage's threshold
         minimum = float(above.amin())
@@ -237,10 +214,15 @@ def sidco(
         else:
             eta = minimum + QUANTILES[later](excess_moments(above, minimum), density)
         thresholds.append(eta)
-        current = above
     used = len(thresholds)
-    selected = count(values, eta) if current is values else int(torch.count_nonzero(current > eta))
+    selected = passes.count(_level(eta, floor))
     return Stages(eta, selected, densities[:used], tuple(thresholds))
+
+
+def _level(eta: float, floor: float | None) -> float:
+    """The level whose exceedances are the last stage's exceedances above ``eta``:
+    {|x| > floor} and then > eta is {|x| > max(eta, floor)} (NaN stays NaN)."""
+    return floor if floor is not None and eta < floor else eta
 
 
 class AdaptiveStages:

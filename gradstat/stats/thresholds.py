@@ -36,8 +36,8 @@ from scipy.special import ndtri
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import check_k, k_for
-from gradstat.stats.passes import chunks, count, exceed, nonzeros
-from gradstat.stats.sidco import SharedPasses, check_choices, sidco
+from gradstat.stats.passes import RowPasses
+from gradstat.stats.sidco import check_choices, sidco
 
 
 @dataclass(frozen=True)
@@ -75,22 +75,23 @@ class ThresholdResult:
 class Settings:
     """What an estimator may be asked beyond the density: SIDCo's ``stages``, the hard
     ``threshold``, DGC's sampling ``generator``, how fits treat exact ``zeros``, how
-    later SIDCo stages fit (``stage_fit``), and SIDCo's passes kept from earlier calls
-    on the same vector (``shared``)."""
+    later SIDCo stages fit (``stage_fit``), and the passes over the vector
+    (``shared``: :class:`RowPasses`, kept from call to call on the same vector)."""
 
     stages: int = 3
     threshold: float | None = None
     generator: torch.Generator | None = None
     zeros: str = "exclude"
     stage_fit: str = "moments"
-    shared: SharedPasses | None = None
+    shared: RowPasses | None = None
 
 
 @dataclass(frozen=True)
 class Estimator:
     """One registered threshold estimator.
 
-    ``select(values, k, settings)`` returns the threshold and its count; ``dist`` names
+    ``select(values, k, settings)`` returns the threshold and its count (``settings.shared``
+    holds the passes over ``values``: :func:`estimate_threshold` makes them); ``dist`` names
     the distribution it fits (None: none); ``staged``: it takes SIDCo's stage count;
     ``inclusive``: it selects ``|x| >= threshold``; ``default``: ``fit`` runs it unless
     told otherwise.
@@ -129,7 +130,7 @@ def _sidco(first: str, later: str) -> Callable[[torch.Tensor, int, Settings], Th
 
 
 def _topk(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
-    check_k(k, nonzeros(values))
+    check_k(k, settings.shared.nonzeros)
     kth = float(torch.topk(values.reshape(-1).abs(), k, sorted=False).values.amin())
     if math.isnan(kth):
         raise DataError("the values contain NaN; drop them before estimating")
@@ -140,14 +141,14 @@ def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     threshold = settings.threshold
     if threshold is None or not math.isfinite(threshold) or threshold < 0:
         raise UsageError("the hard threshold needs a finite threshold >= 0")
-    return ThresholdResult(threshold, count(values, threshold, inclusive=True), k)
+    return ThresholdResult(threshold, settings.shared.count(threshold, inclusive=True), k)
 
 
 def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     """DGC: sample 1% of coordinates (at least 2/delta), take the smallest of the top
     ceil(sample * delta) sampled magnitudes; exact top-k on the candidates when more than
     1.3k are selected, threshold x0.8 and retry when fewer than 0.8k."""
-    check_k(k, nonzeros(values))
+    check_k(k, settings.shared.nonzeros)
     flat = values.reshape(-1)
     d = flat.numel()
     density = k / d
@@ -159,7 +160,7 @@ def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
         raise DataError("the values contain NaN or Inf; drop them before estimating")
     while True:
-        candidates = exceed(flat, threshold, inclusive=True)
+        candidates = settings.shared.exceed(threshold, inclusive=True)
         if candidates.numel() > 1.3 * k:
             threshold = float(torch.topk(candidates, k, sorted=False).values.amin())
             return ThresholdResult(threshold, k, k)
@@ -178,61 +179,44 @@ def _gaussiank(values: torch.Tensor, k: int, settings: Settings) -> ThresholdRes
     2k/3 are selected, x1.5 when more than 4k/3, at most twice (the reference computes a
     third adjustment and discards it)."""
     check_choices(settings.zeros, settings.stage_fit)
-    flat = values.reshape(-1)
-    sums, squares = [], []
-    for chunk in chunks(flat):
-        sums.append(chunk.sum())
-        squares.append(chunk.square().sum())
-    nnz = nonzeros(flat)
-    check_k(k, nnz)
-    n = nnz if settings.zeros == "exclude" else flat.numel()
-    mean = float(torch.stack(sums).double().sum()) / n
-    var = max(float(torch.stack(squares).double().sum()) / n - mean * mean, 0.0)
-    if not math.isfinite(var):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
+    passes = settings.shared
+    sums = passes.sums()
+    check_k(k, sums.nonzeros)
+    n = sums.nonzeros if settings.zeros == "exclude" else sums.numel
+    mean = sums.signed_total / n
+    var = max(sums.squares / n - mean * mean, 0.0)
     threshold = mean + float(ndtri(1.0 - k / n / 2.0)) * math.sqrt(var)
-    selected = count(flat, threshold)
+    selected = passes.count(threshold)
     for _ in range(GAUSSIANK_ADJUSTMENTS):
         if 2 * k / 3 <= selected <= 4 * k / 3:
             break
         threshold *= 0.5 if selected < 2 * k / 3 else 1.5
-        selected = count(flat, threshold)
+        selected = passes.count(threshold)
     return ThresholdResult(threshold, selected, k)
 
 
-def _mean_max(flat: torch.Tensor) -> tuple[float, float]:
+def _mean_max(passes: RowPasses) -> tuple[float, float]:
     """Mean of |x| over every element (zeros included, as RedSync has it) and max |x|."""
-    sums, maxima = [], []
-    for chunk in chunks(flat):
-        a = chunk.abs()
-        sums.append(a.sum())
-        maxima.append(a.amax())
-    mean = float(torch.stack(sums).double().sum()) / flat.numel()
-    if not math.isfinite(mean):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
-    return mean, float(torch.stack(maxima).amax())
+    sums = passes.sums()
+    return sums.total / sums.numel, sums.maximum
 
 
 def _redsync(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     """RedSync: binary search of t in [0, 1] for eta = mean + t (max - mean) of |x| until
     k < count < 2k (up to 40 probes): raise eta when count >= 2k, lower it when count <= k.
-    Counts run on a shrinking pool of candidates above the lower bound."""
-    flat = values.reshape(-1)
-    check_k(k, nonzeros(flat))
-    mean, top = _mean_max(flat)
+    Counts run on the smallest set of exceedances kept so far (:class:`RowPasses`)."""
+    passes = settings.shared
+    check_k(k, passes.nonzeros)
+    mean, top = _mean_max(passes)
     low, high = 0.0, 1.0
-    pool = flat
-    threshold, selected = mean, count(flat, mean)
     for _ in range(40):
         t = (low + high) / 2.0
         threshold = mean + t * (top - mean)
-        selected = count(pool, threshold)
+        selected = passes.count(threshold)
         if k < selected < 2 * k:
             break
         if selected >= 2 * k:
             low = t
-            if 4 * selected < pool.numel():
-                pool = exceed(pool, threshold)
         else:
             high = t
     return ThresholdResult(threshold, selected, k)
@@ -243,14 +227,14 @@ def _redsync_sidco(values: torch.Tensor, k: int, settings: Settings) -> Threshol
     the interval is wider than 0.2 (at most 3 probes); stop when k < count < 2k, lower
     eta when count < k/2, otherwise raise it (also when k/2 <= count <= k). The last
     probe's threshold is used, whatever it selects."""
-    flat = values.reshape(-1)
-    check_k(k, nonzeros(flat))
-    mean, top = _mean_max(flat)
+    passes = settings.shared
+    check_k(k, passes.nonzeros)
+    mean, top = _mean_max(passes)
     low, high = 0.0, 1.0
     while high - low > 0.2:
         t = low + (high - low) / 2.0
         threshold = mean + t * (top - mean)
-        selected = count(flat, threshold)
+        selected = passes.count(threshold)
         if k < selected < 2 * k:
             break
         if selected < k / 2:
@@ -300,7 +284,7 @@ def estimate_threshold(
     generator: torch.Generator | None = None,
     zeros: str = "exclude",
     stage_fit: str = "moments",
-    shared: SharedPasses | None = None,
+    shared: RowPasses | None = None,
 ) -> ThresholdResult:
     """Estimate the threshold that keeps about ``k = k_for(ratio, values.numel())``.
 
@@ -322,6 +306,7 @@ def estimate_threshold(
     check_choices(zeros, stage_fit)
     if values.numel() == 0:
         raise DataError("no values to threshold (empty vector)")
+    shared = shared or RowPasses(values)
     settings = Settings(stages, threshold, generator, zeros, stage_fit, shared)
     result = entry.select(values, k_for(ratio, values.numel()), settings)
     return replace(result, estimator=estimator, inclusive=entry.inclusive)
