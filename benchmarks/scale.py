@@ -51,7 +51,9 @@ from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.fit import FitParams, fit
+from gradstat.parallel.allocator import keep_freed_memory
 
+keep_freed_memory()  # as the command line does
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:

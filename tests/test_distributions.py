@@ -191,6 +191,12 @@ def test_split_values_counts_zeros_and_nonfinite():
     assert split.nonfinite == 3
     assert split.signed.tolist() == [-1.0, 2.0, -3.0]
     assert split.magnitudes.tolist() == [1.0, 2.0, 3.0]
+    # the shortcuts: a finite sum (no NaN/Inf) and a non-zero minimum (no zeros) keep
+    # everything; a sum that overflows on finite values must not count them as NaN/Inf
+    plain = split_values(torch.tensor([-1.0, 2.0]))
+    assert (plain.zeros, plain.nonfinite, plain.signed.tolist()) == (0, 0, [-1.0, 2.0])
+    huge = split_values(torch.tensor([3e38, 3e38, 0.0]))
+    assert (huge.zeros, huge.nonfinite, huge.magnitudes.numel()) == (1, 0, 2)
 
 
 def test_bad_input():

@@ -21,6 +21,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -373,13 +374,15 @@ class _Fitter:
             "zeros": split.zeros,
             "nonfinite": split.nonfinite,
         }
-        empirical = self._empirical(values, split)
         passes = RowPasses(values, split.magnitudes)  # every count of this row, shared
+        empirical = self._empirical(values, split, passes)
         rows = self._fits(base, values, split, empirical, passes)
         rows += self._estimators(base, values, empirical, passes)
         return rows
 
-    def _empirical(self, values: torch.Tensor, split: SplitValues) -> dict[float, float | str]:
+    def _empirical(
+        self, values: torch.Tensor, split: SplitValues, passes: RowPasses
+    ) -> dict[float, float | str]:
         """The k-th largest |g| at each ratio (what ``topk`` selects), from one sort of
         candidates for every ratio (``kth_largest``); where k exceeds the non-zeros, the
         ``topk`` estimator's error message."""
@@ -393,7 +396,8 @@ class _Fitter:
                     empirical[ratio] = str(exc)
         computable = [r for r in self.ratios if r not in empirical]
         if computable:  # k <= non-zeros: the k-th largest |g| is a non-zero one
-            kth = kth_largest(split.magnitudes, [ks[r] for r in computable])
+            at_least = partial(passes.exceed, inclusive=True)
+            kth = kth_largest(split.magnitudes, [ks[r] for r in computable], at_least)
             empirical.update(zip(computable, kth, strict=True))
         return empirical
 

@@ -73,14 +73,22 @@ def split_values(values: torch.Tensor) -> SplitValues:
         finite = torch.isfinite(flat)
         nonfinite = flat.numel() - int(finite.sum())
         if nonfinite:
-            flat = flat[finite]
+            flat = _compress(flat, finite)
     magnitudes = flat.abs()
     zeros = 0
     if magnitudes.numel() and not float(magnitudes.amin()) > 0:
         nonzero = magnitudes != 0
         zeros = flat.numel() - int(nonzero.sum())
-        flat, magnitudes = flat[nonzero], magnitudes[nonzero]
+        flat, magnitudes = _compress(flat, nonzero), _compress(magnitudes, nonzero)
     return SplitValues(flat, magnitudes, zeros, nonfinite)
+
+
+def _compress(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``x[keep]``; numpy's compress on the CPU (torch's boolean indexing of a dense mask
+    took 0.4 s for 32M values, numpy 0.05 s)."""
+    if x.device.type != "cpu":
+        return x[keep]
+    return torch.from_numpy(np.compress(keep.numpy(), x.numpy()))
 
 
 @dataclass(frozen=True)

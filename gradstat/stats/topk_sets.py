@@ -23,6 +23,7 @@ top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,25 +80,32 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], k)
 
 
-def kth_largest(magnitudes: torch.Tensor, ks: list[int]) -> list[float]:
+def kth_largest(
+    magnitudes: torch.Tensor,
+    ks: list[int],
+    at_least: Callable[[float], torch.Tensor] | None = None,
+) -> list[float]:
     """The k-th largest of ``magnitudes`` (a flat non-negative vector) for each k in ``ks``.
 
-    Exact, from one pass and one sort of candidates: as ``topk_indices``, the vector is
-    first cut to the candidates ``>= t`` with ``t`` an upper quantile of a strided sample
-    (about 1.5 max(ks) survive), which are partitioned once for every k; if fewer than max(ks)
-    survive, ``torch.topk`` of the whole vector. (Also for densities above 1/16, where
-    ``topk_indices`` does not pre-filter, since one sort serves every k.)
+    Exact, from one pass and one partition of candidates: as ``topk_indices``, the vector
+    is first cut to the candidates ``>= t`` with ``t`` an upper quantile of a strided
+    sample (about 1.5 max(ks) survive), which are partitioned once for every k; if fewer
+    than max(ks) survive, ``torch.topk`` of the whole vector. ``at_least(t)``: the
+    magnitudes ``>= t`` from whoever keeps them (``fit``'s :class:`RowPasses`, which
+    then keeps the candidates for its counts); default, a chunked scan.
     """
     d, kmax = magnitudes.numel(), max(ks)
     if not 0 < kmax <= d:
         raise ValueError(f"k={kmax} must be in 1..{d}")
-    top = None
     if d >= PREFILTER_MIN_NUMEL and 2 * kmax < d:
         sample = magnitudes[:: d // PREFILTER_SAMPLE]
         s = sample.numel()
         rank = min(s, math.ceil(1.5 * kmax * s / d) + 32)
-        t = torch.topk(sample, rank, sorted=False).values.amin()
-        candidates = torch.cat([c[c >= t] for c in magnitudes.split(PREFILTER_CHUNK)])
+        t = float(torch.topk(sample, rank, sorted=False).values.amin())
+        if at_least is not None:
+            candidates = at_least(t)
+        else:
+            candidates = torch.cat([c[c >= t] for c in magnitudes.split(PREFILTER_CHUNK)])
         if candidates.numel() >= kmax:
             return _kth_of(candidates, ks)
     top = torch.topk(magnitudes, kmax, sorted=True).values
