@@ -9,14 +9,21 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 * ``similarity`` (ratio 0.001), ``buildup`` (0.001) and ``overlap`` (0.001, lag 1) over
   every step and learner;
 * ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at the first step,
-  against the read of that one row.
+  against the read of that one row;
+* ``replay-topk`` and ``replay-dgc``: a replay of that compressor at ratio 0.001 with
+  error feedback over every step and learner (``--analyses`` names others, e.g.
+  ``replay-sidco-gpd``).
+
+``--busy`` runs each analysis a second time while another CPU-bound process (a Python
+busy loop) runs, and prints busy / quiet.
 
 Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
 the default thread policy) and reports its own wall time without the interpreter start
 and imports;
 peak RSS is the subprocess's (``wait4``). Also prints HDF5 reads against a raw read of
 the same bytes. Targets (issue 9): similarity / buildup / overlap <= 2x the read, fit <= 4x,
-peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x k bytes.
+peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x k bytes (replay: plus the
+error-feedback memories, learners x numel x 4); busy <= 1.3x quiet.
 
     python benchmarks/scale.py --sizes 8M,32M --learners 4,16 --dir /work/tmp-scale
 """
@@ -51,6 +58,8 @@ from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.fit import FitParams, fit
+from gradstat.analysis.replay import ReplayParams, replay
+from gradstat.compressors.cost import Link
 from gradstat.parallel.allocator import keep_freed_memory
 
 keep_freed_memory()  # as the command line does
@@ -74,6 +83,9 @@ with open_capture(path) as cap:
     elif what == "fit":
         selection = Selection.of(cap, steps[:1], cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
+    elif what.startswith("replay-"):  # one compressor with error feedback, every step
+        params = ReplayParams(what.removeprefix("replay-"), [ratio], Link(10e9 / 8, 5e-6))
+        replay(cap, Selection.of(cap), params, compute=compute)
     print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
@@ -100,8 +112,17 @@ def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: i
     finalize_root(folder)
 
 
-def run_child(path: Path, what: str) -> tuple[float, float]:
-    """(seconds inside the child, peak RSS of the child in bytes, from ``wait4``)."""
+def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
+    """(seconds inside the child, peak RSS of the child in bytes, from ``wait4``);
+    ``busy``: while a CPU-bound process competes for the cores."""
+    if busy:
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.5)  # let it take its core
+            return run_child(path, what)
+        finally:
+            spinner.kill()
+            spinner.wait()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path), what, str(RATIO)], stdout=out, stderr=err
@@ -144,14 +165,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-scale"))
     parser.add_argument(
-        "--analyses", default="similarity,buildup,overlap,fit", help="comma-separated"
+        "--analyses",
+        default="similarity,buildup,overlap,fit,replay-topk,replay-dgc",
+        help="comma-separated",
     )
+    parser.add_argument("--busy", action="store_true", help="also time each with a CPU hog")
     args = parser.parse_args()
     analyses = args.analyses.split(",")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     header = (
-        f"{'numel':>6} {'n':>3} {'analysis':>10} {'s/step':>8} {'x read':>7} "
-        f"{'peak RSS':>9} {'RSS target':>10}"
+        f"{'numel':>6} {'n':>3} {'analysis':>12} {'s/step':>8} {'x read':>7} "
+        f"{'peak RSS':>9} {'RSS target':>10}" + (f" {'busy/quiet':>10}" if args.busy else "")
     )
     print(header)
     for size in args.sizes.split(","):
@@ -167,17 +191,22 @@ def main() -> None:
                 k = max(1, round(RATIO * numel))
                 target = 600e6 + 3 * numel * 4 + 16 * learners * k
                 print(
-                    f"{size:>6} {learners:>3} {'h5py/raw':>10} raw/h5py read "
+                    f"{size:>6} {learners:>3} {'h5py/raw':>12} raw/h5py read "
                     f"{raw_vs_h5py(folder, numel):.2f}"
                 )
-                print(f"{size:>6} {learners:>3} {'read':>10} {read_all / args.steps:8.2f}")
+                print(f"{size:>6} {learners:>3} {'read':>12} {read_all / args.steps:8.2f}")
                 for what in analyses:
                     seconds, peak = run_child(folder, what)
                     floor = read_one if what == "fit" else read_all
                     per_step = seconds if what == "fit" else seconds / args.steps
+                    allowance = target + (learners * numel * 4 if "replay" in what else 0)
+                    busy = ""
+                    if args.busy:
+                        busy = f" {run_child(folder, what, busy=True)[0] / seconds:10.2f}"
                     print(
-                        f"{size:>6} {learners:>3} {what:>10} {per_step:8.2f} "
-                        f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB {target / 1e6:8.0f}MB",
+                        f"{size:>6} {learners:>3} {what:>12} {per_step:8.2f} "
+                        f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB "
+                        f"{allowance / 1e6:8.0f}MB{busy}",
                         flush=True,
                     )
             finally:

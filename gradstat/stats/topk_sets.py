@@ -66,18 +66,35 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     thresholds = torch.topk(sample, rank, dim=1, sorted=False).values.amin(dim=1)
     out = torch.empty(rows.shape[0], k, dtype=torch.int64, device=x.device)
     for i, (row, t) in enumerate(zip(rows, thresholds, strict=True)):
-        # chunk by chunk, so |x|, the mask and its non-zeros stay in cache
-        candidates = torch.cat(
-            [
-                (row[start : start + PREFILTER_CHUNK].abs() >= t).nonzero().squeeze(1) + start
-                for start in range(0, d, PREFILTER_CHUNK)
-            ]
-        )
+        candidates = _at_least(row, float(t))
         if candidates.numel() >= k:
             out[i] = candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
         else:
             out[i] = torch.topk(row.abs(), k, sorted=False).indices
     return out.reshape(*x.shape[:-1], k)
+
+
+def _at_least(row: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Indices of ``|row| >= threshold``, chunk by chunk so that |x|, the mask and its
+    non-zeros stay in cache (numpy on the CPU: 4 ms for 8M values, torch's 13 ms)."""
+    if row.device.type != "cpu":
+        return torch.cat(
+            [
+                (row[start : start + PREFILTER_CHUNK].abs() >= threshold).nonzero().squeeze(1)
+                + start
+                for start in range(0, row.numel(), PREFILTER_CHUNK)
+            ]
+        )
+    values = row.detach().numpy()
+    chunk = min(values.size, PREFILTER_CHUNK)
+    magnitudes, mask = np.empty(chunk, dtype=values.dtype), np.empty(chunk, dtype=bool)
+    found = []
+    for start in range(0, values.size, chunk):
+        part = values[start : start + chunk]
+        np.abs(part, out=magnitudes[: part.size])
+        np.greater_equal(magnitudes[: part.size], threshold, out=mask[: part.size])
+        found.append(np.flatnonzero(mask[: part.size]) + start)
+    return torch.from_numpy(np.concatenate(found))
 
 
 def kth_largest(
