@@ -8,8 +8,8 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 * ``read``: every selected row once (``Capture.read_row`` into one buffer): the floor;
 * ``similarity`` (ratio 0.001), ``buildup`` (0.001) and ``overlap`` (0.001, lag 1) over
   every step and learner;
-* ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at the first step,
-  against the read of that one row;
+* ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at every step,
+  against the read of those rows (time per row);
 * ``replay-topk`` and ``replay-dgc``: a replay of that compressor at ratio 0.001 with
   error feedback over every step and learner (``--analyses`` names others, e.g.
   ``replay-sidco-gpd``).
@@ -71,7 +71,7 @@ with open_capture(path) as cap:
     if what in ("read", "read-one"):
         buffer = np.empty(cap.numel, dtype=np.float32)
         learners = cap.learners if what == "read" else cap.learners[:1]
-        for step in steps if what == "read" else steps[:1]:
+        for step in steps:
             for learner in learners:
                 cap.read_row(step, learner, out=buffer)
     elif what == "similarity":
@@ -81,7 +81,7 @@ with open_capture(path) as cap:
     elif what == "overlap":
         temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
     elif what == "fit":
-        selection = Selection.of(cap, steps[:1], cap.learners[:1])
+        selection = Selection.of(cap, steps, cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
     elif what.startswith("replay-"):  # one compressor with error feedback, every step
         params = ReplayParams(what.removeprefix("replay-"), [ratio], Link(10e9 / 8, 5e-6))
@@ -198,7 +198,7 @@ def main() -> None:
                 for what in analyses:
                     seconds, peak = run_child(folder, what)
                     floor = read_one if what == "fit" else read_all
-                    per_step = seconds if what == "fit" else seconds / args.steps
+                    per_step = seconds / args.steps  # fit: per row of learner 0
                     allowance = target + (learners * numel * 4 if "replay" in what else 0)
                     busy = ""
                     if args.busy:

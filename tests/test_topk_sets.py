@@ -17,6 +17,7 @@ from gradstat.stats.topk_sets import (
     buildup_curve,
     contraction_ok,
     energy_captured,
+    indices_above,
     kth_largest,
     paired_intersection_sizes,
     random_overlap,
@@ -248,3 +249,16 @@ def test_kth_largest_matches_a_full_sort(d, ks):
     x[::7] = 0.0  # ties at zero do not matter above them
     expected = np.sort(x.numpy())[::-1]
     assert kth_largest(x, ks) == [float(expected[k - 1]) for k in ks]
+
+
+@pytest.mark.parametrize("d", [0, 5, 300_007])
+def test_indices_above_equals_a_mask(d):
+    # numpy's chunked pass must pick exactly what torch's mask picks, at thresholds equal
+    # to element values (strict vs inclusive) and across chunk boundaries
+    x = torch.from_numpy(np.random.default_rng(d).standard_t(3, d).astype(np.float32))
+    thresholds = [0.0, 1.5] + ([float(x[d // 2].abs()), float(x.abs().max())] if d else [])
+    for t in thresholds:
+        for inclusive in (True, False):
+            mask = x.abs() >= t if inclusive else x.abs() > t
+            got = indices_above(x, t, inclusive)
+            assert torch.equal(got, torch.nonzero(mask).view(-1)), (t, inclusive)

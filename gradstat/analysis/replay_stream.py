@@ -36,7 +36,8 @@ import torch
 
 from gradstat.analysis.ef_store import MemoryRows, RamRows, ScratchRows
 from gradstat.analysis.finite import require_finite
-from gradstat.compressors.base import LocalCompressor, Transfer, index_dtype
+from gradstat.analysis.topk_stream import Workspace
+from gradstat.compressors.base import LocalCompressor, Payload, Transfer, index_dtype
 from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD
@@ -119,6 +120,16 @@ class Memories:
             return v, (u, v)
         return g, ()
 
+    @property
+    def plain_residual(self) -> bool:
+        """A residual memory with beta = 1 (``m = p - sent``, nothing of the old ``m``)."""
+        return isinstance(self.kind, ResidualMemory) and self.kind.beta == 1.0
+
+    def keep(self, learner: int, m: torch.Tensor) -> None:
+        """Store a residual row formed in place (``plain_residual``)."""
+        self.m.save(learner, m)
+        self.norms.append(_norm(m))
+
     def update(self, learner: int, p: torch.Tensor, sent: torch.Tensor, state: tuple) -> None:
         """Keep what was not sent (``ResidualMemory.update`` / ``DGCMemory.update``)."""
         if isinstance(self.kind, ResidualMemory):
@@ -192,6 +203,9 @@ class LocalStream(StreamedScheme):
         self.infos: list[dict[str, float]] = []
 
     def learner(self, i: int, g: torch.Tensor) -> None:
+        if self.compressor.sparse and self.memories.plain_residual:
+            self._sparse_learner(i, g)
+            return
         p, state = self.memories.compensate(i, g)
         payload = self.compressor.compress(p, i)
         sent = self.compressor.decompress(payload)
@@ -200,12 +214,33 @@ class LocalStream(StreamedScheme):
             self.scales.append(sent.abs().mean())
         else:
             self.total += sent
+        self._note(payload)
+        self.memories.update(i, p, sent, state)
+
+    def _sparse_learner(self, i: int, g: torch.Tensor) -> None:
+        """A sparse payload with plain error feedback (beta = 1), without dense copies:
+        ``p = g + m`` is formed in the memory row, the payload's values are added into
+        the aggregate at their indices and subtracted from ``p`` there, leaving
+        ``m = p - sent``. The same numbers as decompressing to a dense ``sent`` (adding
+        or subtracting the zeros elsewhere changes nothing); a replay of top-k on
+        4 x 8M values spent half its time on those dense rows."""
+        p = self.memories.m.load(i)
+        p.add_(g)
+        payload = self.compressor.compress(p, i)
+        indices, values = payload.tensors
+        index = indices.long()
+        self.total.index_add_(0, index, values)
+        p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
+        self._note(payload)
+        self.memories.keep(i, p)
+
+    def _note(self, payload: Payload) -> None:
+        """What the cost model and the build-up count need of a learner's payload."""
         self.sizes.append(payload.nbytes)
         self.selected.append(payload.selected)
         self.infos.append(payload.info)
         if self.compressor.sparse:
             self.indices.append(payload.tensors[0])
-        self.memories.update(i, p, sent, state)
 
     def finish(self) -> StepOutcome:
         if self.majority:
@@ -426,40 +461,55 @@ def replay_streamed(
     """
     n = len(learners)
     scopes = list({sc.name: sc for sc, _ in chosen}.values())
-    with MemoryRows(scratch) as rows:
-        streams = [streamed(scheme, n, sc.numel, rows) for sc, scheme in chosen]
-        for step in steps:
-            spent = [0.0] * len(streams)
-            reading = 0.0
+    whole = Scope("model", ((0, cap.numel),))
+    space = Workspace()  # the next learner's row is read while this one is replayed
+    space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
+    sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
+    try:
+        with MemoryRows(scratch) as rows:
+            streams = [streamed(scheme, n, sc.numel, rows) for sc, scheme in chosen]
+            for step in steps:
+                spent = [0.0] * len(streams)
+                reading = 0.0
 
-            def read_row(i: int, step: int = step) -> torch.Tensor:
-                nonlocal reading
-                start = time.perf_counter()
-                g = torch.from_numpy(cap.read_row(step, learners[i]))
-                if not math.isfinite(float(g.sum())):  # one cheap pass; then find the culprit
-                    require_finite(step, g[None], [learners[i]], "replay")
-                reading += time.perf_counter() - start
-                return g
+                def checked(g: torch.Tensor, i: int, step: int = step) -> torch.Tensor:
+                    if not math.isfinite(float(g.sum())):  # one cheap pass; then find the culprit
+                        require_finite(step, g[None], [learners[i]], "replay")
+                    return g
 
-            for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
-                start, before = time.perf_counter(), reading
-                stream.begin(lambda i, sc=sc: sc.take(read_row(i)))
-                spent[j] += time.perf_counter() - start - (reading - before)
-            sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
-            for i in range(n):
-                g = read_row(i)
-                parts = {sc.name: sc.take(g) for sc in scopes}
-                for name, part in parts.items():
-                    sums[name] += part
-                for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
+                def read_row(i: int, step: int = step) -> torch.Tensor:
+                    nonlocal reading
                     start = time.perf_counter()
-                    stream.learner(i, parts[sc.name])
+                    g = checked(torch.from_numpy(cap.read_row(step, learners[i])), i)
+                    reading += time.perf_counter() - start
+                    return g
+
+                for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
+                    start, before = time.perf_counter(), reading
+                    stream.begin(lambda i, sc=sc: sc.take(read_row(i)))
+                    spent[j] += time.perf_counter() - start - (reading - before)
+                for total in sums.values():
+                    total.zero_()
+                prefetched = space.rows(cap, step, learners, whole, 0, cap.numel)
+                for i in range(n):
+                    start = time.perf_counter()
+                    g = checked(torch.from_numpy(next(prefetched)), i)
+                    reading += time.perf_counter() - start
+                    parts = {sc.name: sc.take(g) for sc in scopes}
+                    for name, part in parts.items():
+                        sums[name] += part
+                    for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
+                        start = time.perf_counter()
+                        stream.learner(i, parts[sc.name])
+                        spent[j] += time.perf_counter() - start
+                prefetched.close()
+                results = []
+                for j, ((sc, scheme), stream) in enumerate(zip(chosen, streams, strict=True)):
+                    start = time.perf_counter()
+                    outcome = stream.finish()
                     spent[j] += time.perf_counter() - start
-            results = []
-            for j, ((sc, scheme), stream) in enumerate(zip(chosen, streams, strict=True)):
-                start = time.perf_counter()
-                outcome = stream.finish()
-                spent[j] += time.perf_counter() - start
-                reference = scheme.reference(sums[sc.name] / n)
-                results.append(SchemeStep(outcome, reference, spent[j] / n))
-            yield step, results
+                    reference = scheme.reference(sums[sc.name] / n)
+                    results.append(SchemeStep(outcome, reference, spent[j] / n))
+                yield step, results
+    finally:
+        space.release()

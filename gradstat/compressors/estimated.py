@@ -30,6 +30,7 @@ import torch
 from gradstat.compressors.base import LocalCompressor, Payload, sparse_decompress, sparse_payload
 from gradstat.stats.sidco import AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
+from gradstat.stats.topk_sets import indices_above
 
 #: Stage count adaptive SIDCo starts from (estimate_threshold's default).
 ADAPTIVE_START = 3
@@ -92,7 +93,7 @@ class EstimatedSparsifier(LocalCompressor):
                 zeros=self.zeros,
                 stage_fit=self.stage_fit,
             )
-        indices = torch.nonzero(result.mask(tensor)).view(-1)
+        indices = indices_above(tensor.reshape(-1), result.threshold, result.inclusive)
         if not self.stages and learner in self.adaptive:
             self.adaptive[learner].update(indices.numel() / self.k)
         info = {"threshold": float(result.threshold), "stages": float(result.stages)}

@@ -66,7 +66,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     thresholds = torch.topk(sample, rank, dim=1, sorted=False).values.amin(dim=1)
     out = torch.empty(rows.shape[0], k, dtype=torch.int64, device=x.device)
     for i, (row, t) in enumerate(zip(rows, thresholds, strict=True)):
-        candidates = _at_least(row, float(t))
+        candidates = indices_above(row, float(t))
         if candidates.numel() >= k:
             out[i] = candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
         else:
@@ -74,25 +74,30 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], k)
 
 
-def _at_least(row: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Indices of ``|row| >= threshold``, chunk by chunk so that |x|, the mask and its
-    non-zeros stay in cache (numpy on the CPU: 4 ms for 8M values, torch's 13 ms)."""
+def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -> torch.Tensor:
+    """Indices (int64, ascending) of ``|row| >= threshold`` (``>`` unless ``inclusive``)
+    in a flat row, chunk by chunk so that |x|, the mask and its non-zeros stay in cache
+    (numpy on the CPU: 4 ms for 8M values, torch's abs/compare/nonzero 13 ms)."""
     if row.device.type != "cpu":
         return torch.cat(
             [
-                (row[start : start + PREFILTER_CHUNK].abs() >= threshold).nonzero().squeeze(1)
-                + start
-                for start in range(0, row.numel(), PREFILTER_CHUNK)
+                torch.nonzero(part.abs() >= threshold if inclusive else part.abs() > threshold)
+                .squeeze(1)
+                .add_(start)
+                for start, part in zip(
+                    range(0, row.numel(), PREFILTER_CHUNK), row.split(PREFILTER_CHUNK), strict=True
+                )
             ]
         )
     values = row.detach().numpy()
-    chunk = min(values.size, PREFILTER_CHUNK)
+    chunk = max(1, min(values.size, PREFILTER_CHUNK))
     magnitudes, mask = np.empty(chunk, dtype=values.dtype), np.empty(chunk, dtype=bool)
-    found = []
+    compare = np.greater_equal if inclusive else np.greater
+    found = [np.empty(0, dtype=np.int64)]
     for start in range(0, values.size, chunk):
         part = values[start : start + chunk]
         np.abs(part, out=magnitudes[: part.size])
-        np.greater_equal(magnitudes[: part.size], threshold, out=mask[: part.size])
+        compare(magnitudes[: part.size], threshold, out=mask[: part.size])
         found.append(np.flatnonzero(mask[: part.size]) + start)
     return torch.from_numpy(np.concatenate(found))
 
