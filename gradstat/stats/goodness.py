@@ -24,35 +24,39 @@ def subsample(x: torch.Tensor, size: int | None, seed: int = 0) -> torch.Tensor:
         return x
     rng = np.random.default_rng(seed)
     if n <= 4 * size:  # numpy's exact draw; the n-element index it builds is small here
-        index = rng.choice(n, size=size, replace=False)
+        index = np.sort(rng.choice(n, size=size, replace=False))
     else:
-        index = _distinct_draw(rng, n, size)
-    return x.reshape(-1)[torch.from_numpy(np.sort(_narrow(index, n)).astype(np.int64))]
+        index = _bernoulli_draw(rng, n, size)
+    return x.reshape(-1)[torch.from_numpy(index.astype(np.int64))]
 
 
-def _narrow(index: np.ndarray, n: int) -> np.ndarray:
-    """Positions as int32 when they fit (numpy sorts them in 60% of int64's time)."""
-    return index.astype(np.int32) if n <= np.iinfo(np.int32).max else index
-
-
-def _distinct_draw(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
-    """``size`` distinct positions of ``n``, uniformly, in O(size) memory: draws with
-    replacement until ``size`` distinct positions are in, then a uniform ``size``-subset
-    of those. Every step treats all positions alike, so every ``size``-subset is equally
-    likely. (numpy's ``choice(n, size, replace=False)`` builds an n-element index when
-    size > n/50: 256 MB for a 1M sample of 32M values.)"""
-    drawn = _distinct(_narrow(rng.integers(0, n, size=size + size // 8 + 16), n))
-    while drawn.size < size:
-        more = _narrow(rng.integers(0, n, size=size - drawn.size + 16), n)
-        drawn = _distinct(np.concatenate([drawn, more]))
-    return rng.choice(drawn, size=size, replace=False)
-
-
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct values, ascending (a sort and a mask: ``np.unique`` took ten times
-    as long on a million int64)."""
-    values = np.sort(values)
-    return values[np.concatenate(([True], values[1:] != values[:-1]))]
+def _bernoulli_draw(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
+    """``size`` distinct positions of ``n``, uniformly, ascending, in O(size) time and
+    memory, no sort: every position is kept with probability p = size / n (the gaps
+    between kept positions are geometric, so the running sums of geometric draws are that
+    Bernoulli sample), then a uniform subset of the surplus is dropped, or a uniform subset
+    of the positions left out is added to make up the shortfall. Given its count a
+    Bernoulli sample is a uniform subset of that count, so each step keeps every
+    ``size``-subset equally likely. (numpy's ``choice(n, size, replace=False)`` builds an
+    n-element index when size > n/50: 256 MB for a 1M sample of 32M values; drawing with
+    replacement and sorting out repeats took 4x as long.)"""
+    p = size / n
+    kept = np.cumsum(rng.geometric(p, size=size + 4 * math.isqrt(size) + 16)) - 1
+    while kept[-1] < n - 1:  # the draws did not reach the end: continue past the last
+        more = np.cumsum(rng.geometric(p, size=4 * math.isqrt(size) + 16)) + kept[-1]
+        kept = np.concatenate([kept, more])
+    kept = kept[kept < n]
+    if kept.size > size:
+        drop = rng.choice(kept.size, size=kept.size - size, replace=False)
+        return np.delete(kept, drop)
+    missing = np.empty(0, dtype=kept.dtype)
+    while kept.size + missing.size < size:  # uniform among the positions not yet in
+        draw = rng.integers(0, n, size=size - kept.size - missing.size)
+        fresh = draw[~np.isin(draw, kept) & ~np.isin(draw, missing)]
+        _, first = np.unique(fresh, return_index=True)  # repeats out, in the drawn order
+        fresh = fresh[np.sort(first)][: size - kept.size - missing.size]
+        missing = np.concatenate([missing, fresh])
+    return np.union1d(kept, missing)
 
 
 def _sorted(x: torch.Tensor, presorted: bool) -> torch.Tensor:

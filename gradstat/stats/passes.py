@@ -14,7 +14,7 @@ count scans the smallest set of exceedances kept so far that holds the answer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -77,20 +77,14 @@ class MagnitudeSums:
 
 def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
     """Sums of x, |x|, x^2 and (optionally) ln|x| over the non-zeros, max |x| and the
-    counts, in one pass.
-
-    The log sum skips zeros by clamping them to the smallest normal float and removing
-    their contribution. Raises :class:`DataError` on NaN or Inf.
-    """
-    signed, sums, squares, logs, counts, maxima = [], [], [], [], [], []
+    counts, in one pass. Raises :class:`DataError` on NaN or Inf."""
+    signed, sums, squares, counts, maxima = [], [], [], [], []
     for chunk in chunks(values):
         signed.append(chunk.sum())
         a = chunk.abs()
         sums.append(a.sum())
         squares.append(a.square().sum())
         maxima.append(a.amax())
-        if log:
-            logs.append(a.clamp_min(_TINY).log().sum())
         counts.append(torch.count_nonzero(a))
     numel = values.numel()
     n = int(torch.stack(counts).sum())
@@ -98,12 +92,18 @@ def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
     square_sum = float(torch.stack(squares).double().sum())
     if not (math.isfinite(total) and math.isfinite(square_sum)):
         raise DataError("the values contain NaN or Inf; drop them before estimating")
-    log_sum = math.nan
-    if log:
-        log_sum = float(torch.stack(logs).double().sum()) - (numel - n) * math.log(_TINY)
     signed_total = float(torch.stack(signed).double().sum())
     maximum = float(torch.stack(maxima).amax())
+    log_sum = log_magnitude_sum(values, n) if log else math.nan
     return MagnitudeSums(numel, n, total, square_sum, log_sum, signed_total, maximum)
+
+
+def log_magnitude_sum(values: torch.Tensor, nonzeros: int) -> float:
+    """Sum of ln|x| over the ``nonzeros`` non-zero values: zeros are clamped to the
+    smallest normal float and their contribution removed (a pass of its own, for the
+    gamma fits only)."""
+    logs = [chunk.abs().clamp_min(_TINY).log().sum() for chunk in chunks(values)]
+    return float(torch.stack(logs).double().sum()) - (values.numel() - nonzeros) * math.log(_TINY)
 
 
 def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
@@ -145,8 +145,11 @@ class RowPasses:
 
     def sums(self, log: bool = False) -> MagnitudeSums:
         """:func:`magnitude_sums` of the row (with the log sum when ``log``)."""
-        if self._sums is None or (log and math.isnan(self._sums.log_sum)):
+        if self._sums is None:
             self._sums = magnitude_sums(self.values, log=log)
+        elif log and math.isnan(self._sums.log_sum):  # only the log pass is missing
+            log_sum = log_magnitude_sum(self.values, self._sums.nonzeros)
+            self._sums = replace(self._sums, log_sum=log_sum)
         return self._sums
 
     @property
