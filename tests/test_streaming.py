@@ -13,7 +13,7 @@ from gradstat.analysis.compute import MIN_BLOCK, ROWS_ALIVE, Compute
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
-from gradstat.analysis.topk_stream import scope_pieces, stream_step_sets
+from gradstat.analysis.topk_stream import Workspace, scope_pieces, stream_step_sets
 from gradstat.errors import DataError
 from gradstat.stats.topk_sets import energy_captured, topk_indices
 from gradstat.store import Scope, layer_table, open_capture, write_capture
@@ -93,3 +93,24 @@ def test_nonfinite_value_in_a_block_names_step_and_learner(tmp_path):
     path = write_capture(tmp_path / "nan", grads, LAYERS)
     with open_capture(path) as cap, pytest.raises(DataError, match="step 1, learner 1: 1 NaN"):
         similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=SMALL)
+
+
+def test_read_ahead_serves_the_next_step_and_is_dropped_when_not_asked_for(long_capture):
+    # a step's first row read ahead lands in a spare buffer: asked for next, it must give
+    # that step's sets; when another step comes instead, it must not leak into them
+    path, _ = long_capture
+    with open_capture(path) as cap:
+        (sc,) = cap.scopes("model")
+        ks, learners = [k_for(0.001, sc.numel)], [0, 1, 2, 3]
+        options = {"with_mean": True, "device": torch.device("cpu"), "block": sc.numel}
+        fresh = {s: stream_step_sets(cap, s, learners, sc, ks, **options) for s in (0, 1, 2)}
+        space = Workspace()
+        try:  # (0, 2) reads step 2 ahead; (2, None) comes after it
+            for step, then in ((0, 1), (1, 2), (0, 2), (2, None), (1, None)):
+                got = stream_step_sets(
+                    cap, step, learners, sc, ks, **options, workspace=space, then=then
+                )
+                assert torch.equal(got[0].indices, fresh[step][0].indices), (step, then)
+                assert torch.equal(got[0].energy, fresh[step][0].energy), (step, then)
+        finally:
+            space.release()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pandas as pd
 import torch
@@ -143,12 +144,22 @@ def step_sets(
                         step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
                     )
         return
+    order = list(selection.steps)  # the step after each: its first row is read ahead
+    following = dict(pairwise(order)) if len(scopes) == 1 else {}
     for step in steps:
         for sc in scopes:
             ks = [k_for(ratio, sc.numel) for ratio in ratios]
             block = compute.block_numel(sc.numel)
             found = stream_step_sets(
-                cap, step, learners, sc, ks, with_mean=with_mean, device=device, block=block
+                cap,
+                step,
+                learners,
+                sc,
+                ks,
+                with_mean=with_mean,
+                device=device,
+                block=block,
+                then=following.get(step),
             )
             for ratio, sets in zip(ratios, found, strict=True):
                 yield checked(step, sc, ratio, sets)

@@ -168,11 +168,13 @@ class Workspace:
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._reader: ThreadPoolExecutor | None = None
+        self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
 
     def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
         key = (width, str(device), with_mean)
         if key == self._key:
             return
+        self._drop_ahead()
         self._key = None  # free the old buffers before allocating new ones
         self.buffers = self.sums = None
         self.buffers = (np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32))
@@ -183,32 +185,61 @@ class Workspace:
         self._key = key
 
     def rows(
-        self, cap: Capture, step: int, learners: Sequence[int], scope: Scope, start: int, stop: int
+        self,
+        cap: Capture,
+        step: int,
+        learners: Sequence[int],
+        scope: Scope,
+        start: int,
+        stop: int,
+        then: int | None = None,
     ) -> Iterator[np.ndarray]:
         """Each learner's columns ``[start, stop)`` in turn, the next one read in the
-        background while the caller works on the one yielded (valid until the next)."""
+        background while the caller works on the one yielded (valid until the next).
+        ``then``: a step whose first learner to read ahead, once the last row is handed
+        out, into the buffer that row does not use (the walk's next step: its first read
+        then overlaps this step's last scan); a later call for exactly that row takes it."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
+        # where a step's first row goes: straight into the running sum when there is one
+        first = -1 if self.sums is not None and self.sums.total.device.type == "cpu" else 0
 
-        def read(i: int) -> Future:
-            buffer = self.buffers[i % 2]
-            if i == 0 and self.sums is not None and self.sums.total.device.type == "cpu":
-                buffer = self.sums.total.numpy()  # the step's first row starts the sum
-            args = (cap, step, learners[i], scope, start, stop, buffer)
-            return self._reader.submit(read_block, *args)
+        def read(at: int, learner: int, into: int) -> Future:
+            buffer = self.sums.total.numpy() if into == -1 else self.buffers[into]
+            return self._reader.submit(read_block, cap, at, learner, scope, start, stop, buffer)
 
-        pending = read(0)
+        wanted = (str(cap.path), step, learners[0], scope, start, stop)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == wanted:
+            pending, into = ahead[1], ahead[2]
+        else:
+            if ahead is not None:  # not the row wanted: let it land, then drop it
+                wait([ahead[1]])
+            pending, into = read(step, learners[0], first), first
         try:
             for i in range(len(learners)):
                 view = pending.result()
-                pending = read(i + 1) if i + 1 < len(learners) else None
+                spare = 1 - into if into >= 0 else 0  # the buffer this row is not in
+                pending = None
+                if i + 1 < len(learners):
+                    pending, into = read(step, learners[i + 1], spare), spare
+                elif then is not None:
+                    key = (str(cap.path), then, learners[0], scope, start, stop)
+                    self._ahead = (key, read(then, learners[0], spare), spare)
                 yield view
         finally:  # a read in flight must not land in a buffer someone reuses
             if pending is not None:
                 wait([pending])
 
+    def _drop_ahead(self) -> None:
+        """Wait for a read-ahead to land and forget it."""
+        if self._ahead is not None:
+            wait([self._ahead[1]])
+            self._ahead = None
+
     def release(self) -> None:
         """Free the buffers and stop the reading thread (both come back when needed)."""
+        self._drop_ahead()
         self._key = None
         self.buffers = self.sums = None
         if self._reader is not None:
@@ -300,12 +331,14 @@ def stream_step_sets(
     device: torch.device,
     block: int,
     workspace: Workspace | None = None,
+    then: int | None = None,
 ) -> list[StepSets]:
     """Top-k sets of every learner (and of the mean when ``with_mean``) for each k in ``ks``.
 
     Reads each learner's row once (in column blocks of ``block`` when shorter than the
     scope); exact, module docstring. ``workspace``: buffers to use (default: this
-    process's, kept from call to call until :func:`release_workspace`).
+    process's, kept from call to call until :func:`release_workspace`); ``then``: the
+    step likely asked for next, whose first row is read ahead (one block only).
     """
     d, n, kmax = scope.numel, len(learners), max(ks)
     block = min(block, d)
@@ -315,7 +348,8 @@ def stream_step_sets(
     total = torch.zeros((), dtype=torch.float64, device=device)
     for start, stop in column_blocks(d, block):
         candidates = []
-        rows = space.rows(cap, step, learners, scope, start, stop)
+        ahead = then if stop - start == d else None
+        rows = space.rows(cap, step, learners, scope, start, stop, ahead)
         for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
             x = torch.from_numpy(view).to(device)
             candidates.append(_scan_row(x, kmax, start, space, (step, learner, i == 0)))
