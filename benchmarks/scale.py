@@ -14,8 +14,9 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   error feedback over every step and learner (``--analyses`` names others, e.g.
   ``replay-sidco-gpd``).
 
-``--busy`` runs each analysis a second time while another CPU-bound process (a Python
-busy loop) runs, and prints busy / quiet.
+``--repeats N`` runs each N times in fresh processes (median time, largest RSS); ``--busy``
+runs each analysis again while another CPU-bound process (a Python busy loop) runs, and
+prints busy / quiet.
 
 Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
 the default thread policy) and reports its own wall time without the interpreter start
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,6 +114,12 @@ def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: i
     finalize_root(folder)
 
 
+def median_run(path: Path, what: str, repeats: int, busy: bool = False) -> tuple[float, float]:
+    """Median seconds and largest peak RSS of ``repeats`` fresh runs."""
+    runs = [run_child(path, what, busy) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), max(r[1] for r in runs)
+
+
 def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
     """(seconds inside the child, peak RSS of the child in bytes, from ``wait4``);
     ``busy``: while a CPU-bound process competes for the cores."""
@@ -163,6 +171,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="8M,32M,128M", help="numel per learner: 8M,32M,128M")
     parser.add_argument("--learners", default="4,16")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="fresh runs of each, the median time is printed"
+    )
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-scale"))
     parser.add_argument(
         "--analyses",
@@ -186,8 +197,8 @@ def main() -> None:
                 shutil.rmtree(folder)
             write_synthetic(folder, numel, learners, args.steps)
             try:
-                read_all, _ = run_child(folder, "read")
-                read_one, _ = run_child(folder, "read-one")
+                read_all, _ = median_run(folder, "read", args.repeats)
+                read_one, _ = median_run(folder, "read-one", args.repeats)
                 k = max(1, round(RATIO * numel))
                 target = 600e6 + 3 * numel * 4 + 16 * learners * k
                 print(
@@ -196,13 +207,14 @@ def main() -> None:
                 )
                 print(f"{size:>6} {learners:>3} {'read':>12} {read_all / args.steps:8.2f}")
                 for what in analyses:
-                    seconds, peak = run_child(folder, what)
+                    seconds, peak = median_run(folder, what, args.repeats)
                     floor = read_one if what == "fit" else read_all
                     per_step = seconds / args.steps  # fit: per row of learner 0
                     allowance = target + (learners * numel * 4 if "replay" in what else 0)
                     busy = ""
                     if args.busy:
-                        busy = f" {run_child(folder, what, busy=True)[0] / seconds:10.2f}"
+                        loaded, _ = median_run(folder, what, args.repeats, busy=True)
+                        busy = f" {loaded / seconds:10.2f}"
                     print(
                         f"{size:>6} {learners:>3} {what:>12} {per_step:8.2f} "
                         f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB "

@@ -135,6 +135,7 @@ class RowPasses:
         self.values = values.reshape(-1)
         self._magnitudes = magnitudes
         self._sums: MagnitudeSums | None = None
+        self._nonzeros: int | None = None
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
         self._mask = np.empty(0, dtype=bool)
@@ -154,7 +155,12 @@ class RowPasses:
 
     @property
     def nonzeros(self) -> int:
-        return self.sums().nonzeros
+        """Non-zero elements: from the sums when they are in, else a cheap minimum first."""
+        if self._sums is not None:
+            return self._sums.nonzeros
+        if self._nonzeros is None:
+            self._nonzeros = nonzeros(self.values)
+        return self._nonzeros
 
     def magnitudes(self) -> torch.Tensor:
         """The non-zero |x| in the row's order (the first pool)."""
