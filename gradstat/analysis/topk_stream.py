@@ -1,11 +1,12 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
 The top-k set analyses never stack a step's learners: each learner's row is read into
-one reused buffer, moved to the compute device and scanned once in cache-sized chunks:
-checked for NaN/Inf, added to a compensated float32 running sum (Kahan; the mean
-gradient, as accurate as a float64 sum) and cut to its top-k candidates. Memory is one
-row buffer, the sum and its compensation (three float32 rows) and O(learners x k) for
-the index sets, whatever the number of learners.
+one of two reused buffers (a reading thread fills the other with the next row meanwhile),
+moved to the compute device and scanned once in cache-sized chunks: checked for NaN/Inf,
+added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
+float64 sum) and cut to its top-k candidates. Memory is the two row buffers, the sum and
+its compensation (four float32 rows) and O(learners x k) for the index sets, whatever
+the number of learners.
 
 When a row of the scope is longer than the memory budget allows
 (``Compute.block_numel``), the scope is processed in column blocks: every learner's
