@@ -79,7 +79,9 @@ def split_values(values: torch.Tensor) -> SplitValues:
     if magnitudes.numel() and not float(magnitudes.amin()) > 0:
         nonzero = magnitudes != 0
         zeros = flat.numel() - int(nonzero.sum())
-        flat, magnitudes = _compress(flat, nonzero), _compress(magnitudes, nonzero)
+        del magnitudes  # one row fewer alive while the non-zeros are compacted
+        flat = _compress(flat, nonzero)
+        magnitudes = flat.abs()
     return SplitValues(flat, magnitudes, zeros, nonfinite)
 
 
