@@ -32,6 +32,7 @@ from gradstat.stats.topk_sets import (
     PREFILTER_MAX_DENSITY_INV,
     PREFILTER_MIN_NUMEL,
     PREFILTER_SAMPLE,
+    indices_above,
 )
 from gradstat.store import Capture, Scope
 
@@ -180,7 +181,7 @@ class Workspace:
         self.buffers = self.sums = None
         self.buffers = (np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        chunk = min(width, CHUNK)
+        chunk = min(width, CHUNK)  # the candidate pass's |x| and mask (``indices_above``)
         self.magnitudes = np.empty(chunk, dtype=np.float32)
         self.mask = np.empty(chunk, dtype=bool)
         self._key = key
@@ -272,17 +273,6 @@ def _require_finite(step: int, learner: int, x: torch.Tensor, chunk_sums: list) 
         )
 
 
-def _candidates(x: torch.Tensor, lo: int, threshold: float, space: Workspace) -> torch.Tensor:
-    """Indices (offset by ``lo``) of the chunk's ``|x| >= threshold``."""
-    if x.device.type != "cpu":
-        return (x.abs() >= threshold).nonzero().squeeze(1) + lo
-    # numpy into reused buffers: 3.6 ms per 8M values, torch's abs/ge/nonzero 13 ms
-    magnitudes, mask = space.magnitudes[: x.numel()], space.mask[: x.numel()]
-    np.abs(x.numpy(), out=magnitudes)
-    np.greater_equal(magnitudes, threshold, out=mask)
-    return torch.from_numpy(np.flatnonzero(mask) + lo)
-
-
 def _scan_row(
     x: torch.Tensor,
     k: int,
@@ -310,7 +300,8 @@ def _scan_row(
             if space.sums is not None:
                 space.sums.add(lo, chunk, first=row[2])
         if prefilter:
-            found.append(_candidates(chunk, lo, threshold, space))
+            scratch = (space.magnitudes, space.mask)
+            found.append(indices_above(chunk, threshold, scratch=scratch).add_(lo))
     if row is not None:
         _require_finite(row[0], row[1], x, sums)
     candidates = torch.cat(found).to(x.device) if prefilter else None
