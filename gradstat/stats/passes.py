@@ -52,6 +52,14 @@ def count(values: torch.Tensor, threshold: float, inclusive: bool = False) -> in
     return int(torch.stack(counts).sum())
 
 
+def compress(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``x[keep]``; numpy's compress on the CPU (torch's boolean indexing of a dense mask
+    took 0.4 s for 32M values, numpy 0.05 s)."""
+    if x.device.type != "cpu":
+        return x[keep]
+    return torch.from_numpy(np.compress(keep.numpy(), x.numpy()))
+
+
 def nonzeros(values: torch.Tensor) -> int:
     """Number of non-zero elements (a cheap minimum first: gradients rarely hold zeros)."""
     if values.numel() and float(values.abs().amin()) > 0:
@@ -166,7 +174,7 @@ class RowPasses:
         """The non-zero |x| in the row's order (the first pool)."""
         if self._magnitudes is None:
             a = self.values.abs()
-            self._magnitudes = a if self.nonzeros == a.numel() else a[a != 0]
+            self._magnitudes = a if self.nonzeros == a.numel() else compress(a, a != 0)
         return self._magnitudes
 
     def count(self, threshold: float, inclusive: bool = False) -> int:
