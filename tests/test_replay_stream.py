@@ -10,9 +10,10 @@ import torch
 
 from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows
 from gradstat.analysis.replay import scope_shapes
-from gradstat.analysis.replay_stream import replay_streamed
+from gradstat.analysis.replay_stream import Memories, replay_streamed
 from gradstat.analysis.selection import k_for
 from gradstat.compressors import REGISTRY, build_scheme, parse_compressors
+from gradstat.compressors.memory import DGCMemory
 from gradstat.errors import DataError
 from gradstat.store import layer_table, open_capture, write_capture
 
@@ -86,3 +87,30 @@ def test_nonfinite_row_names_step_and_learner(tmp_path):
     path = write_capture(tmp_path / "nan", grads, layer_table([("w", (100,))]))
     with open_capture(path) as cap, pytest.raises(DataError, match="step 1, learner 2"):
         list(replay_streamed(cap, [0, 1], [0, 1, 2], [_scheme(cap, "topk")]))
+
+
+@pytest.mark.parametrize("scratch", [False, True])
+def test_dgc_sparse_update_equals_dense_update(scratch):
+    """DGC's memories after a sparse payload (``mask_sent``) equal ``update`` with the
+    dense ``sent``, also where a sent value is 0 (``u`` is not zeroed there) or -0.0."""
+    rng = np.random.default_rng(5)
+    g = torch.from_numpy(rng.standard_normal((2, 64)).astype(np.float32))
+    index = torch.tensor([3, 10, 17, 40])
+    with MemoryRows(scratch) as rows:
+        dense, sparse = (Memories(DGCMemory(0.5), 1, 64, rows) for _ in range(2))
+        for memories in (dense, sparse):  # a first step fills u and v
+            p, state = memories.compensate(0, g[0])
+            memories.update(0, p, torch.zeros(64), state)
+        p, state = dense.compensate(0, g[1])
+        values = p[index].clone()
+        values[1], values[2] = 0.0, -0.0  # sent as zeros: not masked
+        sent = torch.zeros(64).index_put_((index,), values)
+        dense.update(0, p, sent, state)
+        p, state = sparse.compensate(0, g[1])
+        sparse.mask_sent(0, index[values != 0], state)
+        for name in ("u", "v"):
+            want, got = getattr(dense, name).load(0), getattr(sparse, name).load(0)
+            assert torch.equal(want, got), name
+            assert torch.equal(torch.signbit(want), torch.signbit(got)), name
+        assert dense.u.load(0)[10] != 0  # the zero value left u there
+        assert dense.norm() == sparse.norm()

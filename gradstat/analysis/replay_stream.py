@@ -153,6 +153,18 @@ class Memories:
         else:
             self.norms.append(0.0)
 
+    def mask_sent(self, learner: int, sent: torch.Tensor, state: tuple) -> None:
+        """DGC's update for a sparse payload: ``u`` and ``v`` zeroed at ``sent``, the
+        indices of the non-zero values sent. ``v`` is the corrected row itself, so
+        ``v - sent`` differs from ``v`` only there, where factor masking zeroes it:
+        the same numbers as :meth:`update` with the dense ``sent``."""
+        u, v = state
+        v.index_fill_(0, sent, 0.0)
+        u.index_fill_(0, sent, 0.0)
+        self.u.save(learner, u)
+        self.v.save(learner, v)
+        self.norms.append(_norm(v))
+
     def park(self, learner: int, p: torch.Tensor) -> None:
         """Keep the corrected row in the memory row until a later pass (plain EF only)."""
         self.m.save(learner, p)
@@ -206,6 +218,9 @@ class LocalStream(StreamedScheme):
         if self.compressor.sparse and self.memories.plain_residual:
             self._sparse_learner(i, g)
             return
+        if self.compressor.sparse and isinstance(self.memories.kind, DGCMemory):
+            self._sparse_dgc_learner(i, g)
+            return
         p, state = self.memories.compensate(i, g)
         payload = self.compressor.compress(p, i)
         sent = self.compressor.decompress(payload)
@@ -233,6 +248,19 @@ class LocalStream(StreamedScheme):
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
         self._note(payload)
         self.memories.keep(i, p)
+
+    def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
+        """A sparse payload with DGC's memories, without dense copies: the compressor
+        selects from ``v``, the payload's values go into the aggregate at their indices
+        and :meth:`Memories.mask_sent` zeroes ``u`` and ``v`` where non-zero values were
+        sent. A dense ``sent``, its mask and two masked fills were half of a DGC step."""
+        v, state = self.memories.compensate(i, g)
+        payload = self.compressor.compress(v, i)
+        indices, values = payload.tensors
+        index = indices.long()
+        self.total.index_add_(0, index, values)
+        self._note(payload)
+        self.memories.mask_sent(i, index[values != 0], state)
 
     def _note(self, payload: Payload) -> None:
         """What the cost model and the build-up count need of a learner's payload."""
