@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gradstat.errors import UsageError
+from gradstat.store.direct import DirectRows
 from gradstat.store.schema import SUPPORTED_DTYPES
 
 #: Attribute of ``/grad`` naming the logical type of the stored values.
@@ -81,23 +82,47 @@ def to_disk_values(row: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def read_row(
-    dataset: h5py.Dataset, row: int, out: np.ndarray, dtype: str, columns: slice = slice(None)
-) -> np.ndarray:
+    dataset: h5py.Dataset,
+    row: int,
+    out: np.ndarray,
+    dtype: str,
+    columns: slice = slice(None),
+    direct: DirectRows | None = None,
+) -> tuple[np.ndarray, int | None]:
     """Read ``dataset[row, columns]`` into the float32 vector ``out``, converting from
     ``dtype``; returns the values as stored (``out`` itself for float32), which the
-    reader checks against the row's checksum.
+    reader checks against the row's checksum, and that CRC-32C where it was computed
+    while reading (whole rows read by ``direct``), else None.
 
-    float32 rows go straight into ``out`` (``read_direct``, no copy); bfloat16 rows are
-    read into the upper halves' bit patterns and shifted in place.
+    float32 rows go straight into ``out`` (no copy); bfloat16 rows are read into the
+    upper halves' bit patterns and shifted in place. ``direct``: the dataset's
+    :class:`~gradstat.store.direct.DirectRows`, which reads the chunks' bytes from the
+    file where it can (HDF5's ``read_direct`` otherwise).
     """
     if dtype == "float32":
-        dataset.read_direct(out, np.s_[row, columns])
-        return out
+        return out, _read_stored(dataset, row, out, columns, direct)
     if dtype == "bfloat16":
         bits = np.empty(out.shape, dtype=np.uint16)
-        dataset.read_direct(bits, np.s_[row, columns])
+        crc = _read_stored(dataset, row, bits, columns, direct)
         bfloat16_bits_to_float32(bits, out)
-        return bits
+        return bits, crc
     stored = dataset[row, columns]
     out[...] = stored
-    return stored
+    return stored, None
+
+
+def _read_stored(
+    dataset: h5py.Dataset, row: int, out: np.ndarray, columns: slice, direct: DirectRows | None
+) -> int | None:
+    """``dataset[row, columns]`` as stored, into ``out``: directly where possible; the
+    CRC-32C of a whole row read directly, else None."""
+    if direct is not None:
+        start, stop, _ = columns.indices(dataset.shape[1])
+        if (start, stop) == (0, dataset.shape[1]):
+            crc = direct.read_checksummed(row, out)
+            if crc is not None:
+                return crc
+        elif direct.read(row, start, stop, out):
+            return None
+    dataset.read_direct(out, np.s_[row, columns])
+    return None

@@ -21,6 +21,7 @@ import torch
 
 from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.store.compression import ensure_readable
+from gradstat.store.direct import DirectRows
 from gradstat.store.dtypes import DISK_DTYPES, read_row
 from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
@@ -124,6 +125,7 @@ class Capture:
         self.schema = int(attrs["schema"])
         self._files: list[h5py.File] = []
         self._checksums: list[h5py.Dataset | None] = []
+        self._direct: dict[tuple[int, str], DirectRows | h5py.Dataset] = {}
         self.damage: list[Damage] = []
         try:
             self._open_ranks()
@@ -377,9 +379,10 @@ class Capture:
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
             position = self._position[learner]
-            stored = read_row(self._files[position][dataset], row, out[i], self.dtype)
+            source, direct = self._dataset(position, dataset)
+            stored, crc = read_row(source, row, out[i], self.dtype, direct=direct)
             if dataset == "grad":  # only grad rows carry a checksum
-                self._verify(position, row, int(step), stored)
+                self._verify(position, row, int(step), stored, crc)
         return torch.from_numpy(out)
 
     def read_row(
@@ -409,10 +412,10 @@ class Capture:
         elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous float32 array of {width} values")
         if width:
-            dataset = self._files[self._position[learner]]["grad"]
-            stored = read_row(dataset, row, out, self.dtype, slice(start, stop))
+            dataset, direct = self._dataset(self._position[learner], "grad")
+            stored, crc = read_row(dataset, row, out, self.dtype, slice(start, stop), direct)
             if width == self.numel:  # checksums cover whole rows; column blocks rely on
-                self._verify(self._position[learner], row, int(step), stored)  # structure
+                self._verify(self._position[learner], row, int(step), stored, crc)  # structure
         return out
 
     def verify_rows(self) -> list[Damage]:
@@ -420,14 +423,17 @@ class Capture:
         adds what fails to ``damage`` (``gradstat info --verify``). Reads the whole
         capture, one row at a time."""
         found = []
-        for position, (learner, f) in enumerate(zip(self.recorded_ranks, self._files, strict=True)):
+        buffer = np.empty(self.numel, dtype=np.float32)
+        for position, learner in enumerate(self.recorded_ranks):
             if self._checksums[position] is None or any(d.learner == learner for d in self.damage):
                 continue
             steps = self._file_steps(learner)
+            dataset, direct = self._dataset(position, "grad")
             bad = []
             for row in range(self.committed_per_learner[position]):
                 try:
-                    self._verify(position, row, int(steps[row]), f["grad"][row])
+                    stored, crc = read_row(dataset, row, buffer, self.dtype, direct=direct)
+                    self._verify(position, row, int(steps[row]), stored, crc)
                 except (DataError, OSError):
                     bad.append(row)
             if bad:
@@ -438,14 +444,28 @@ class Capture:
             self.status = "damaged"
         return found
 
-    def _verify(self, position: int, row: int, step: int, stored: np.ndarray) -> None:
+    def _dataset(self, position: int, name: str) -> tuple[h5py.Dataset, DirectRows | None]:
+        """The ``position``-th rank file's dataset ``name`` and its direct reader (None
+        where HDF5 must read it), both kept for the capture's life."""
+        key = (position, name)
+        if key not in self._direct:
+            learner = self.recorded_ranks[position]
+            dataset = self._files[position][name]
+            path = self.path / rank_file_name(learner)
+            self._direct[key] = DirectRows.usable(path, dataset) or dataset
+        kept = self._direct[key]
+        return (kept.dataset, kept) if isinstance(kept, DirectRows) else (kept, None)
+
+    def _verify(
+        self, position: int, row: int, step: int, stored: np.ndarray, crc: int | None = None
+    ) -> None:
         """Check a row of the ``position``-th rank file, as stored (before any
-        conversion), against its CRC-32C."""
+        conversion), against its CRC-32C (``crc``: already computed while reading)."""
         checksums = self._checksums[position]
         if checksums is not None:
             learner = self.recorded_ranks[position]
             path = self.path / rank_file_name(learner)
-            check_row(path, learner, step, stored, int(checksums[row]))
+            check_row(path, learner, step, stored, int(checksums[row]), crc)
 
     def iter_steps(
         self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
@@ -455,6 +475,10 @@ class Capture:
             yield int(step), self.read_step(int(step), learners)
 
     def close(self) -> None:
+        for kept in self._direct.values():
+            if isinstance(kept, DirectRows):
+                kept.close()
+        self._direct = {}
         for f in self._files:
             if f.id.valid:
                 f.close()

@@ -136,11 +136,20 @@ def structural_damage(f: h5py.File, path: Path, learner: int, rows: int) -> Dama
     return None
 
 
-def check_row(path: Path, learner: int, step: int, row: np.ndarray, expected: int | None) -> None:
-    """Raise ``DataError`` when a row read from ``path`` does not match its checksum."""
+def check_row(
+    path: Path,
+    learner: int,
+    step: int,
+    row: np.ndarray,
+    expected: int | None,
+    actual: int | None = None,
+) -> None:
+    """Raise ``DataError`` when a row read from ``path`` does not match its checksum
+    (``actual``: the row's CRC-32C where the read already computed it)."""
     if expected is None:
         return
-    actual = row_checksum(row)
+    if actual is None:
+        actual = row_checksum(row)
     if actual != expected:
         raise DataError(
             f"{path} (learner {learner}): step {step} is damaged "

@@ -1,0 +1,138 @@
+"""Rows of an unfiltered chunked dataset read straight from the file, past HDF5's copy.
+
+HDF5 reads a row of ``/grad`` chunk by chunk (1 MiB chunks, ``MAX_CHUNK_BYTES``): per
+chunk a B-tree lookup and a copy through its hyperslab machinery, 8 ms for a 32 MB row
+whose bytes a plain ``read`` of the file takes 6.2 ms for. Where the dataset has no
+filters (no compression), one row per chunk and the type of the buffer, HDF5 is asked
+only where each chunk of the row lies (``H5Dget_chunk_info_by_coord``), and runs of
+chunks that follow each other in the file are read with one ``os.preadv`` each, straight
+into the caller's buffer. The bytes are the ones HDF5 would copy (tests compare the two
+paths); the reader checks them against the row's CRC-32C as before. Anything else (a
+filter, an unallocated chunk, a short read at a truncated end, a platform without
+``preadv``) leaves the read to HDF5, which then reads or fails as it always did.
+
+A whole row is read in pieces of ``PIECE_BYTES`` while a helper thread computes the
+CRC-32C of the pieces already read (``crc32c`` leaves the GIL), so the check costs
+little beyond the read: 8M values, page cache, 2 cores: read + check one after the
+other 8.3 ms, overlapped 6.7 ms, the read alone 6.1 ms.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+import numpy as np
+from crc32c import crc32c
+
+#: Bytes read per piece of a checked row (1-8 MiB measured the same).
+PIECE_BYTES = 4 << 20
+#: The thread that checksums pieces, one per process, started on first use.
+_checksummer: ThreadPoolExecutor | None = None
+
+
+def _checksum_thread() -> ThreadPoolExecutor:
+    global _checksummer
+    if _checksummer is None:
+        _checksummer = ThreadPoolExecutor(1, thread_name_prefix="gradstat-crc32c")
+    return _checksummer
+
+
+class DirectRows:
+    """Direct reads of one dataset's rows (see the module docstring); :meth:`read`
+    answers False where HDF5 must read instead."""
+
+    def __init__(self, path: Path, dataset: h5py.Dataset) -> None:
+        self.path = path
+        self.dataset = dataset
+        self.dtype = dataset.dtype
+        self.chunk_cols = dataset.chunks[1]
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+
+    @classmethod
+    def usable(cls, path: Path, dataset: h5py.Dataset) -> DirectRows | None:
+        """A reader for ``dataset``, or None when its layout needs HDF5."""
+        if not hasattr(os, "preadv") or not _plain_rows(dataset):
+            return None
+        return cls(path, dataset)
+
+    def read(self, row: int, start: int, stop: int, out: np.ndarray) -> bool:
+        """Read columns ``[start, stop)`` of ``row`` into ``out`` (contiguous, of the
+        dataset's type); False, with ``out`` in an undefined state, where it cannot."""
+        return self._read(row, start, stop, out, checksum=False) is not None
+
+    def read_checksummed(self, row: int, out: np.ndarray) -> int | None:
+        """Read the whole ``row`` into ``out`` and return the CRC-32C of its bytes,
+        computed while it is read; None (``out`` undefined) where HDF5 must read it."""
+        return self._read(row, 0, self.dataset.shape[1], out, checksum=True)
+
+    def _read(self, row: int, start: int, stop: int, out: np.ndarray, checksum: bool) -> int | None:
+        """The reads of :meth:`read` and :meth:`read_checksummed`: the CRC-32C when
+        ``checksum``, else 0; None where it cannot."""
+        if self._fd is None or out.dtype != self.dtype or not out.flags.c_contiguous:
+            return None
+        runs = self._runs(row, start, stop) if stop > start else None
+        if runs is None:
+            return None
+        target = memoryview(out).cast("B")
+        itemsize = self.dtype.itemsize
+        crc = [0]  # the running CRC-32C, advanced piece by piece in the helper thread
+        last: Future | None = None
+        try:
+            for file_offset, first, end in runs:
+                run = target[(first - start) * itemsize : (end - start) * itemsize]
+                for at in range(0, len(run), PIECE_BYTES):
+                    piece = run[at : at + PIECE_BYTES]
+                    if os.preadv(self._fd, [piece], file_offset + at) != len(piece):
+                        return None  # past the end of a truncated file: HDF5 says what
+                    if checksum:
+                        last = _checksum_thread().submit(_advance, crc, piece)
+        finally:
+            if last is not None:  # pieces are checksummed in order: the last one ends it
+                last.result()
+        return crc[0]
+
+    def _runs(self, row: int, start: int, stop: int) -> list[tuple[int, int, int]] | None:
+        """(file offset, first column, end column) of each run of adjacent chunks
+        holding columns ``[start, stop)`` of ``row``; None if a chunk is not on disk."""
+        width, itemsize = self.chunk_cols, self.dtype.itemsize
+        runs: list[tuple[int, int, int]] = []
+        for chunk in range(start // width, (stop - 1) // width + 1):
+            try:
+                info = self.dataset.id.get_chunk_info_by_coord((row, chunk * width))
+            except (OSError, RuntimeError, ValueError):  # e.g. a row past the extent
+                return None
+            if info.byte_offset is None or info.size != width * itemsize:
+                return None
+            first = max(start, chunk * width)
+            last = min(stop, (chunk + 1) * width)
+            offset = info.byte_offset + (first - chunk * width) * itemsize
+            if runs and runs[-1][0] + (runs[-1][2] - runs[-1][1]) * itemsize == offset:
+                runs[-1] = (runs[-1][0], runs[-1][1], last)  # the chunk follows the run
+            else:
+                runs.append((offset, first, last))
+        return runs
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _advance(crc: list[int], piece: memoryview) -> None:
+    crc[0] = crc32c(piece, crc[0])
+
+
+def _plain_rows(dataset: h5py.Dataset) -> bool:
+    """A 2-D dataset stored in unfiltered chunks of one row each, of a native type."""
+    chunks = dataset.chunks
+    return (
+        dataset.ndim == 2
+        and chunks is not None
+        and chunks[0] == 1
+        and dataset.dtype.isnative
+        and dataset.id.get_create_plist().get_nfilters() == 0
+        and hasattr(dataset.id, "get_chunk_info_by_coord")
+    )

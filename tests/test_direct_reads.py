@@ -1,0 +1,113 @@
+"""Rows read straight from the file (gradstat.store.direct) against HDF5's own reads."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from gradstat import open_capture
+from gradstat.errors import DataError
+from gradstat.store import RankFileWriter, finalize_root, layer_table, write_capture, write_root
+from gradstat.store import direct as direct_module
+from gradstat.store.schema import MAX_CHUNK_BYTES, rank_file_name
+from gradstat.store.verify import row_checksum
+
+#: Values per row: three and a bit float32 chunks (an edge chunk), two bfloat16 chunks.
+NUMEL = 3 * MAX_CHUNK_BYTES // 4 + 1237
+
+
+def _grads(learners: int = 3, steps: int = 2) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    return rng.standard_normal((learners, steps, NUMEL)).astype(np.float32)
+
+
+def _hdf5_row(cap, learner: int, step: int, columns: slice = slice(None)) -> np.ndarray:
+    """The row as HDF5 reads it (h5py slicing, no direct path), converted as stored."""
+    dataset = cap._files[cap._position[learner]]["grad"]
+    stored = dataset[cap._row_of[step], columns]
+    if cap.dtype == "bfloat16":
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    return stored.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_direct_reads_equal_hdf5_reads(tmp_path, dtype):
+    """Whole rows and column ranges that start, end and cross inside chunks, bit for bit."""
+    path = write_capture(tmp_path / dtype, _grads(), layer_table([("w", (NUMEL,))]), dtype=dtype)
+    rng = np.random.default_rng(0)
+    with open_capture(path) as cap:
+        assert cap._dataset(0, "grad")[1] is not None  # the direct path is taken
+        for step in cap.steps:
+            for learner in cap.learners:
+                got = cap.read_row(int(step), learner)
+                assert np.array_equal(
+                    got.view(np.uint32), _hdf5_row(cap, learner, int(step)).view(np.uint32)
+                )
+        chunk = cap._files[0]["grad"].chunks[1]
+        edges = [(0, 1), (chunk - 1, chunk + 1), (chunk, 2 * chunk), (5, NUMEL), (NUMEL - 1, NUMEL)]
+        edges += [tuple(sorted(rng.choice(NUMEL + 1, 2, replace=False))) for _ in range(20)]
+        for start, stop in edges:
+            columns = slice(int(start), int(stop))
+            got = cap.read_row(1, 2, columns=columns)
+            assert np.array_equal(got, _hdf5_row(cap, 2, 1, columns)), (start, stop)
+
+
+def test_compressed_rows_are_left_to_hdf5(tmp_path):
+    path = tmp_path / "gzip"
+    layers = layer_table([("w", (NUMEL,))])
+    path.mkdir()
+    write_root(path, layers, 1, "float32", {})
+    grads = _grads(learners=1)
+    with RankFileWriter(path / rank_file_name(0), 0, NUMEL, compression="gzip") as writer:
+        for step in range(grads.shape[1]):
+            writer.append(step, 0.0, grads[0, step])
+    finalize_root(path)
+    with open_capture(path) as cap:
+        assert cap._dataset(0, "grad")[1] is None
+        assert np.array_equal(cap.read_row(1, 0), grads[0, 1])
+
+
+def test_damaged_bytes_still_fail_their_checksum(tmp_path):
+    """A flipped byte inside a chunk: the direct read sees it and the CRC-32C names it."""
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
+    with open_capture(path) as cap:
+        info = cap._files[1]["grad"].id.get_chunk_info_by_coord((1, 0))
+    with open(path / rank_file_name(1), "r+b") as f:
+        f.seek(info.byte_offset + 100)
+        byte = f.read(1)
+        f.seek(info.byte_offset + 100)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with open_capture(path) as cap:
+        assert np.array_equal(cap.read_row(0, 1), _grads()[1, 0])
+        with pytest.raises(DataError, match=r"learner 1\): step 1 is damaged"):
+            cap.read_row(1, 1)
+        (damage,) = cap.verify_rows()
+        assert (damage.learner, damage.rows) == (1, (1,))
+
+
+def test_descriptors_are_closed_with_the_capture(tmp_path):
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
+    before = len(os.listdir("/proc/self/fd"))
+    with open_capture(path) as cap:
+        for learner in cap.learners:
+            cap.read_row(0, learner)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("piece", [4096, 3 * 4096 + 4, 1 << 30])
+def test_checksum_computed_while_reading_equals_the_row_checksum(tmp_path, monkeypatch, piece):
+    """The CRC-32C advanced piece by piece in the helper thread, for pieces that split
+    chunks unevenly, equals the checksum of the whole row and the one recorded."""
+    monkeypatch.setattr(direct_module, "PIECE_BYTES", piece)
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
+    with open_capture(path) as cap:
+        _, direct = cap._dataset(0, "grad")
+        out = np.empty(NUMEL, dtype=np.float32)
+        for step in cap.steps:
+            crc = direct.read_checksummed(cap._row_of[int(step)], out)
+            assert crc == row_checksum(_grads()[0, int(step)])
+            assert crc == int(cap._checksums[0][cap._row_of[int(step)]])
+            assert np.array_equal(out, _grads()[0, int(step)])
+        assert cap.verify_rows() == []
