@@ -106,8 +106,65 @@ def test_checksum_computed_while_reading_equals_the_row_checksum(tmp_path, monke
         _, direct = cap._dataset(0, "grad")
         out = np.empty(NUMEL, dtype=np.float32)
         for step in cap.steps:
-            crc = direct.read_checksummed(cap._row_of[int(step)], out)
+            row = cap._row_of[int(step)]
+            crc = direct.read_checksummed(row, 0, NUMEL, out)
             assert crc == row_checksum(_grads()[0, int(step)])
+            half = direct.read_checksummed(row, 0, NUMEL // 2 + 3, out[: NUMEL // 2 + 3])
+            rest = direct.read_checksummed(row, NUMEL // 2 + 3, NUMEL, out[NUMEL // 2 + 3 :], half)
+            assert rest == crc
             assert crc == int(cap._checksums[0][cap._row_of[int(step)]])
             assert np.array_equal(out, _grads()[0, int(step)])
         assert cap.verify_rows() == []
+
+
+def _flip_byte(path, learner: int, row: int, column: int) -> None:
+    """Damage one byte of a stored value, behind HDF5's back."""
+    with open_capture(path) as cap:
+        width = cap._files[learner]["grad"].chunks[1]
+        info = cap._files[learner]["grad"].id.get_chunk_info_by_coord(
+            (row, column // width * width)
+        )
+    with open(path / rank_file_name(learner), "r+b") as f:
+        f.seek(info.byte_offset + (column % width) * 4 + 1)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("direct", [True, False])
+def test_column_blocks_read_in_order_are_checked(tmp_path, monkeypatch, dtype, direct):
+    """A row read in column blocks from its first column on is checked against its
+    CRC-32C when its last block arrives (by the direct path or HDF5's), whichever block
+    holds the damage; blocks out of order are not checked (structure only, as before)."""
+    if not direct:
+        monkeypatch.setattr(direct_module.DirectRows, "usable", classmethod(lambda *a: None))
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]), dtype=dtype)
+    _flip_byte(path, learner=2, row=1, column=NUMEL // 3)
+    blocks = [(0, NUMEL // 4), (NUMEL // 4, NUMEL // 2), (NUMEL // 2, NUMEL)]
+    with open_capture(path) as cap:
+        for learner in (0, 1):  # intact rows, blocks interleaved across learners
+            for step in (0, 1):
+                for start, stop in blocks:
+                    cap.read_row(step, learner, columns=slice(start, stop))
+        for start, stop in blocks[:-1]:
+            cap.read_row(1, 2, columns=slice(start, stop))
+        with pytest.raises(DataError, match=r"learner 2\): step 1 is damaged"):
+            cap.read_row(1, 2, columns=slice(*blocks[-1]))
+        for start, stop in reversed(blocks):  # out of order: nothing to check against
+            cap.read_row(1, 2, columns=slice(start, stop))
+        assert cap._partial.keys() <= {(cap._position[2], 1)}
+
+
+def test_a_block_analysis_of_a_damaged_row_fails_naming_it(tmp_path):
+    """similarity in column blocks (a small --memory) no longer reads damage silently."""
+    from gradstat.analysis.compute import Compute
+    from gradstat.analysis.selection import Selection
+    from gradstat.analysis.similarity import SimilarityParams, similarity
+
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
+    _flip_byte(path, learner=1, row=0, column=NUMEL - 5)
+    compute = Compute(device="cpu", jobs=1, memory=NUMEL * 4)  # blocks of NUMEL / 4
+    assert compute.block_numel(NUMEL) < NUMEL
+    with open_capture(path) as cap, pytest.raises(DataError, match=r"step 0 is damaged"):
+        similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=compute)

@@ -194,21 +194,22 @@ class Workspace:
         scope: Scope,
         start: int,
         stop: int,
-        then: int | None = None,
+        then: tuple[int, int, int] | None = None,
     ) -> Iterator[np.ndarray]:
         """Each learner's columns ``[start, stop)`` in turn, the next one read in the
         background while the caller works on the one yielded (valid until the next).
-        ``then``: a step whose first learner to read ahead, once the last row is handed
-        out, into the buffer that row does not use (the walk's next step: its first read
-        then overlaps this step's last scan); a later call for exactly that row takes it."""
+        ``then``: ``(step, start, stop)`` of the first learner's read likely asked for
+        next (the next column block, or the walk's next step), read ahead once the last
+        row is handed out, into the buffer that row does not use, so that it overlaps
+        this call's last scan; a later call for exactly that read takes it."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
         # where a step's first row goes: straight into the running sum when there is one
         first = -1 if self.sums is not None and self.sums.total.device.type == "cpu" else 0
 
-        def read(at: int, learner: int, into: int) -> Future:
+        def read(at: int, learner: int, into: int, columns=(start, stop)) -> Future:
             buffer = self.sums.total.numpy() if into == -1 else self.buffers[into]
-            return self._reader.submit(read_block, cap, at, learner, scope, start, stop, buffer)
+            return self._reader.submit(read_block, cap, at, learner, scope, *columns, buffer)
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
@@ -226,8 +227,9 @@ class Workspace:
                 if i + 1 < len(learners):
                     pending, into = read(step, learners[i + 1], spare), spare
                 elif then is not None:
-                    key = (str(cap.path), then, learners[0], scope, start, stop)
-                    self._ahead = (key, read(then, learners[0], spare), spare)
+                    at, columns = then[0], then[1:]
+                    key = (str(cap.path), at, learners[0], scope, *columns)
+                    self._ahead = (key, read(at, learners[0], spare, columns), spare)
                 yield view
         finally:  # a read in flight must not land in a buffer someone reuses
             if pending is not None:
@@ -330,7 +332,8 @@ def stream_step_sets(
     Reads each learner's row once (in column blocks of ``block`` when shorter than the
     scope); exact, module docstring. ``workspace``: buffers to use (default: this
     process's, kept from call to call until :func:`release_workspace`); ``then``: the
-    step likely asked for next, whose first row is read ahead (one block only).
+    step likely asked for next, whose first row (first block) is read ahead; the first
+    learner's next block is read ahead the same way.
     """
     d, n, kmax = scope.numel, len(learners), max(ks)
     block = min(block, d)
@@ -338,9 +341,13 @@ def stream_step_sets(
     space.ensure(block, device, with_mean)
     running: list[_Running | None] = [None] * (n + 1)
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for start, stop in column_blocks(d, block):
+    blocks = list(column_blocks(d, block))
+    for b, (start, stop) in enumerate(blocks):
         candidates = []
-        ahead = then if stop - start == d else None
+        if b + 1 < len(blocks):
+            ahead = (step, *blocks[b + 1])
+        else:
+            ahead = None if then is None else (then, *blocks[0])
         rows = space.rows(cap, step, learners, scope, start, stop, ahead)
         for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
             x = torch.from_numpy(view).to(device)

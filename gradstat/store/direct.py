@@ -61,16 +61,21 @@ class DirectRows:
     def read(self, row: int, start: int, stop: int, out: np.ndarray) -> bool:
         """Read columns ``[start, stop)`` of ``row`` into ``out`` (contiguous, of the
         dataset's type); False, with ``out`` in an undefined state, where it cannot."""
-        return self._read(row, start, stop, out, checksum=False) is not None
+        return self._read(row, start, stop, out, None) is not None
 
-    def read_checksummed(self, row: int, out: np.ndarray) -> int | None:
-        """Read the whole ``row`` into ``out`` and return the CRC-32C of its bytes,
-        computed while it is read; None (``out`` undefined) where HDF5 must read it."""
-        return self._read(row, 0, self.dataset.shape[1], out, checksum=True)
+    def read_checksummed(
+        self, row: int, start: int, stop: int, out: np.ndarray, crc_from: int = 0
+    ) -> int | None:
+        """:meth:`read`, returning the CRC-32C of the bytes read continued from
+        ``crc_from`` (the CRC of the row's bytes before ``start``), computed while they
+        are read; None (``out`` undefined) where HDF5 must read them."""
+        return self._read(row, start, stop, out, crc_from)
 
-    def _read(self, row: int, start: int, stop: int, out: np.ndarray, checksum: bool) -> int | None:
-        """The reads of :meth:`read` and :meth:`read_checksummed`: the CRC-32C when
-        ``checksum``, else 0; None where it cannot."""
+    def _read(
+        self, row: int, start: int, stop: int, out: np.ndarray, crc_from: int | None
+    ) -> int | None:
+        """The reads of :meth:`read` (no checksum, returns 0) and
+        :meth:`read_checksummed`; None where it cannot."""
         if self._fd is None or out.dtype != self.dtype or not out.flags.c_contiguous:
             return None
         runs = self._runs(row, start, stop) if stop > start else None
@@ -78,7 +83,7 @@ class DirectRows:
             return None
         target = memoryview(out).cast("B")
         itemsize = self.dtype.itemsize
-        crc = [0]  # the running CRC-32C, advanced piece by piece in the helper thread
+        crc = [crc_from or 0]  # the running CRC-32C, advanced piece by piece in a thread
         last: Future | None = None
         try:
             for file_offset, first, end in runs:
@@ -87,7 +92,7 @@ class DirectRows:
                     piece = run[at : at + PIECE_BYTES]
                     if os.preadv(self._fd, [piece], file_offset + at) != len(piece):
                         return None  # past the end of a truncated file: HDF5 says what
-                    if checksum:
+                    if crc_from is not None:
                         last = _checksum_thread().submit(_advance, crc, piece)
         finally:
             if last is not None:  # pieces are checksummed in order: the last one ends it

@@ -35,6 +35,9 @@ from gradstat.store.schema import (
 from gradstat.store.scope import Scope, resolve_scopes
 from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
 
+#: Rows read in column blocks whose running checksum is kept until their last block.
+_PARTIAL_ROWS = 4096
+
 
 def _open_h5(path: Path, **kwargs) -> h5py.File:
     if not path.exists():
@@ -126,6 +129,8 @@ class Capture:
         self._files: list[h5py.File] = []
         self._checksums: list[h5py.Dataset | None] = []
         self._direct: dict[tuple[int, str], DirectRows | h5py.Dataset] = {}
+        #: (file position, row) -> (columns read so far, their CRC-32C): column blocks
+        self._partial: dict[tuple[int, int], tuple[int, int]] = {}
         self.damage: list[Damage] = []
         try:
             self._open_ranks()
@@ -380,8 +385,11 @@ class Capture:
         for i, learner in enumerate(chosen):
             position = self._position[learner]
             source, direct = self._dataset(position, dataset)
-            stored, crc = read_row(source, row, out[i], self.dtype, direct=direct)
-            if dataset == "grad":  # only grad rows carry a checksum
+            checked = dataset == "grad" and self._checksums[position] is not None
+            stored, crc = read_row(
+                source, row, out[i], self.dtype, direct=direct, crc_from=0 if checked else None
+            )
+            if checked:  # only grad rows carry a checksum
                 self._verify(position, row, int(step), stored, crc)
         return torch.from_numpy(out)
 
@@ -412,11 +420,41 @@ class Capture:
         elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous float32 array of {width} values")
         if width:
-            dataset, direct = self._dataset(self._position[learner], "grad")
-            stored, crc = read_row(dataset, row, out, self.dtype, slice(start, stop), direct)
-            if width == self.numel:  # checksums cover whole rows; column blocks rely on
-                self._verify(self._position[learner], row, int(step), stored, crc)  # structure
+            position = self._position[learner]
+            dataset, direct = self._dataset(position, "grad")
+            crc_from = self._crc_before(position, row, start)
+            stored, crc = read_row(
+                dataset, row, out, self.dtype, slice(start, stop), direct, crc_from
+            )
+            if crc is not None:
+                self._checked_up_to(position, row, int(step), stop, stored, crc)
         return out
+
+    def _crc_before(self, position: int, row: int, start: int) -> int | None:
+        """The CRC-32C of a row's columns before ``start`` when a read starting there
+        can be checked: the row's first columns, or the columns right after the ones
+        read last of that row (column blocks in order); else None (such a read relies
+        on the file's structure alone)."""
+        if self._checksums[position] is None:
+            return None
+        if start == 0:
+            return 0
+        partial = self._partial.get((position, row))
+        return partial[1] if partial is not None and partial[0] == start else None
+
+    def _checked_up_to(
+        self, position: int, row: int, step: int, stop: int, stored: np.ndarray, crc: int
+    ) -> None:
+        """Columns ``[0, stop)`` of a row were read, their CRC-32C is ``crc``: check the
+        row when that is all of it, else remember where the next block must start."""
+        key = (position, row)
+        self._partial.pop(key, None)
+        if stop == self.numel:
+            self._verify(position, row, step, stored, crc)
+            return
+        self._partial[key] = (stop, crc)
+        while len(self._partial) > _PARTIAL_ROWS:  # rows never read to their end
+            del self._partial[next(iter(self._partial))]
 
     def verify_rows(self) -> list[Damage]:
         """Read every committed row of every learner and check it against its CRC-32C;
@@ -432,7 +470,9 @@ class Capture:
             bad = []
             for row in range(self.committed_per_learner[position]):
                 try:
-                    stored, crc = read_row(dataset, row, buffer, self.dtype, direct=direct)
+                    stored, crc = read_row(
+                        dataset, row, buffer, self.dtype, direct=direct, crc_from=0
+                    )
                     self._verify(position, row, int(steps[row]), stored, crc)
                 except (DataError, OSError):
                     bad.append(row)

@@ -37,12 +37,13 @@ from gradstat.errors import DataError
 CHECKSUM_DATASET = "crc32c"
 
 
-def row_checksum(row: np.ndarray) -> int:
-    """CRC-32C of one row's bytes as stored (little-endian, the row's own dtype)."""
+def row_checksum(row: np.ndarray, value: int = 0) -> int:
+    """CRC-32C of one row's bytes as stored (little-endian, the row's own dtype);
+    ``value``: the CRC-32C of the bytes before them (a row checked in column blocks)."""
     data = np.ascontiguousarray(row)
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
-    return crc32c(data.reshape(-1).view(np.uint8))
+    return crc32c(data.reshape(-1).view(np.uint8), value)
 
 
 @dataclass(frozen=True)
