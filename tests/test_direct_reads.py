@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -168,3 +169,23 @@ def test_a_block_analysis_of_a_damaged_row_fails_naming_it(tmp_path):
     assert compute.block_numel(NUMEL) < NUMEL
     with open_capture(path) as cap, pytest.raises(DataError, match=r"step 0 is damaged"):
         similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=compute)
+
+
+def test_a_forked_child_reads_and_checks_rows(tmp_path):
+    """After fork the parent's checksum thread is gone: the child must start its own
+    instead of queueing pieces nobody checksums (it would wait forever)."""
+    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
+    with open_capture(path) as cap:
+        cap.read_row(0, 0)  # the parent's checksum thread is running
+        reading, writing = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child
+            signal.alarm(20)
+            ok = np.array_equal(cap.read_row(1, 2), _grads()[2, 1])
+            os.write(writing, b"ok" if ok else b"wrong")
+            os._exit(0)
+        os.close(writing)
+        answer = os.read(reading, 8)
+        os.close(reading)
+        _, status = os.waitpid(child, 0)
+    assert answer == b"ok" and os.waitstatus_to_exitcode(status) == 0

@@ -20,6 +20,7 @@ sets needs no second pass (docs/methods.md 3).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -254,6 +255,17 @@ class Workspace:
 #: This process's buffers, kept from unit to unit: a fresh row costs its page faults
 #: (measured: 30 ms a step of 8M values). The analyses release them when they finish.
 _process_workspace = Workspace()
+
+
+def _forget_reader() -> None:
+    """In a forked child: the parent's reading thread (and any read it had in flight) is
+    not there; a new thread starts when needed."""
+    _process_workspace._reader = None
+    _process_workspace._ahead = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_reader)
 
 
 def release_workspace() -> None:

@@ -40,6 +40,17 @@ def _checksum_thread() -> ThreadPoolExecutor:
     return _checksummer
 
 
+def _forget_thread() -> None:
+    """In a forked child: the parent's thread is not there, start a new one when needed
+    (an executor copied by ``fork`` would queue pieces nobody checksums)."""
+    global _checksummer
+    _checksummer = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_thread)
+
+
 class DirectRows:
     """Direct reads of one dataset's rows (see the module docstring); :meth:`read`
     answers False where HDF5 must read instead."""
