@@ -20,12 +20,14 @@ prints busy / quiet.
 
 Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
 the default thread policy) and reports its own wall time without the interpreter start
-and imports;
-peak RSS is the subprocess's (``wait4``). Also prints a raw read of one row's bytes
-(``os.preadv`` of its chunks) over gradstat's checked read of that row (``raw/h5py``,
-target >= 0.7). Targets (issue 9): similarity / buildup / overlap <= 2x the read, fit <= 4x,
-peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x k bytes (replay: plus the
-error-feedback memories, learners x numel x 4); busy <= 1.3x quiet.
+and imports, and its own peak RSS (``VmHWM``, read by the child at its end; ``wait4``'s
+``ru_maxrss`` would also count the parent's peak, which a child started with ``vfork``
+inherits until its ``exec``: 2.5 GB after writing a 128M capture). Also prints a raw
+read of one row's bytes (``os.preadv`` of its chunks) over gradstat's checked read of
+that row (``raw/h5py``, target >= 0.7). Targets (issue 9): similarity / buildup /
+overlap <= 2x the read, fit <= 4x, peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x
+k bytes (replay: plus the error-feedback memories, learners x numel x 4); busy <= 1.3x
+quiet.
 
     python benchmarks/scale.py --sizes 8M,32M --learners 4,16 --dir /work/tmp-scale
 """
@@ -89,7 +91,10 @@ with open_capture(path) as cap:
     elif what.startswith("replay-"):  # one compressor with error feedback, every step
         params = ReplayParams(what.removeprefix("replay-"), [ratio], Link(10e9 / 8, 5e-6))
         replay(cap, Selection.of(cap), params, compute=compute)
-    print(json.dumps({"seconds": time.perf_counter() - start}))
+    seconds = time.perf_counter() - start
+with open("/proc/self/status") as status:  # this process's own peak (see run_child)
+    peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": seconds, "peak_rss": peak}))
 """
 
 
@@ -122,8 +127,8 @@ def median_run(path: Path, what: str, repeats: int, busy: bool = False) -> tuple
 
 
 def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
-    """(seconds inside the child, peak RSS of the child in bytes, from ``wait4``);
-    ``busy``: while a CPU-bound process competes for the cores."""
+    """(seconds inside the child, the child's own peak RSS in bytes); ``busy``: while a
+    CPU-bound process competes for the cores."""
     if busy:
         spinner = subprocess.Popen(  # spins while its parent lives, also if it is killed
             [sys.executable, "-c", f"import os\nwhile os.getppid() == {os.getpid()}: pass"]
@@ -138,14 +143,13 @@ def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path), what, str(RATIO)], stdout=out, stderr=err
         )
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        child.wait()
         out.seek(0)
         err.seek(0)
         if child.returncode:
             raise RuntimeError(f"{what} failed:\n{err.read()}")
-        seconds = json.loads(out.read().strip().splitlines()[-1])["seconds"]
-    return seconds, usage.ru_maxrss * 1024
+        report = json.loads(out.read().strip().splitlines()[-1])
+    return report["seconds"], report["peak_rss"]
 
 
 def raw_vs_h5py(path: Path, numel: int) -> float:
