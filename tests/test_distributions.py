@@ -19,6 +19,7 @@ from gradstat.stats.distributions import (
     get_distribution,
     split_values,
 )
+from gradstat.stats.goodness import subsample
 
 # (name, scipy distribution with known parameters, the parameters as gradstat names them)
 CASES = [
@@ -197,6 +198,24 @@ def test_split_values_counts_zeros_and_nonfinite():
     assert (plain.zeros, plain.nonfinite, plain.signed.tolist()) == (0, 0, [-1.0, 2.0])
     huge = split_values(torch.tensor([3e38, 3e38, 0.0]))
     assert (huge.zeros, huge.nonfinite, huge.magnitudes.numel()) == (1, 0, 2)
+
+
+def test_signed_values_are_compacted_only_when_asked_for():
+    """A magnitude fit keeps the row and its magnitudes; the signed non-zeros appear on
+    first use, equal to numpy's selection, and a sample of the magnitudes is |x| of the
+    signed sample at the same positions."""
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal(50_000).astype(np.float32)
+    values[rng.choice(values.size, 700, replace=False)] = 0.0
+    values[[5, 17]] = [np.nan, -np.inf]
+    split = split_values(torch.from_numpy(values))
+    assert split._signed is None and split.count == 50_000 - 702
+    want = values[np.isfinite(values) & (values != 0)]
+    assert np.array_equal(split.signed.numpy(), want)
+    assert np.array_equal(split.magnitudes.numpy(), np.abs(want))
+    for size in (1000, 20_000):  # the Bernoulli draw and the exact draw of ``subsample``
+        signed = subsample(split.signed, size, seed=3)
+        assert torch.equal(subsample(split.magnitudes, size, seed=3), signed.abs())
 
 
 def test_bad_input():

@@ -11,7 +11,7 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import k_for
-from gradstat.stats.passes import RowPasses
+from gradstat.stats.passes import _SCAN_CHUNK, RowPasses, compress
 from gradstat.stats.sidco import AdaptiveStages, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
@@ -297,3 +297,12 @@ def test_adaptive_stages_with_the_estimator(samples):
     assert adaptive.stages > 1
     final = estimate_threshold(values, 0.001, "sidco-exp", stages=adaptive.stages)
     assert 0.8 <= final.quality <= 1.25
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, _SCAN_CHUNK, _SCAN_CHUNK + 1, 3 * _SCAN_CHUNK + 5])
+def test_compress_equals_boolean_indexing(n):
+    """The chunked compress keeps exactly x[keep], in order, across chunk boundaries,
+    also with nothing or everything kept."""
+    x = torch.from_numpy(np.random.default_rng(n).standard_normal(n).astype(np.float32))
+    for keep in (x > 0.3, torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)):
+        assert torch.equal(compress(x, keep), x[keep])
