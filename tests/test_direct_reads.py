@@ -88,12 +88,17 @@ def test_damaged_bytes_still_fail_their_checksum(tmp_path):
         assert (damage.learner, damage.rows) == (1, (1,))
 
 
-def test_descriptors_are_closed_with_the_capture(tmp_path):
+def test_direct_reads_open_no_descriptors(tmp_path):
+    """They read through HDF5's own descriptor of each rank file, and nothing is left
+    open after the capture closes."""
     path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
     before = len(os.listdir("/proc/self/fd"))
     with open_capture(path) as cap:
+        opened = len(os.listdir("/proc/self/fd"))
         for learner in cap.learners:
             cap.read_row(0, learner)
+            assert cap._dataset(cap._position[learner], "grad")[1] is not None
+        assert len(os.listdir("/proc/self/fd")) == opened
     assert len(os.listdir("/proc/self/fd")) == before
 
 

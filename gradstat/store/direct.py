@@ -60,7 +60,13 @@ class DirectRows:
         self.dataset = dataset
         self.dtype = dataset.dtype
         self.chunk_cols = dataset.chunks[1]
-        self._fd: int | None = os.open(path, os.O_RDONLY)
+        # HDF5's own descriptor where its driver is the plain POSIX one (``sec2`` reads
+        # with ``pread`` too, so neither moves the other's offset): no descriptor more
+        # per rank file; else one of its own
+        self._owned = dataset.file.driver != "sec2"
+        self._fd: int | None = (
+            os.open(path, os.O_RDONLY) if self._owned else dataset.file.id.get_vfd_handle()
+        )
 
     @classmethod
     def usable(cls, path: Path, dataset: h5py.Dataset) -> DirectRows | None:
@@ -132,9 +138,10 @@ class DirectRows:
         return runs
 
     def close(self) -> None:
-        if self._fd is not None:
+        """Stop reading (and close the descriptor if it is this reader's own)."""
+        if self._fd is not None and self._owned:
             os.close(self._fd)
-            self._fd = None
+        self._fd = None
 
 
 def _advance(crc: list[int], piece: memoryview) -> None:
