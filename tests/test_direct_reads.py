@@ -73,13 +73,7 @@ def test_compressed_rows_are_left_to_hdf5(tmp_path):
 def test_damaged_bytes_still_fail_their_checksum(tmp_path):
     """A flipped byte inside a chunk: the direct read sees it and the CRC-32C names it."""
     path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
-    with open_capture(path) as cap:
-        info = cap._files[1]["grad"].id.get_chunk_info_by_coord((1, 0))
-    with open(path / rank_file_name(1), "r+b") as f:
-        f.seek(info.byte_offset + 100)
-        byte = f.read(1)
-        f.seek(info.byte_offset + 100)
-        f.write(bytes([byte[0] ^ 0x40]))
+    _flip_byte(path, learner=1, row=1, column=25)
     with open_capture(path) as cap:
         assert np.array_equal(cap.read_row(0, 1), _grads()[1, 0])
         with pytest.raises(DataError, match=r"learner 1\): step 1 is damaged"):

@@ -241,12 +241,8 @@ class LocalStream(StreamedScheme):
         4 x 8M values spent half its time on those dense rows."""
         p = self.memories.m.load(i)
         p.add_(g)
-        payload = self.compressor.compress(p, i)
-        indices, values = payload.tensors
-        index = indices.long()
-        self.total.index_add_(0, index, values)
+        index, values = self._add_sparse(self.compressor.compress(p, i))
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
-        self._note(payload)
         self.memories.keep(i, p)
 
     def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
@@ -255,12 +251,17 @@ class LocalStream(StreamedScheme):
         and :meth:`Memories.mask_sent` zeroes ``u`` and ``v`` where non-zero values were
         sent. A dense ``sent``, its mask and two masked fills were half of a DGC step."""
         v, state = self.memories.compensate(i, g)
-        payload = self.compressor.compress(v, i)
+        index, values = self._add_sparse(self.compressor.compress(v, i))
+        self.memories.mask_sent(i, index[values != 0], state)
+
+    def _add_sparse(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add a sparse payload's values into the aggregate at its indices, note the
+        payload, and return (indices as int64, values)."""
         indices, values = payload.tensors
         index = indices.long()
         self.total.index_add_(0, index, values)
         self._note(payload)
-        self.memories.mask_sent(i, index[values != 0], state)
+        return index, values
 
     def _note(self, payload: Payload) -> None:
         """What the cost model and the build-up count need of a learner's payload."""

@@ -128,7 +128,8 @@ class Capture:
         self.schema = int(attrs["schema"])
         self._files: list[h5py.File] = []
         self._checksums: list[h5py.Dataset | None] = []
-        self._direct: dict[tuple[int, str], DirectRows | h5py.Dataset] = {}
+        #: (file position, dataset name) -> its DirectRows, or the dataset where HDF5 reads
+        self._datasets: dict[tuple[int, str], DirectRows | h5py.Dataset] = {}
         #: (file position, row) -> (columns read so far, their CRC-32C): column blocks
         self._partial: dict[tuple[int, int], tuple[int, int]] = {}
         self.damage: list[Damage] = []
@@ -488,12 +489,12 @@ class Capture:
         """The ``position``-th rank file's dataset ``name`` and its direct reader (None
         where HDF5 must read it), both kept for the capture's life."""
         key = (position, name)
-        if key not in self._direct:
+        if key not in self._datasets:
             learner = self.recorded_ranks[position]
             dataset = self._files[position][name]
             path = self.path / rank_file_name(learner)
-            self._direct[key] = DirectRows.usable(path, dataset) or dataset
-        kept = self._direct[key]
+            self._datasets[key] = DirectRows.usable(path, dataset) or dataset
+        kept = self._datasets[key]
         return (kept.dataset, kept) if isinstance(kept, DirectRows) else (kept, None)
 
     def _verify(
@@ -515,10 +516,10 @@ class Capture:
             yield int(step), self.read_step(int(step), learners)
 
     def close(self) -> None:
-        for kept in self._direct.values():
+        for kept in self._datasets.values():
             if isinstance(kept, DirectRows):
                 kept.close()
-        self._direct = {}
+        self._datasets = {}
         for f in self._files:
             if f.id.valid:
                 f.close()
