@@ -2,7 +2,8 @@
 
 The top-k set analyses never stack a step's learners: each learner's row is read into
 one of two reused buffers (a reading thread fills the other with the next row meanwhile),
-moved to the compute device and scanned once in cache-sized chunks: checked for NaN/Inf,
+moved to the compute device and scanned once (on the CPU in one fused loop,
+:mod:`gradstat.stats.row_kernels`): checked for NaN/Inf,
 added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
 float64 sum) and cut to its top-k candidates. Memory is the two row buffers, the sum and
 its compensation (four float32 rows) and O(learners x k) for the index sets, whatever
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError
+from gradstat.stats.row_kernels import scan_row
 from gradstat.stats.topk_sets import (
     PREFILTER_MAX_DENSITY_INV,
     PREFILTER_MIN_NUMEL,
@@ -37,10 +39,13 @@ from gradstat.stats.topk_sets import (
 )
 from gradstat.store import Capture, Scope
 
-#: Elements per chunk of the one pass over a row (1 MiB of float32: |x|, the mask and the
-#: compensated sum's temporaries stay in L2; measured on 8M values, numpy, one thread:
-#: candidates 3.6 ms and the compensated add 7.7 ms, against 3.6 and 10.6 ms at 4 MiB).
+#: Elements per chunk of a pass over a row with torch's ops (on a GPU; the mean's sum of
+#: squares): 1 MiB of float32, |x|, the mask and the compensated sum's temporaries stay in
+#: cache.
 CHUNK = 1 << 18
+#: Room for a CPU scan's candidates before it needs a second pass (about 1.5 k survive the
+#: sampled threshold: k = 0.1% of 40M values).
+CANDIDATES_ROOM = 1 << 16
 
 
 @dataclass
@@ -131,7 +136,8 @@ class _CompensatedSum:
 
     def add(self, start: int, x: torch.Tensor, first: bool) -> None:
         """Add ``x`` (at most ``CHUNK`` values) to columns ``start:start + len(x)``;
-        ``first``: the step's first row (the sum becomes ``x``)."""
+        ``first``: the step's first row (the sum becomes ``x``). On a GPU; on the CPU the
+        fused loop of :func:`~gradstat.stats.row_kernels.scan_row` adds rows."""
         s = self.total[start : start + x.numel()]
         c = self.error[start : start + x.numel()]
         if first:
@@ -140,14 +146,6 @@ class _CompensatedSum:
             c.zero_()
             return
         y, t = self._y[: x.numel()], self._t[: x.numel()]
-        if x.device.type == "cpu":  # numpy's loops: 7.6 ms per 8M values, torch's 12.8
-            s, c, x, y, t = (v.numpy() for v in (s, c, x, y, t))
-            np.subtract(x, c, out=y)
-            np.add(s, y, out=t)
-            np.subtract(t, s, out=c)
-            np.subtract(c, y, out=c)
-            np.copyto(s, t)
-            return
         torch.sub(x, c, out=y)
         torch.add(s, y, out=t)
         torch.sub(t, s, out=c)
@@ -182,9 +180,7 @@ class Workspace:
         self.buffers = self.sums = None
         self.buffers = (np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        chunk = min(width, CHUNK)  # the candidate pass's |x| and mask (``indices_above``)
-        self.magnitudes = np.empty(chunk, dtype=np.float32)
-        self.mask = np.empty(chunk, dtype=bool)
+        self.found = np.empty(CANDIDATES_ROOM, dtype=np.int64)  # the CPU scan's candidates
         self._key = key
 
     def rows(
@@ -273,18 +269,16 @@ def release_workspace() -> None:
     _process_workspace.release()
 
 
-def _require_finite(step: int, learner: int, x: torch.Tensor, chunk_sums: list) -> None:
-    """Every value finite, checked from the chunks' float32 sums (finite when every value
-    is, short of an overflow far beyond any gradient); an exact count when one is not."""
-    if chunk_sums and bool(torch.stack(chunk_sums).isfinite().all()):
+def _require_finite(step: int, learner: int, x: torch.Tensor, finite: bool | torch.Tensor) -> None:
+    """Raise unless ``finite`` (whether every value of the row is), with the exact count."""
+    if bool(finite):
         return
     bad = int((~torch.isfinite(x)).sum())
-    if bad:
-        raise DataError(
-            f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
-            "analysis needs finite gradients (leave the step out with --steps; "
-            "`gradstat fit` excludes such values)"
-        )
+    raise DataError(
+        f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
+        "analysis needs finite gradients (leave the step out with --steps; "
+        "`gradstat fit` excludes such values)"
+    )
 
 
 def _scan_row(
@@ -294,31 +288,45 @@ def _scan_row(
     space: Workspace,
     row: tuple[int, int, bool] | None,
 ) -> _Running:
-    """One pass over a learner's block in cache-sized chunks: finiteness, the running sum,
-    and the top-k candidates (|x| >= t for a sampled t as in ``topk_indices``; all of it
-    when the block is short or dense); then the exact top-k of the candidates. ``row``:
-    (step, learner, first learner of the step) of a recorded row, which is checked and
-    added to the running sum; None for the mean."""
+    """One pass over a learner's block: finiteness, the running sum, and the top-k
+    candidates (|x| >= t for a sampled t as in ``topk_indices``; all of it when the block
+    is short or dense); then the exact top-k of the candidates. ``row``: (step, learner,
+    first learner of the step) of a recorded row, which is checked and added to the
+    running sum; None for the mean. On the CPU one fused loop
+    (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk by chunk."""
     d = x.numel()
     k = min(k, d)
-    prefilter = d >= PREFILTER_MIN_NUMEL and k * PREFILTER_MAX_DENSITY_INV <= d
-    if prefilter:
+    threshold = None
+    if d >= PREFILTER_MIN_NUMEL and k * PREFILTER_MAX_DENSITY_INV <= d:
         sample = x[:: d // PREFILTER_SAMPLE].abs()
         rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
         threshold = float(torch.topk(sample, rank, sorted=False).values.amin())
-    sums, found = [], []
-    for lo in range(0, d, CHUNK):
-        chunk = x[lo : lo + CHUNK]
-        if row is not None:
-            sums.append(chunk.sum())
-            if space.sums is not None:
-                space.sums.add(lo, chunk, first=row[2])
-        if prefilter:
-            scratch = (space.magnitudes, space.mask)
-            found.append(indices_above(chunk, threshold, scratch=scratch).add_(lo))
+    sums = space.sums if row is not None else None
+    if x.device.type == "cpu":
+        found, finite = scan_row(
+            x.numpy(),
+            threshold,
+            space.found,
+            total=None if sums is None else sums.total[:d].numpy(),
+            error=None if sums is None else sums.error[:d].numpy(),
+            first=row is not None and row[2],
+        )
+        candidates = None if threshold is None else torch.from_numpy(found)
+    else:
+        chunk_sums, found = [], []
+        for lo in range(0, d, CHUNK):
+            chunk = x[lo : lo + CHUNK]
+            if row is not None:
+                chunk_sums.append(chunk.sum())
+            if sums is not None:
+                sums.add(lo, chunk, first=row[2])
+            if threshold is not None:
+                found.append(indices_above(chunk, threshold).add_(lo))
+        # finite when every value is, short of a float32 overflow far beyond any gradient
+        finite = not chunk_sums or torch.stack(chunk_sums).isfinite().all()
+        candidates = None if threshold is None else torch.cat(found)
     if row is not None:
-        _require_finite(row[0], row[1], x, sums)
-    candidates = torch.cat(found).to(x.device) if prefilter else None
+        _require_finite(row[0], row[1], x, finite)
     if candidates is not None and candidates.numel() >= k:
         idx = candidates[torch.topk(x[candidates].abs(), k, sorted=False).indices]
     else:

@@ -1,0 +1,77 @@
+"""The fused row scan (gradstat.stats.row_kernels) against numpy's separate passes: the
+same compensated sum bit for bit, the same candidate indices, the same finiteness."""
+
+import numpy as np
+import pytest
+
+from gradstat.stats._row_loops import PIECE
+from gradstat.stats.row_kernels import scan_row
+
+
+def _kahan(s: np.ndarray, c: np.ndarray, x: np.ndarray) -> None:
+    """Kahan's update as numpy's four passes (what the analyses did before)."""
+    y = x - c
+    t = s + y
+    c[:] = (t - s) - y
+    s[:] = t
+
+
+@pytest.mark.parametrize("numel", [1, 15, 17, PIECE - 1, PIECE + 33, 3 * PIECE + 5])
+def test_sum_and_candidates_equal_numpy(numel):
+    rng = np.random.default_rng(numel)
+    rows = (rng.standard_normal((3, numel)) * np.exp(rng.standard_normal((3, numel)))).astype(
+        np.float32
+    )
+    rows[0, :: max(1, numel // 7)] = -0.0
+    total, error = np.empty(numel, np.float32), np.empty(numel, np.float32)
+    s, c = rows[0].copy(), np.zeros(numel, np.float32)
+    out = np.empty(1 << 12, np.int64)
+    for i, x in enumerate(rows):
+        threshold = float(np.quantile(np.abs(x), 0.9))
+        found, finite = scan_row(x, threshold, out, total, error, first=i == 0)
+        if i:
+            _kahan(s, c, x)
+        assert finite
+        np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= threshold))
+        assert total.tobytes() == s.tobytes() and error.tobytes() == c.tobytes()
+
+
+def test_ties_at_the_threshold_are_kept_and_signs_ignored():
+    x = np.array([0.5, -0.5, 0.25, -0.75, 0.4999999, 0.0, -0.0] * 5, dtype=np.float32)
+    found, finite = scan_row(x, 0.5, np.empty(64, np.int64))
+    np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= 0.5))
+    assert finite
+    everything, _ = scan_row(x, 0.0, np.empty(64, np.int64))
+    np.testing.assert_array_equal(everything, np.arange(x.size))
+
+
+def test_no_threshold_finds_nothing():
+    x = np.full(100, np.finfo(np.float32).max, dtype=np.float32)
+    found, finite = scan_row(x, None, np.empty(8, np.int64))
+    assert found.size == 0 and finite
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 40, 99])
+def test_nonfinite_values_are_reported(bad, where):
+    x = np.ones(100, dtype=np.float32)
+    x[where] = bad
+    _, finite = scan_row(x, 2.0, np.empty(8, np.int64))
+    assert not finite
+
+
+def test_more_candidates_than_room_are_all_returned():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(50_000).astype(np.float32)
+    total, error = np.zeros_like(x), np.zeros_like(x)
+    found, _ = scan_row(x, 0.1, np.empty(16, np.int64), total, error)
+    np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= 0.1))
+    np.testing.assert_array_equal(total, x)  # added once, not again by the second pass
+
+
+def test_first_row_read_into_the_sum_is_not_copied_and_clears_the_compensation():
+    x = np.arange(40, dtype=np.float32)
+    error = np.full(40, 7.0, dtype=np.float32)
+    scan_row(x, None, np.empty(1, np.int64), x, error, first=True)
+    np.testing.assert_array_equal(x, np.arange(40))
+    assert not error.any()
