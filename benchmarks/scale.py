@@ -19,10 +19,11 @@ runs each analysis again while another CPU-bound process (a Python busy loop) ru
 prints busy / quiet.
 
 Each analysis runs as a library call in one process (``Compute(device="cpu", jobs=1)``,
-the default thread policy) and reports its own wall time without the interpreter start
-and imports, and its own peak RSS (``VmHWM``, read by the child at its end; ``wait4``'s
-``ru_maxrss`` would also count the parent's peak, which a child started with ``vfork``
-inherits until its ``exec``: 2.5 GB after writing a 128M capture). Also prints a raw
+the default thread policy) and reports its own wall time without the interpreter start,
+the imports and numba's one-off start (about 0.7 s a process), and its own peak RSS
+(``VmHWM``, read by the child at its end; ``wait4``'s ``ru_maxrss`` would also count the
+parent's peak, which a child started with ``vfork`` inherits until its ``exec``: 2.5 GB
+after writing a 128M capture). Also prints a raw
 read of one row's bytes (``os.preadv`` of its chunks) over gradstat's checked read of
 that row (``raw/h5py``, target >= 0.7). Targets (issue 9): similarity / buildup /
 overlap <= 2x the read, fit <= 4x, peak RSS <= 600 MB + 3 x numel x 4 + 16 x learners x
@@ -66,8 +67,10 @@ from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
 from gradstat.parallel.allocator import keep_freed_memory
+from gradstat.stats.row_kernels import load as load_row_loops
 
 keep_freed_memory()  # as the command line does
+load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports: not per step
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:

@@ -26,6 +26,14 @@ NONFINITE_BITS = 0x7F800000
 NO_CANDIDATES = 1 << 31
 
 
+def load() -> None:
+    """Load the compiled loops now: numba's import and its first call in a process (the
+    machine-code cache is read and LLVM starts) cost about 0.7 s once per process, paid
+    here instead of inside the first scan (what a benchmark timing per step wants)."""
+    one = np.zeros(1, dtype=np.float32)
+    scan_row(one, None, np.empty(1, dtype=np.int64), one.copy(), one.copy())
+
+
 def scan_row(
     x: np.ndarray,
     threshold: float | None,
@@ -40,8 +48,8 @@ def scan_row(
     also adds ``x`` to it, or makes it ``x`` when ``first`` (no copy when ``x`` is
     ``total`` itself). ``out``: int64 room for the indices; when more are found, a
     second pass (candidates only) into a buffer of the right size."""
-    # numba's import and loading its cached code cost about half a second: paid only by
-    # a process that scans a row on the CPU
+    # numba: imported on first use (see load), so only a process that scans a row on the
+    # CPU pays its start
     from gradstat.stats import _row_loops as loops
 
     if total is None:
