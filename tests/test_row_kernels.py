@@ -1,11 +1,19 @@
-"""The fused row scan (gradstat.stats.row_kernels) against numpy's separate passes: the
-same compensated sum bit for bit, the same candidate indices, the same finiteness."""
+"""The compiled row loops (gradstat.stats.row_kernels) against numpy's separate passes:
+the same compensated sum bit for bit, the same candidate indices, the same finiteness, and
+float64 sums equal to numpy's float64 dot products."""
 
 import numpy as np
 import pytest
 
 from gradstat.stats._row_loops import PIECE
-from gradstat.stats.row_kernels import scan_row
+from gradstat.stats.row_kernels import (
+    ROOM,
+    add_checked,
+    error_sums,
+    indices_at_least,
+    scan_row,
+    squared_norm,
+)
 
 
 def _kahan(s: np.ndarray, c: np.ndarray, x: np.ndarray) -> None:
@@ -75,3 +83,51 @@ def test_first_row_read_into_the_sum_is_not_copied_and_clears_the_compensation()
     scan_row(x, None, np.empty(1, np.int64), x, error, first=True)
     np.testing.assert_array_equal(x, np.arange(40))
     assert not error.any()
+
+
+def _awkward_row() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(5 * PIECE + 3).astype(np.float32)
+    x[::97] = 0.0
+    x[1::101] = -0.0
+    x[5] = np.inf
+    x[6] = -np.inf
+    x[7] = np.nan
+    x[8:12] = np.float32(0.5)
+    return x
+
+
+@pytest.mark.parametrize("threshold", [0.5, 1.0 / 3.0, 2.0, 0.0, -0.0, -1.0, np.inf, np.nan])
+@pytest.mark.parametrize("inclusive", [True, False])
+def test_indices_at_least_equals_numpy(threshold, inclusive):
+    x = _awkward_row()
+    magnitudes = np.abs(x)
+    with np.errstate(invalid="ignore"):
+        expected = np.flatnonzero(magnitudes >= threshold if inclusive else magnitudes > threshold)
+    np.testing.assert_array_equal(indices_at_least(x, threshold, inclusive), expected)
+
+
+def test_indices_at_least_past_its_room():
+    x = np.random.default_rng(3).standard_normal(ROOM * 3).astype(np.float32)
+    np.testing.assert_array_equal(indices_at_least(x, 0.1), np.flatnonzero(np.abs(x) >= 0.1))
+
+
+def test_float64_sums_equal_numpy():
+    rng = np.random.default_rng(11)
+    e = (rng.standard_normal(PIECE + 7) * 1e3).astype(np.float32)
+    r = (e + rng.standard_normal(e.size)).astype(np.float32)
+    e64, r64 = e.astype(np.float64), r.astype(np.float64)
+    assert squared_norm(e) == pytest.approx(float(e64 @ e64), rel=1e-12)
+    expected = (r64 @ r64, e64 @ e64, e64 @ r64, (e64 - r64) @ (e64 - r64))
+    assert error_sums(e, r) == pytest.approx(expected, rel=1e-12)
+
+
+def test_add_checked_adds_in_float32_and_reports_nonfinite():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(1001).astype(np.float32)
+    total = rng.standard_normal(1001).astype(np.float32)
+    expected = total + x
+    assert add_checked(x, total)
+    assert total.tobytes() == expected.tobytes()
+    x[500] = np.nan
+    assert not add_checked(x, total)

@@ -14,6 +14,7 @@ from scipy.stats import hypergeom
 from gradstat.analysis.ef_vectors import replay_steps, topk_sparsify
 from gradstat.errors import GradstatWarning
 from gradstat.stats.topk_sets import (
+    add_then_topk,
     buildup_curve,
     contraction_ok,
     energy_captured,
@@ -217,6 +218,23 @@ def test_prefiltered_topk_falls_back_when_the_sample_misleads():
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize(("d", "k"), [(1000, 10), (200_003, 1_200), (1 << 17, 2_000)])
+def test_add_then_topk_equals_adding_then_topk(d, k):
+    """One pass (add, candidates) picks what adding and ``topk_indices`` pick, in the same
+    order, and leaves the same sum; the last case's sample misleads (a full top-k
+    fallback)."""
+    rng = np.random.default_rng(d)
+    m = torch.from_numpy(rng.laplace(size=d).astype(np.float32))
+    g = torch.from_numpy(rng.laplace(size=d).astype(np.float32))
+    if d == 1 << 17:
+        g[:: d // (1 << 14)] += 50.0
+    expected_p = m + g
+    p = m.clone()
+    chosen = add_then_topk(p, g, k)
+    assert torch.equal(p, expected_p)
+    assert torch.equal(chosen, topk_indices(expected_p, k))
+
+
 def test_topk_indices_rejects_bad_k():
     with pytest.raises(ValueError):
         topk_indices(torch.ones(5), 6)
@@ -253,8 +271,8 @@ def test_kth_largest_matches_a_full_sort(d, ks):
 
 @pytest.mark.parametrize("d", [0, 5, 300_007])
 def test_indices_above_equals_a_mask(d):
-    # numpy's chunked pass must pick exactly what torch's mask picks, at thresholds equal
-    # to element values (strict vs inclusive) and across chunk boundaries
+    # the compiled pass must pick exactly what torch's mask picks, at thresholds equal
+    # to element values (strict vs inclusive)
     x = torch.from_numpy(np.random.default_rng(d).standard_t(3, d).astype(np.float32))
     thresholds = [0.0, 1.5] + ([float(x[d // 2].abs()), float(x.abs().max())] if d else [])
     for t in thresholds:

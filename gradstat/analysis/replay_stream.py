@@ -32,17 +32,26 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from gradstat.analysis.ef_store import MemoryRows, RamRows, ScratchRows
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.topk_stream import Workspace
-from gradstat.compressors.base import LocalCompressor, Payload, Transfer, index_dtype
+from gradstat.compressors.base import (
+    LocalCompressor,
+    Payload,
+    Transfer,
+    index_dtype,
+    sparse_payload,
+)
 from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.sparse import CLTK, GTopK, RandomK, top_indices
+from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK, top_indices
+from gradstat.stats.row_kernels import add_checked, squared_norm
+from gradstat.stats.topk_sets import add_then_topk
 from gradstat.store import Capture, Scope
 
 Store = RamRows | ScratchRows
@@ -70,19 +79,13 @@ class StepOutcome:
         return sum(t.nbytes for t in self.transfers)
 
 
-#: Values per float64 chunk of a norm: cache-sized, so no full-length float64 copy (a
-#: whole-row ``double()`` cost 18 ms of an 8M-value step's 75).
-_NORM_CHUNK = 1 << 16
-
-
 def _norm(row: torch.Tensor) -> float:
-    """||row||_2 summed in float64, chunk by chunk."""
+    """||row||_2 summed in float64 in one pass (:func:`~gradstat.stats.row_kernels.squared_norm`
+    on the CPU; a whole-row ``double()`` cost 18 ms of an 8M-value step's 75)."""
     flat = row.reshape(-1)
-    squares = 0.0
-    for start in range(0, flat.numel(), _NORM_CHUNK):
-        chunk = flat[start : start + _NORM_CHUNK].double()
-        squares += float(chunk @ chunk)
-    return math.sqrt(squares)
+    if flat.device.type == "cpu" and flat.dtype == torch.float32:
+        return math.sqrt(squared_norm(np.ascontiguousarray(flat.numpy())))
+    return float(torch.linalg.vector_norm(flat, dtype=torch.float64))
 
 
 class Memories:
@@ -238,10 +241,15 @@ class LocalStream(StreamedScheme):
         the aggregate at their indices and subtracted from ``p`` there, leaving
         ``m = p - sent``. The same numbers as decompressing to a dense ``sent`` (adding
         or subtracting the zeros elsewhere changes nothing); a replay of top-k on
-        4 x 8M values spent half its time on those dense rows."""
+        4 x 8M values spent half its time on those dense rows. Top-k forms ``p`` and
+        finds its candidates in one pass (:func:`add_then_topk`)."""
         p = self.memories.m.load(i)
-        p.add_(g)
-        index, values = self._add_sparse(self.compressor.compress(p, i))
+        if isinstance(self.compressor, TopK):
+            payload = sparse_payload(p, add_then_topk(p, g, self.compressor.k))
+        else:
+            p.add_(g)
+            payload = self.compressor.compress(p, i)
+        index, values = self._add_sparse(payload)
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
         self.memories.keep(i, p)
 
@@ -491,6 +499,7 @@ def replay_streamed(
     n = len(learners)
     scopes = list({sc.name: sc for sc, _ in chosen}.values())
     whole = Scope("model", ((0, cap.numel),))
+    whole_scope = any(sc.numel == cap.numel for sc in scopes)  # its check covers every value
     space = Workspace()  # the next learner's row is read while this one is replayed
     space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
     sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
@@ -522,11 +531,14 @@ def replay_streamed(
                 prefetched = space.rows(cap, step, learners, whole, 0, cap.numel)
                 for i in range(n):
                     start = time.perf_counter()
-                    g = checked(torch.from_numpy(next(prefetched)), i)
+                    g = torch.from_numpy(next(prefetched))
                     reading += time.perf_counter() - start
                     parts = {sc.name: sc.take(g) for sc in scopes}
+                    finite = True  # each part added to its sum and checked in one pass
                     for name, part in parts.items():
-                        sums[name] += part
+                        finite &= add_checked(part.numpy(), sums[name].numpy())
+                    if not finite or not whole_scope:
+                        checked(g, i)
                     for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
                         start = time.perf_counter()
                         stream.learner(i, parts[sc.name])

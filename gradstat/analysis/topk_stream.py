@@ -20,7 +20,6 @@ sets needs no second pass (docs/methods.md 3).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -31,12 +30,7 @@ import torch
 
 from gradstat.errors import DataError
 from gradstat.stats.row_kernels import scan_row
-from gradstat.stats.topk_sets import (
-    PREFILTER_MAX_DENSITY_INV,
-    PREFILTER_MIN_NUMEL,
-    PREFILTER_SAMPLE,
-    indices_above,
-)
+from gradstat.stats.topk_sets import indices_above, prefilter_threshold, top_of_candidates
 from gradstat.store import Capture, Scope
 
 #: Elements per chunk of a pass over a row with torch's ops (on a GPU; the mean's sum of
@@ -296,11 +290,7 @@ def _scan_row(
     (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk by chunk."""
     d = x.numel()
     k = min(k, d)
-    threshold = None
-    if d >= PREFILTER_MIN_NUMEL and k * PREFILTER_MAX_DENSITY_INV <= d:
-        sample = x[:: d // PREFILTER_SAMPLE].abs()
-        rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
-        threshold = float(torch.topk(sample, rank, sorted=False).values.amin())
+    threshold = prefilter_threshold(x, k)
     sums = space.sums if row is not None else None
     if x.device.type == "cpu":
         found, finite = scan_row(
@@ -327,10 +317,7 @@ def _scan_row(
         candidates = None if threshold is None else torch.cat(found)
     if row is not None:
         _require_finite(row[0], row[1], x, finite)
-    if candidates is not None and candidates.numel() >= k:
-        idx = candidates[torch.topk(x[candidates].abs(), k, sorted=False).indices]
-    else:
-        idx = torch.topk(x.abs(), k, sorted=False).indices
+    idx = top_of_candidates(x, k, candidates)
     return _Running(x[idx].abs(), idx + start)
 
 

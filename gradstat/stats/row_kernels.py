@@ -18,12 +18,37 @@ whether any value is NaN or Inf (patterns from 0x7F800000 up).
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 
 #: The smallest |x| bit pattern of Inf and NaN (float32).
 NONFINITE_BITS = 0x7F800000
 #: A threshold pattern above every float32 pattern: no candidates.
 NO_CANDIDATES = 1 << 31
+#: Room for indices before :func:`indices_at_least` needs a second pass.
+ROOM = 1 << 16
+
+
+def _loops() -> ModuleType:
+    """:mod:`gradstat.stats._row_loops`, imported on first use (see :func:`load`), so only
+    a process that scans a row on the CPU pays numba's start. numba caches the machine
+    code beside the module, or in the user's cache folder; where neither can be written
+    (a read-only install and home), in a folder of the temporary directory instead of
+    failing to import."""
+    if "gradstat.stats._row_loops" not in sys.modules and "NUMBA_CACHE_DIR" not in os.environ:
+        here = Path(__file__).parent
+        home_cache = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+        if not any(os.access(folder, os.W_OK) for folder in (here, home_cache)):
+            folder = Path(tempfile.gettempdir()) / f"gradstat-numba-{os.getuid()}"
+            os.environ["NUMBA_CACHE_DIR"] = str(folder)
+    from gradstat.stats import _row_loops
+
+    return _row_loops
 
 
 def load() -> None:
@@ -48,9 +73,7 @@ def scan_row(
     also adds ``x`` to it, or makes it ``x`` when ``first`` (no copy when ``x`` is
     ``total`` itself). ``out``: int64 room for the indices; when more are found, a
     second pass (candidates only) into a buffer of the right size."""
-    # numba: imported on first use (see load), so only a process that scans a row on the
-    # CPU pays its start
-    from gradstat.stats import _row_loops as loops
+    loops = _loops()
 
     if total is None:
         mode = loops.SUM_NONE
@@ -65,3 +88,64 @@ def scan_row(
         out = np.empty(count, dtype=np.int64)
         loops.scan(x, x, x, loops.SUM_NONE, bits, out)
     return out[:count], worst < NONFINITE_BITS
+
+
+def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
+    """The indices (int64, ascending) of ``|x| >= threshold`` (``>`` unless ``inclusive``)
+    in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
+    Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
+    loops = _loops()
+
+    limit = np.float32(threshold)
+    if limit != limit:  # NaN: nothing compares >= it
+        return np.empty(0, dtype=np.int64)
+    if limit < 0:  # every |x| (but NaN) is above
+        limit, inclusive = np.float32(0.0), True
+    elif limit == 0:  # -0.0 as +0.0, whose pattern is the smallest
+        limit = np.float32(0.0)
+    bits = int(limit.view(np.int32)) + (0 if inclusive else 1)
+    out = np.empty(min(ROOM, x.size), dtype=np.int64)
+    count, _ = loops.candidates(x, bits, out, 0, 0)
+    if count > out.size:
+        out = np.empty(count, dtype=np.int64)
+        loops.candidates(x, bits, out, 0, 0)
+    return out[:count]
+
+
+def squared_norm(x: np.ndarray) -> float:
+    """sum x^2 of a float32 row, accumulated in float64."""
+    loops = _loops()
+
+    return float(loops.sum_squares(x))
+
+
+def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, float, float, float]:
+    """(||r||^2, ||e||^2, e . r, ||e - r||^2) of two float32 rows, in float64, one pass."""
+    loops = _loops()
+
+    ref_sq, est_sq, dot, err = loops.error_sums(estimate, reference)
+    return float(ref_sq), float(est_sq), float(dot), float(err)
+
+
+def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
+    """``total += x`` (float32) in one pass that also tells whether every x is finite."""
+    loops = _loops()
+
+    return bool(loops.add_checked(np.ascontiguousarray(x), total) < NONFINITE_BITS)
+
+
+def add_and_candidates(
+    x: np.ndarray, g: np.ndarray, threshold: float | None, out: np.ndarray
+) -> np.ndarray:
+    """``x += g`` in place (float32, as numpy adds) in one pass that also finds the
+    indices (ascending) of the new ``|x| >= threshold`` (none when None): error feedback's
+    corrected row ``p = m + g`` and its top-k candidates. ``out``: int64 room for the
+    indices; when more are found, a second pass."""
+    loops = _loops()
+
+    bits = NO_CANDIDATES if threshold is None else int(np.float32(threshold).view(np.int32))
+    count, _ = loops.add_candidates(x, g, bits, out)
+    if count > out.size:
+        out = np.empty(count, dtype=np.int64)
+        loops.candidates(x, bits, out, 0, 0)
+    return out[:count]

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gradstat.stats.row_kernels import add_and_candidates, indices_at_least
+
 #: Slack for the contraction check: both sides are float sums of the same squares.
 CONTRACTION_RTOL = 1e-6
 #: ``topk_indices`` pre-filters rows at least this long, at densities k/d up to 1/16,
@@ -49,67 +51,100 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
     Exact: the same set as ``torch.topk(x.abs(), k)`` (ties broken either way). Long rows
     are first cut to candidates ``|x| >= t``, with ``t`` an upper quantile of a strided
-    sample chosen so that about 1.5 k (plus a margin) survive, as DGC's sampled threshold
-    does (Lin et al. 2018; docs/methods.md 2); ``torch.topk`` then runs on the candidates only.
-    Whenever fewer than k survive, that row falls back to ``torch.topk`` on all of it, so
-    the result never depends on the sample.
+    sample chosen so that about 1.5 k (plus a margin) survive (:func:`prefilter_threshold`),
+    as DGC's sampled threshold does (Lin et al. 2018; docs/methods.md 2); ``torch.topk``
+    then runs on the candidates only. Whenever fewer than k survive, that row falls back to
+    ``torch.topk`` on all of it, so the result never depends on the sample.
     """
     d = x.shape[-1]
     if not 0 < k <= d:
         raise ValueError(f"k={k} must be in 1..{d}")
-    if d < PREFILTER_MIN_NUMEL or k * PREFILTER_MAX_DENSITY_INV > d:
-        return torch.topk(x.abs(), k, dim=-1, sorted=False).indices
     rows = x.reshape(-1, d)
-    sample = rows[:, :: d // PREFILTER_SAMPLE].abs()
-    s = sample.shape[1]
-    rank = min(s, math.ceil(1.5 * k * s / d) + 32)
-    thresholds = torch.topk(sample, rank, dim=1, sorted=False).values.amin(dim=1)
     out = torch.empty(rows.shape[0], k, dtype=torch.int64, device=x.device)
-    for i, (row, t) in enumerate(zip(rows, thresholds, strict=True)):
-        candidates = indices_above(row, float(t))
-        if candidates.numel() >= k:
-            out[i] = candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
-        else:
-            out[i] = torch.topk(row.abs(), k, sorted=False).indices
+    for i, row in enumerate(rows):
+        threshold = prefilter_threshold(row, k)
+        candidates = None if threshold is None else indices_above(row, threshold)
+        out[i] = top_of_candidates(row, k, candidates)
     return out.reshape(*x.shape[:-1], k)
 
 
-def indices_above(
-    row: torch.Tensor,
-    threshold: float,
-    inclusive: bool = True,
-    scratch: tuple[np.ndarray, np.ndarray] | None = None,
-) -> torch.Tensor:
+def prefilter_threshold(
+    row: torch.Tensor, k: int, sample: torch.Tensor | None = None
+) -> float | None:
+    """The pre-filter threshold of :func:`topk_indices` for a flat row: the
+    ``ceil(1.5 k s / d) + 32``-th largest of ``s`` strided samples of ``|row|`` (``sample``:
+    those |values| when the caller has them, :func:`sample_positions`); None when the row is
+    short or dense and is not pre-filtered."""
+    d = row.numel()
+    if not prefilters(d, k):
+        return None
+    if sample is None:
+        sample = row[sample_positions(d)].abs()
+    rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
+    return float(torch.topk(sample, rank, sorted=False).values.amin())
+
+
+def prefilters(d: int, k: int) -> bool:
+    """Whether :func:`topk_indices` pre-filters a row of ``d`` for its top-``k``: rows at
+    least ``PREFILTER_MIN_NUMEL`` long, at densities k/d up to 1/``PREFILTER_MAX_DENSITY_INV``."""
+    return d >= PREFILTER_MIN_NUMEL and k * PREFILTER_MAX_DENSITY_INV <= d
+
+
+def sample_positions(d: int) -> slice:
+    """The strided positions :func:`prefilter_threshold` samples in a row of ``d``."""
+    return slice(None, None, d // PREFILTER_SAMPLE)
+
+
+def top_of_candidates(row: torch.Tensor, k: int, candidates: torch.Tensor | None) -> torch.Tensor:
+    """The top-k indices of a flat row from its candidates ``|row| >= t`` (exact when at
+    least k; else, or without candidates, ``torch.topk`` of the whole row)."""
+    if candidates is not None and candidates.numel() >= k:
+        return candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
+    return torch.topk(row.abs(), k, sorted=False).indices
+
+
+def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
+    """``p += g`` in place, then ``topk_indices(p, k)``: error feedback's corrected row and
+    its top-k. On the CPU one pass over ``p`` for both
+    (:func:`~gradstat.stats.row_kernels.add_and_candidates`; the threshold is sampled from
+    ``p + g`` at the sample's positions first, the very values the add leaves there), so
+    the same indices as adding, then :func:`topk_indices`."""
+    d = p.numel()
+    if not 0 < k <= d:
+        raise ValueError(f"k={k} must be in 1..{d}")
+    if not prefilters(d, k) or p.device.type != "cpu" or p.dtype != torch.float32:
+        p.add_(g)
+        return topk_indices(p, k)
+    at = sample_positions(d)
+    threshold = prefilter_threshold(p, k, sample=(p[at] + g[at]).abs())
+    room = np.empty(4 * k + 1024, dtype=np.int64)
+    found = add_and_candidates(p.numpy(), np.ascontiguousarray(g.numpy()), threshold, room)
+    return top_of_candidates(p, k, torch.from_numpy(found))
+
+
+def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -> torch.Tensor:
     """Indices (int64, ascending) of ``|row| >= threshold`` (``>`` unless ``inclusive``)
-    in a flat row, chunk by chunk so that |x|, the mask and its non-zeros stay in cache
-    (numpy on the CPU: 4 ms for 8M values, torch's abs/compare/nonzero 13 ms).
-    ``scratch``: a float32 and a bool buffer of equal length to use for |x| and the mask
-    (a caller that scans many rows keeps them), chunks of that length."""
-    if row.device.type != "cpu":
-        return torch.cat(
-            [
-                torch.nonzero(part.abs() >= threshold if inclusive else part.abs() > threshold)
-                .squeeze(1)
-                .add_(start)
-                for start, part in zip(
-                    range(0, row.numel(), PREFILTER_CHUNK), row.split(PREFILTER_CHUNK), strict=True
-                )
-            ]
-        )
-    values = row.detach().numpy()
-    if scratch is None:
-        chunk = max(1, min(values.size, PREFILTER_CHUNK))
-        scratch = (np.empty(chunk, dtype=values.dtype), np.empty(chunk, dtype=bool))
-    magnitudes, mask = scratch
-    chunk = mask.size
-    compare = np.greater_equal if inclusive else np.greater
-    found = [np.empty(0, dtype=np.int64)]
-    for start in range(0, values.size, chunk):
-        part = values[start : start + chunk]
-        np.abs(part, out=magnitudes[: part.size])
-        compare(magnitudes[: part.size], threshold, out=mask[: part.size])
-        found.append(np.flatnonzero(mask[: part.size]) + start)
-    return torch.from_numpy(np.concatenate(found))
+    in a flat row: on the CPU one compiled pass
+    (:func:`~gradstat.stats.row_kernels.indices_at_least`; 8M values 3 ms, numpy's
+    abs/compare/nonzero 6.4 ms), on a GPU torch's ops chunk by chunk so that |x| and the
+    mask stay small."""
+    if row.device.type == "cpu":
+        values = np.ascontiguousarray(row.detach().numpy())
+        if values.dtype == np.float32:
+            return torch.from_numpy(indices_at_least(values, threshold, inclusive))
+        magnitudes = np.abs(values)
+        above = magnitudes >= threshold if inclusive else magnitudes > threshold
+        return torch.from_numpy(np.flatnonzero(above))
+    return torch.cat(
+        [
+            torch.nonzero(part.abs() >= threshold if inclusive else part.abs() > threshold)
+            .squeeze(1)
+            .add_(start)
+            for start, part in zip(
+                range(0, row.numel(), PREFILTER_CHUNK), row.split(PREFILTER_CHUNK), strict=True
+            )
+        ]
+    )
 
 
 def kth_largest(
