@@ -89,7 +89,7 @@ def test_compute_validates_and_sizes_blocks():
     assert small.block_numel(1000) == 1000
     assert small.block_numel(10**9) == (16 << 20) // 16
     large = Compute(memory=parse_bytes("64GiB"))  # four rows of 1B values would fit
-    assert large.block_numel(MAX_BLOCK) == MAX_BLOCK == 64 << 20
+    assert large.block_numel(MAX_BLOCK) == MAX_BLOCK == 16 << 20
     assert large.block_numel(10**9) == MAX_BLOCK
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
     with pytest.raises(UsageError, match="memory='lots'"):

@@ -282,8 +282,8 @@ class LocalStream(StreamedScheme):
     def finish(self) -> StepOutcome:
         if self.majority:
             estimate = torch.sign(self.total) * torch.stack(self.scales).mean()
-        else:
-            estimate = self.total / self.n
+        else:  # in place: the sum's row is zeroed when the next step begins
+            estimate = self.total.div_(self.n)
         union = multiplicity = None
         if self.indices:
             _, holders = torch.unique(torch.cat(self.indices), return_counts=True)
@@ -495,6 +495,8 @@ def replay_streamed(
     learner's row once per step; yields ``(step, [SchemeStep per chosen])``.
 
     ``scratch`` keeps the memories in a scratch file (:mod:`~gradstat.analysis.ef_store`).
+    A step's estimates and references may share rows the next step reuses: use them
+    before asking for the next step.
     """
     n = len(learners)
     scopes = list({sc.name: sc for sc, _ in chosen}.values())
@@ -544,12 +546,13 @@ def replay_streamed(
                         stream.learner(i, parts[sc.name])
                         spent[j] += time.perf_counter() - start
                 prefetched.close()
+                means = {name: total.div_(n) for name, total in sums.items()}  # rows reused
                 results = []
                 for j, ((sc, scheme), stream) in enumerate(zip(chosen, streams, strict=True)):
                     start = time.perf_counter()
                     outcome = stream.finish()
                     spent[j] += time.perf_counter() - start
-                    reference = scheme.reference(sums[sc.name] / n)
+                    reference = scheme.reference(means[sc.name])
                     results.append(SchemeStep(outcome, reference, spent[j] / n))
                 yield step, results
     finally:

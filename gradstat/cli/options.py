@@ -152,7 +152,7 @@ Memory = Annotated[
         "--memory",
         metavar="SIZE",
         help="Memory for full-length rows, e.g. 2GB (default: a quarter of the available "
-        "memory); a longer row, or one over 64M values, is processed in column blocks.",
+        "memory); a longer row, or one over 16M values, is processed in column blocks.",
         show_default=False,
     ),
 ]
