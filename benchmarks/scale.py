@@ -70,8 +70,9 @@ from gradstat.parallel.allocator import keep_freed_memory
 from gradstat.stats.row_kernels import load as load_row_loops
 
 keep_freed_memory()  # as the command line does
-load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports: not per step
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if what not in ("read", "read-one", "fit"):  # those never load numba
+    load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:
     steps = [int(s) for s in cap.steps]
