@@ -30,16 +30,18 @@ import torch
 
 from gradstat.errors import DataError
 from gradstat.stats.row_kernels import scan_row
-from gradstat.stats.topk_sets import indices_above, prefilter_threshold, top_of_candidates
+from gradstat.stats.topk_sets import (
+    candidates_room,
+    indices_above,
+    prefilter_threshold,
+    top_of_candidates,
+)
 from gradstat.store import Capture, Scope
 
 #: Elements per chunk of a pass over a row with torch's ops (on a GPU; the mean's sum of
 #: squares): 1 MiB of float32, |x|, the mask and the compensated sum's temporaries stay in
 #: cache.
 CHUNK = 1 << 18
-#: Room for a CPU scan's candidates before it needs a second pass (about 1.5 k survive the
-#: sampled threshold: k = 0.1% of 40M values).
-CANDIDATES_ROOM = 1 << 16
 
 
 @dataclass
@@ -174,7 +176,7 @@ class Workspace:
         self.buffers = self.sums = None
         self.buffers = (np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        self.found = np.empty(CANDIDATES_ROOM, dtype=np.int64)  # the CPU scan's candidates
+        self.found = np.empty(0, dtype=np.int64)  # the CPU scan's candidates (candidates_room)
         self._key = key
 
     def rows(
@@ -293,6 +295,8 @@ def _scan_row(
     threshold = prefilter_threshold(x, k)
     sums = space.sums if row is not None else None
     if x.device.type == "cpu":
+        if threshold is not None and space.found.size < candidates_room(d, k):
+            space.found = np.empty(candidates_room(d, k), dtype=np.int64)
         found, finite = scan_row(
             x.numpy(),
             threshold,

@@ -84,6 +84,13 @@ def prefilter_threshold(
     return float(torch.topk(sample, rank, sorted=False).values.amin())
 
 
+def candidates_room(d: int, k: int) -> int:
+    """Room for the candidates of a top-``k`` pre-filter of a row of ``d``, so that a
+    second pass is rare: about ``1.5 k + 32 d / PREFILTER_SAMPLE`` survive the sampled
+    threshold (:func:`prefilter_threshold`; 3.5 k at k/d = 0.1%), twice that here."""
+    return 3 * k + 64 * (d // PREFILTER_SAMPLE) + 4096
+
+
 def prefilters(d: int, k: int) -> bool:
     """Whether :func:`topk_indices` pre-filters a row of ``d`` for its top-``k``: rows at
     least ``PREFILTER_MIN_NUMEL`` long, at densities k/d up to 1/``PREFILTER_MAX_DENSITY_INV``."""
@@ -117,7 +124,7 @@ def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
         return topk_indices(p, k)
     at = sample_positions(d)
     threshold = prefilter_threshold(p, k, sample=(p[at] + g[at]).abs())
-    room = np.empty(4 * k + 1024, dtype=np.int64)
+    room = np.empty(candidates_room(d, k), dtype=np.int64)
     found = add_and_candidates(p.numpy(), np.ascontiguousarray(g.numpy()), threshold, room)
     return top_of_candidates(p, k, torch.from_numpy(found))
 
