@@ -278,7 +278,8 @@ def test_real_capture_sidco_p_three_stages(real_capture):
 def test_import_gradstat_stays_light():
     code = (
         "import sys, gradstat, gradstat.analysis.fit, gradstat.stats.thresholds;"
-        "print(sorted(m for m in ('typer', 'rich', 'matplotlib', 'seaborn') if m in sys.modules))"
+        "heavy = ('typer', 'rich', 'matplotlib', 'seaborn', 'numba');"
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -248,7 +248,8 @@ def test_analyses_import_no_cli_or_plotting():
     code = (
         "import sys, gradstat.analysis.similarity, gradstat.analysis.buildup, "
         "gradstat.analysis.overlap; "
-        "print([m for m in ('typer', 'rich', 'matplotlib', 'seaborn') if m in sys.modules])"
+        "heavy = ('typer', 'rich', 'matplotlib', 'seaborn', 'numba'); "
+        "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

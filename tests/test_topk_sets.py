@@ -16,11 +16,13 @@ from gradstat.errors import GradstatWarning
 from gradstat.stats.topk_sets import (
     add_then_topk,
     buildup_curve,
+    candidates_room,
     contraction_ok,
     energy_captured,
     indices_above,
     kth_largest,
     paired_intersection_sizes,
+    prefilter_threshold,
     random_overlap,
     random_union,
     set_overlaps,
@@ -233,6 +235,17 @@ def test_add_then_topk_equals_adding_then_topk(d, k):
     chosen = add_then_topk(p, g, k)
     assert torch.equal(p, expected_p)
     assert torch.equal(chosen, topk_indices(expected_p, k))
+
+
+@pytest.mark.parametrize(("d", "ratio"), [(1 << 20, 0.01), (1 << 22, 1e-4), (1 << 25, 0.001)])
+def test_candidates_room_holds_what_survives_the_sampled_threshold(d, ratio):
+    """The room a scan reserves holds the candidates, so a row takes one pass (a fixed
+    room of 64K overflowed on every 32M-value row at ratio 0.001: 1.5 k + 32 d / 16384
+    = 115K candidates)."""
+    k = round(ratio * d)
+    x = torch.from_numpy(np.random.default_rng(d).standard_normal(d, dtype=np.float32))
+    survivors = int((x.abs() >= prefilter_threshold(x, k)).sum())
+    assert k <= survivors <= candidates_room(d, k) / 1.5
 
 
 def test_topk_indices_rejects_bad_k():

@@ -266,15 +266,18 @@ def release_workspace() -> None:
 
 
 def _require_finite(step: int, learner: int, x: torch.Tensor, finite: bool | torch.Tensor) -> None:
-    """Raise unless ``finite`` (whether every value of the row is), with the exact count."""
+    """Raise, with the exact count, when the row has NaN/Inf values. ``finite``: a quick
+    answer that is True only when every value is finite (on a GPU, from float32 chunk
+    sums, which a row of huge finite values can also overflow: then counted exactly)."""
     if bool(finite):
         return
     bad = int((~torch.isfinite(x)).sum())
-    raise DataError(
-        f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
-        "analysis needs finite gradients (leave the step out with --steps; "
-        "`gradstat fit` excludes such values)"
-    )
+    if bad:
+        raise DataError(
+            f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
+            "analysis needs finite gradients (leave the step out with --steps; "
+            "`gradstat fit` excludes such values)"
+        )
 
 
 def _scan_row(

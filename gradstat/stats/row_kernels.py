@@ -11,6 +11,10 @@ Measured on 8M values, one thread: 7 ms against 19.5 ms. The sum is bit for bit 
 (the same operations in the same order, no fast-math), and the candidates are the same
 indices in the same (ascending) order.
 
+Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candidates,
+the reference sum with the finiteness check, and float64 sums of squares in side-by-side
+partial sums (LLVM vectorizes them; one running float64 sum would wait on each add).
+
 |x| >= t is compared on the float32 bit patterns with the sign bit cleared, as integers:
 for non-negative floats the two orders agree, and the largest pattern seen also tells
 whether any value is NaN or Inf (patterns from 0x7F800000 up).
