@@ -11,7 +11,7 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import k_for
-from gradstat.stats.passes import _SCAN_CHUNK, RowPasses, compress
+from gradstat.stats.passes import _SCAN_CHUNK, RowPasses, compress, compress_in_place
 from gradstat.stats.sidco import AdaptiveStages, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
@@ -306,3 +306,7 @@ def test_compress_equals_boolean_indexing(n):
     x = torch.from_numpy(np.random.default_rng(n).standard_normal(n).astype(np.float32))
     for keep in (x > 0.3, torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)):
         assert torch.equal(compress(x, keep), x[keep])
+        owned = x.clone()
+        kept = compress_in_place(owned, keep)
+        assert torch.equal(kept, x[keep])
+        assert kept.numel() == 0 or kept.data_ptr() == owned.data_ptr()  # no second row

@@ -48,7 +48,7 @@ from scipy import optimize, special
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats import mle
-from gradstat.stats.passes import compress
+from gradstat.stats.passes import compress, compress_in_place
 
 METHODS: tuple[str, ...] = ("moments", "mle")
 
@@ -93,18 +93,18 @@ def split_values(values: torch.Tensor) -> SplitValues:
     means every value is finite, and a non-zero minimum |x| that none is zero: the
     usual gradient costs a sum, an abs and a minimum.)"""
     flat = values.reshape(-1)
-    magnitudes = flat.abs()
+    magnitudes = flat.abs()  # a fresh vector: compacted in place
     nonfinite = 0
     if not bool(torch.isfinite(flat.sum())):
         finite = torch.isfinite(magnitudes)
-        nonfinite = flat.numel() - int(finite.sum())
+        nonfinite = flat.numel() - int(torch.count_nonzero(finite))
         if nonfinite:
-            magnitudes = compress(magnitudes, finite)
+            magnitudes = compress_in_place(magnitudes, finite)
     zeros = 0
     if magnitudes.numel() and not float(magnitudes.amin()) > 0:
         nonzero = magnitudes != 0
-        zeros = magnitudes.numel() - int(nonzero.sum())
-        magnitudes = compress(magnitudes, nonzero)
+        zeros = magnitudes.numel() - int(torch.count_nonzero(nonzero))  # no int64 copy
+        magnitudes = compress_in_place(magnitudes, nonzero)
     return SplitValues(flat, magnitudes, zeros, nonfinite)
 
 
