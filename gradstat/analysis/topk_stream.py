@@ -271,7 +271,7 @@ def _require_finite(step: int, learner: int, x: torch.Tensor, finite: bool | tor
     sums, which a row of huge finite values can also overflow: then counted exactly)."""
     if bool(finite):
         return
-    bad = int((~torch.isfinite(x)).sum())
+    bad = int(torch.count_nonzero(~torch.isfinite(x)))
     if bad:
         raise DataError(
             f"step {step}, learner {learner}: {bad} NaN/Inf gradient values; a top-k set "
