@@ -38,6 +38,31 @@ NO_CANDIDATES = 1 << 31
 ROOM = 1 << 16
 
 
+def _threshold_bits(threshold: float | None, inclusive: bool = True) -> int:
+    """The |x| bit pattern a value must reach to pass ``|x| >= threshold`` (``>`` unless
+    ``inclusive``), the threshold rounded to float32 as numpy compares a float32 array
+    with a Python float: ``NO_CANDIDATES`` for None or NaN (nothing passes), 0 below zero
+    (everything but NaN passes), -0.0 as +0.0."""
+    if threshold is None:
+        return NO_CANDIDATES
+    limit = np.float32(threshold)
+    if limit != limit:
+        return NO_CANDIDATES
+    if limit < 0:
+        return 0
+    bits = int(limit.view(np.int32)) & 0x7FFFFFFF  # -0.0 as +0.0
+    return bits if inclusive else bits + 1
+
+
+def _found(loops: ModuleType, x: np.ndarray, bits: int, out: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` indices a first pass found: ``out[:count]``, or, when they did not
+    fit in ``out``, a second pass (candidates only) into a buffer of that size."""
+    if count > out.size:
+        out = np.empty(count, dtype=np.int64)
+        loops.candidates(x, bits, out, 0, 0)
+    return out[:count]
+
+
 def _loops() -> ModuleType:
     """:mod:`gradstat.stats._row_loops`, imported on first use (see :func:`load`), so only
     a process that scans a row on the CPU pays numba's start. numba caches the machine
@@ -78,7 +103,6 @@ def scan_row(
     ``total`` itself). ``out``: int64 room for the indices; when more are found, a
     second pass (candidates only) into a buffer of the right size."""
     loops = _loops()
-
     if total is None:
         mode = loops.SUM_NONE
         total = error = x  # unused
@@ -86,12 +110,9 @@ def scan_row(
         mode = loops.SUM_ADD
     else:
         mode = loops.SUM_ZERO_ERROR if np.shares_memory(x, total) else loops.SUM_FIRST
-    bits = NO_CANDIDATES if threshold is None else int(np.float32(threshold).view(np.int32))
+    bits = _threshold_bits(threshold)
     count, worst = loops.scan(x, total, error, mode, bits, out)
-    if count > out.size:
-        out = np.empty(count, dtype=np.int64)
-        loops.scan(x, x, x, loops.SUM_NONE, bits, out)
-    return out[:count], worst < NONFINITE_BITS
+    return _found(loops, x, bits, out, count), worst < NONFINITE_BITS
 
 
 def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
@@ -99,43 +120,26 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
     in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
     loops = _loops()
-
-    limit = np.float32(threshold)
-    if limit != limit:  # NaN: nothing compares >= it
-        return np.empty(0, dtype=np.int64)
-    if limit < 0:  # every |x| (but NaN) is above
-        limit, inclusive = np.float32(0.0), True
-    elif limit == 0:  # -0.0 as +0.0, whose pattern is the smallest
-        limit = np.float32(0.0)
-    bits = int(limit.view(np.int32)) + (0 if inclusive else 1)
+    bits = _threshold_bits(threshold, inclusive)
     out = np.empty(min(ROOM, x.size), dtype=np.int64)
     count, _ = loops.candidates(x, bits, out, 0, 0)
-    if count > out.size:
-        out = np.empty(count, dtype=np.int64)
-        loops.candidates(x, bits, out, 0, 0)
-    return out[:count]
+    return _found(loops, x, bits, out, count)
 
 
 def squared_norm(x: np.ndarray) -> float:
     """sum x^2 of a float32 row, accumulated in float64."""
-    loops = _loops()
-
-    return float(loops.sum_squares(x))
+    return float(_loops().sum_squares(x))
 
 
 def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, float, float, float]:
     """(||r||^2, ||e||^2, e . r, ||e - r||^2) of two float32 rows, in float64, one pass."""
-    loops = _loops()
-
-    ref_sq, est_sq, dot, err = loops.error_sums(estimate, reference)
+    ref_sq, est_sq, dot, err = _loops().error_sums(estimate, reference)
     return float(ref_sq), float(est_sq), float(dot), float(err)
 
 
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """``total += x`` (float32) in one pass that also tells whether every x is finite."""
-    loops = _loops()
-
-    return bool(loops.add_checked(np.ascontiguousarray(x), total) < NONFINITE_BITS)
+    return bool(_loops().add_checked(np.ascontiguousarray(x), total) < NONFINITE_BITS)
 
 
 def add_and_candidates(
@@ -146,10 +150,6 @@ def add_and_candidates(
     corrected row ``p = m + g`` and its top-k candidates. ``out``: int64 room for the
     indices; when more are found, a second pass."""
     loops = _loops()
-
-    bits = NO_CANDIDATES if threshold is None else int(np.float32(threshold).view(np.int32))
+    bits = _threshold_bits(threshold)
     count, _ = loops.add_candidates(x, g, bits, out)
-    if count > out.size:
-        out = np.empty(count, dtype=np.int64)
-        loops.candidates(x, bits, out, 0, 0)
-    return out[:count]
+    return _found(loops, x, bits, out, count)
