@@ -12,6 +12,7 @@ from gradstat.stats.row_kernels import (
     error_sums,
     indices_at_least,
     scan_row,
+    scan_row_pair,
     squared_norm,
 )
 
@@ -42,6 +43,42 @@ def test_sum_and_candidates_equal_numpy(numel):
         assert finite
         np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= threshold))
         assert total.tobytes() == s.tobytes() and error.tobytes() == c.tobytes()
+
+
+@pytest.mark.parametrize("numel", [1, 63, 65, PIECE + 33, 3 * PIECE + 5])
+def test_a_pair_of_rows_equals_two_scans(numel):
+    rng = np.random.default_rng(numel)
+    a, b = (rng.standard_normal((2, numel)) * np.exp(rng.standard_normal((2, numel)))).astype(
+        np.float32
+    )
+    start = rng.standard_normal(numel).astype(np.float32)
+    thresholds = (float(np.quantile(np.abs(a), 0.95)), None)
+    one = [start.copy(), np.zeros(numel, np.float32)]
+    two = [start.copy(), np.zeros(numel, np.float32)]
+    singles = [
+        scan_row(x, t, np.empty(8, np.int64), *one) for x, t in zip((a, b), thresholds, strict=True)
+    ]
+    pair = scan_row_pair((a, b), thresholds, (np.empty(8, np.int64),) * 2, *two)
+    for (found, finite), (found_pair, finite_pair) in zip(singles, pair, strict=True):
+        np.testing.assert_array_equal(found_pair, found)
+        assert finite and finite_pair
+    np.testing.assert_array_equal(pair[0][0], np.flatnonzero(np.abs(a) >= thresholds[0]))
+    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_pair_reports_which_row_is_not_finite(bad):
+    a, b = np.ones((2, PIECE + 7), dtype=np.float32)
+    b[PIECE + 3] = bad
+    total, error = np.zeros_like(a), np.zeros_like(a)
+    (_, a_finite), (_, b_finite) = scan_row_pair(
+        (a, b), (2.0, 2.0), (np.empty(8, np.int64),) * 2, total, error
+    )
+    assert a_finite and not b_finite
+    (_, a_finite), (_, b_finite) = scan_row_pair(
+        (b, a), (2.0, 2.0), (np.empty(8, np.int64),) * 2, total, error
+    )
+    assert not a_finite and b_finite
 
 
 def test_ties_at_the_threshold_are_kept_and_signs_ignored():

@@ -1,13 +1,15 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
 The top-k set analyses never stack a step's learners: each learner's row is read into
-one of two reused buffers (a reading thread fills the other with the next row meanwhile),
-moved to the compute device and scanned once (on the CPU in one fused loop,
+one of a few reused buffers (a reading thread fills another with the next row
+meanwhile), moved to the compute device and scanned once (on the CPU in one fused loop,
 :mod:`gradstat.stats.row_kernels`): checked for NaN/Inf,
 added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
-float64 sum) and cut to its top-k candidates. Memory is the two row buffers, the sum and
-its compensation (four float32 rows) and O(learners x k) for the index sets, whatever
-the number of learners.
+float64 sum) and cut to its top-k candidates. On the CPU the rows after a step's first
+are scanned in pairs, so that the sum is read and written once for two rows (the same
+updates in the same order). Memory is the row buffers (three on the CPU, two on a GPU),
+the sum and its compensation (five float32 rows) and O(learners x k) for the index sets,
+whatever the number of learners.
 
 When a row of the scope is longer than the memory budget allows
 (``Compute.block_numel``), the scope is processed in column blocks: every learner's
@@ -21,6 +23,7 @@ sets needs no second pass (docs/methods.md 3).
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError
-from gradstat.stats.row_kernels import scan_row
+from gradstat.stats.row_kernels import scan_row, scan_row_pair
 from gradstat.stats.topk_sets import (
     candidates_room,
     indices_above,
@@ -156,11 +159,12 @@ class _CompensatedSum:
 
 
 class Workspace:
-    """The buffers of a walk over steps, allocated once: two row (or column block)
+    """The buffers of a walk over steps, allocated once: the row (or column block)
     buffers, the running mean's sum and the candidate pass's temporaries; and a reading
-    thread that fills one buffer with the next learner's row while the other is scanned
-    (HDF5 reads and CRC-32C checks overlap the scan; numpy's loops leave the GIL).
-    Reused while the width and device stay the same."""
+    thread that fills a buffer with the next learner's row while the rows before it are
+    scanned (HDF5 reads and CRC-32C checks overlap the scan; the compiled loops leave the
+    GIL). Two buffers, or three where rows are scanned in pairs (``pairs``: on the CPU with
+    a running sum). Reused while the width and device stay the same."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -174,10 +178,19 @@ class Workspace:
         self._drop_ahead()
         self._key = None  # free the old buffers before allocating new ones
         self.buffers = self.sums = None
-        self.buffers = (np.empty(width, dtype=np.float32), np.empty(width, dtype=np.float32))
+        self.pairs = with_mean and device.type == "cpu"
+        count = 4 if self.pairs else 2  # rows valid + reads in flight (rows)
+        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(count))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        self.found = np.empty(0, dtype=np.int64)  # the CPU scan's candidates (candidates_room)
+        # the CPU scans' candidates, one array per row of a pair (candidates_room)
+        self.found = [np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)]
         self._key = key
+
+    def candidate_room(self, which: int, d: int, k: int) -> np.ndarray:
+        """The ``which``-th (0 or 1) candidate array, with room for a row of ``d``'s top-k."""
+        if self.found[which].size < candidates_room(d, k):
+            self.found[which] = np.empty(candidates_room(d, k), dtype=np.int64)
+        return self.found[which]
 
     def rows(
         self,
@@ -189,44 +202,59 @@ class Workspace:
         stop: int,
         then: tuple[int, int, int] | None = None,
     ) -> Iterator[np.ndarray]:
-        """Each learner's columns ``[start, stop)`` in turn, the next one read in the
-        background while the caller works on the one yielded (valid until the next).
-        ``then``: ``(step, start, stop)`` of the first learner's read likely asked for
-        next (the next column block, or the walk's next step), read ahead once the last
-        row is handed out, into the buffer that row does not use, so that it overlaps
-        this call's last scan; a later call for exactly that read takes it."""
+        """Each learner's columns ``[start, stop)`` in turn, read in the background ahead
+        of the caller: one row ahead, and a row handed out stays valid until the next is;
+        with ``pairs``, two rows ahead, and a row stays valid until two more are handed
+        out (a pair's first row is kept while its second is scanned, and the next pair is
+        read meanwhile). ``then``: ``(step, start, stop)`` of the first learner's read
+        likely asked for next (the next column block, or the walk's next step), read ahead
+        once this call's last row is queued, into a buffer no row still valid uses, so
+        that it overlaps this call's last scans; a later call for exactly that read takes
+        it."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
         # where a step's first row goes: straight into the running sum when there is one
         first = -1 if self.sums is not None and self.sums.total.device.type == "cpu" else 0
+        depth = valid = 2 if self.pairs else 1  # reads in flight; rows handed out and valid
+        queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
+        handed: list[int] = []  # the buffers of the rows handed out, in order
 
-        def read(at: int, learner: int, into: int, columns=(start, stop)) -> Future:
-            buffer = self.sums.total.numpy() if into == -1 else self.buffers[into]
-            return self._reader.submit(read_block, cap, at, learner, scope, *columns, buffer)
+        def read(
+            at: int, learner: int, columns: tuple[int, int] = (start, stop)
+        ) -> tuple[Future, int]:
+            in_use = handed[-valid:] + [b for _, b in queue]
+            if self._ahead is not None:
+                in_use.append(self._ahead[2])
+            into = next(b for b in range(len(self.buffers)) if b not in in_use)
+            buffer = self.buffers[into]
+            return self._reader.submit(read_block, cap, at, learner, scope, *columns, buffer), into
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == wanted:
-            pending, into = ahead[1], ahead[2]
+            queue.append(ahead[1:])
         else:
             if ahead is not None:  # not the row wanted: let it land, then drop it
                 wait([ahead[1]])
-            pending, into = read(step, learners[0], first), first
+            sum_buffer = self.sums.total.numpy() if first == -1 else self.buffers[first]
+            row = read_block, cap, step, learners[0], scope, start, stop, sum_buffer
+            queue.append((self._reader.submit(*row), first))
+        queued = 1  # learners whose read is queued
         try:
-            for i in range(len(learners)):
-                view = pending.result()
-                spare = 1 - into if into >= 0 else 0  # the buffer this row is not in
-                pending = None
-                if i + 1 < len(learners):
-                    pending, into = read(step, learners[i + 1], spare), spare
-                elif then is not None:
+            for _ in learners:
+                future, into = queue.popleft()
+                view = future.result()
+                handed.append(into)
+                while len(queue) < depth and queued < len(learners):
+                    queue.append(read(step, learners[queued]))
+                    queued += 1
+                if len(queue) < depth and then is not None and self._ahead is None:
                     at, columns = then[0], then[1:]
                     key = (str(cap.path), at, learners[0], scope, *columns)
-                    self._ahead = (key, read(at, learners[0], spare, columns), spare)
+                    self._ahead = (key, *read(at, learners[0], columns))
                 yield view
         finally:  # a read in flight must not land in a buffer someone reuses
-            if pending is not None:
-                wait([pending])
+            wait([future for future, _ in queue])
 
     def _drop_ahead(self) -> None:
         """Wait for a read-ahead to land and forget it."""
@@ -298,12 +326,10 @@ def _scan_row(
     threshold = prefilter_threshold(x, k)
     sums = space.sums if row is not None else None
     if x.device.type == "cpu":
-        if threshold is not None and space.found.size < candidates_room(d, k):
-            space.found = np.empty(candidates_room(d, k), dtype=np.int64)
         found, finite = scan_row(
             x.numpy(),
             threshold,
-            space.found,
+            space.candidate_room(0, d, k),
             total=None if sums is None else sums.total[:d].numpy(),
             error=None if sums is None else sums.error[:d].numpy(),
             first=row is not None and row[2],
@@ -324,6 +350,41 @@ def _scan_row(
         candidates = None if threshold is None else torch.cat(found)
     if row is not None:
         _require_finite(row[0], row[1], x, finite)
+    return _top(x, k, start, candidates)
+
+
+def _scan_pair(
+    rows: tuple[tuple[torch.Tensor, tuple[int, int, bool]], ...],
+    k: int,
+    start: int,
+    space: Workspace,
+) -> list[_Running]:
+    """:func:`_scan_row` of two recorded rows of a step, neither its first, on the CPU in
+    one pass (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read
+    and written once for both; the same sum and candidates as two scans."""
+    (a, a_row), (b, b_row) = rows
+    d = a.numel()
+    k = min(k, d)
+    thresholds = prefilter_threshold(a, k), prefilter_threshold(b, k)
+    scanned = scan_row_pair(
+        (a.numpy(), b.numpy()),
+        thresholds,
+        (space.candidate_room(0, d, k), space.candidate_room(1, d, k)),
+        space.sums.total[:d].numpy(),
+        space.sums.error[:d].numpy(),
+    )
+    tops = []
+    for x, row, threshold, (found, finite) in zip(
+        (a, b), (a_row, b_row), thresholds, scanned, strict=True
+    ):
+        _require_finite(row[0], row[1], x, finite)
+        candidates = None if threshold is None else torch.from_numpy(found)
+        tops.append(_top(x, k, start, candidates))
+    return tops
+
+
+def _top(x: torch.Tensor, k: int, start: int, candidates: torch.Tensor | None) -> _Running:
+    """The exact top-k of a block from its candidates (None: from all of it)."""
     idx = top_of_candidates(x, k, candidates)
     return _Running(x[idx].abs(), idx + start)
 
@@ -363,9 +424,19 @@ def stream_step_sets(
         else:
             ahead = None if then is None else (then, *blocks[0])
         rows = space.rows(cap, step, learners, scope, start, stop, ahead)
+        held = None  # the first row of a pair (space.pairs), until its second comes
         for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
             x = torch.from_numpy(view).to(device)
-            candidates.append(_scan_row(x, kmax, start, space, (step, learner, i == 0)))
+            row = (step, learner, i == 0)
+            if not space.pairs or i == 0:
+                candidates.append(_scan_row(x, kmax, start, space, row))
+            elif held is None:
+                held = (x, row)
+            else:
+                candidates.extend(_scan_pair((held, (x, row)), kmax, start, space))
+                held = None
+        if held is not None:
+            candidates.append(_scan_row(held[0], kmax, start, space, held[1]))
         if with_mean:
             mean = space.sums.mean(n, out=x)  # the last row is no longer needed
             for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64

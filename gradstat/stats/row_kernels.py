@@ -15,9 +15,14 @@ Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candid
 the reference sum with the finiteness check, and float64 sums of squares in side-by-side
 partial sums (LLVM vectorizes them; one running float64 sum would wait on each add).
 
-|x| >= t is compared on the float32 bit patterns with the sign bit cleared, as integers:
-for non-negative floats the two orders agree, and the largest pattern seen also tells
-whether any value is NaN or Inf (patterns from 0x7F800000 up).
+|x| >= t is compared in float32 as numpy compares (NaN never passes), each block of 64
+values counted first in vector instructions. Whether a row is finite is an integer OR
+over its bit patterns, taken inside whichever loop reads the row (free where that loop
+waits on memory).
+
+Two rows can be added in one pass (:func:`scan_row_pair`): the compensated sum is then
+read and written once for both, the two Kahan updates in learner order as before, so the
+same bits. A top-k set analysis pairs its learners' rows this way.
 """
 
 from __future__ import annotations
@@ -30,36 +35,40 @@ from types import ModuleType
 
 import numpy as np
 
-#: The smallest |x| bit pattern of Inf and NaN (float32).
-NONFINITE_BITS = 0x7F800000
-#: A threshold pattern above every float32 pattern: no candidates.
-NO_CANDIDATES = 1 << 31
+#: Bit 31 of the loops' finiteness flags: set when some value was NaN or Inf.
+NONFINITE = 1 << 31
 #: Room for indices before :func:`indices_at_least` needs a second pass.
 ROOM = 1 << 16
 
 
-def _threshold_bits(threshold: float | None, inclusive: bool = True) -> int:
-    """The |x| bit pattern a value must reach to pass ``|x| >= threshold`` (``>`` unless
-    ``inclusive``), the threshold rounded to float32 as numpy compares a float32 array
-    with a Python float: ``NO_CANDIDATES`` for None or NaN (nothing passes), 0 below zero
-    (everything but NaN passes), -0.0 as +0.0."""
+def _threshold(threshold: float | None, inclusive: bool = True) -> np.float32:
+    """The float32 ``t`` of the loops' ``|x| >= t`` that passes exactly ``|x| >= threshold``
+    (``>`` unless ``inclusive``), the threshold rounded to float32 as numpy compares a
+    float32 array with a Python float: NaN (nothing passes) for None, NaN and ``> inf``;
+    ``|x| > t`` as ``|x| >= `` the next float32 up."""
     if threshold is None:
-        return NO_CANDIDATES
+        return np.float32(np.nan)
     limit = np.float32(threshold)
-    if limit != limit:
-        return NO_CANDIDATES
-    if limit < 0:
-        return 0
-    bits = int(limit.view(np.int32)) & 0x7FFFFFFF  # -0.0 as +0.0
-    return bits if inclusive else bits + 1
+    if inclusive or limit != limit:
+        return limit
+    if limit == np.inf:
+        return np.float32(np.nan)
+    return np.nextafter(limit, np.float32(np.inf))
 
 
-def _found(loops: ModuleType, x: np.ndarray, bits: int, out: np.ndarray, count: int) -> np.ndarray:
+def _finite(flags: int) -> bool:
+    """Whether a loop's finiteness flags saw only finite values."""
+    return not int(flags) & NONFINITE
+
+
+def _found(
+    loops: ModuleType, x: np.ndarray, threshold: np.float32, out: np.ndarray, count: int
+) -> np.ndarray:
     """The ``count`` indices a first pass found: ``out[:count]``, or, when they did not
     fit in ``out``, a second pass (candidates only) into a buffer of that size."""
     if count > out.size:
         out = np.empty(count, dtype=np.int64)
-        loops.candidates(x, bits, out, 0, 0)
+        loops.candidates(x, threshold, out, 0, 0)
     return out[:count]
 
 
@@ -110,9 +119,30 @@ def scan_row(
         mode = loops.SUM_ADD
     else:
         mode = loops.SUM_ZERO_ERROR if np.shares_memory(x, total) else loops.SUM_FIRST
-    bits = _threshold_bits(threshold)
-    count, worst = loops.scan(x, total, error, mode, bits, out)
-    return _found(loops, x, bits, out, count), worst < NONFINITE_BITS
+    limit = _threshold(threshold)
+    count, flags = loops.scan(x, total, error, mode, limit, out)
+    return _found(loops, x, limit, out, count), _finite(flags)
+
+
+def scan_row_pair(
+    rows: tuple[np.ndarray, np.ndarray],
+    thresholds: tuple[float | None, float | None],
+    outs: tuple[np.ndarray, np.ndarray],
+    total: np.ndarray,
+    error: np.ndarray,
+) -> tuple[tuple[np.ndarray, bool], tuple[np.ndarray, bool]]:
+    """:func:`scan_row` of two rows in turn, each added to the compensated sum (neither
+    the first), in one pass: the sum is read and written once for both (16 rows of 8M
+    values, one thread: 87 ms against 112 ms for 16 scans). The same results as two
+    calls."""
+    loops = _loops()
+    a, b = rows
+    limits = _threshold(thresholds[0]), _threshold(thresholds[1])
+    a_count, b_count, a_flags, b_flags = loops.scan_pair(a, b, total, error, *limits, *outs)
+    return (
+        (_found(loops, a, limits[0], outs[0], a_count), _finite(a_flags)),
+        (_found(loops, b, limits[1], outs[1], b_count), _finite(b_flags)),
+    )
 
 
 def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
@@ -120,10 +150,10 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
     in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
     loops = _loops()
-    bits = _threshold_bits(threshold, inclusive)
+    limit = _threshold(threshold, inclusive)
     out = np.empty(min(ROOM, x.size), dtype=np.int64)
-    count, _ = loops.candidates(x, bits, out, 0, 0)
-    return _found(loops, x, bits, out, count)
+    count = loops.candidates(x, limit, out, 0, 0)
+    return _found(loops, x, limit, out, count)
 
 
 def squared_norm(x: np.ndarray) -> float:
@@ -139,7 +169,7 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
 
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """``total += x`` (float32) in one pass that also tells whether every x is finite."""
-    return bool(_loops().add_checked(np.ascontiguousarray(x), total) < NONFINITE_BITS)
+    return _finite(_loops().add_checked(np.ascontiguousarray(x), total))
 
 
 def add_and_candidates(
@@ -150,6 +180,6 @@ def add_and_candidates(
     corrected row ``p = m + g`` and its top-k candidates. ``out``: int64 room for the
     indices; when more are found, a second pass."""
     loops = _loops()
-    bits = _threshold_bits(threshold)
-    count, _ = loops.add_candidates(x, g, bits, out)
-    return _found(loops, x, bits, out, count)
+    limit = _threshold(threshold)
+    count = loops.add_candidates(x, g, limit, out)
+    return _found(loops, x, limit, out, count)
