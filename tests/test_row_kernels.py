@@ -4,13 +4,16 @@ float64 sums equal to numpy's float64 dot products."""
 
 import numpy as np
 import pytest
+import torch
 
 from gradstat.stats._row_loops import PIECE
 from gradstat.stats.row_kernels import (
     ROOM,
+    Room,
     add_checked,
     error_sums,
     indices_at_least,
+    mean_row,
     scan_row,
     scan_row_pair,
     squared_norm,
@@ -34,14 +37,15 @@ def test_sum_and_candidates_equal_numpy(numel):
     rows[0, :: max(1, numel // 7)] = -0.0
     total, error = np.empty(numel, np.float32), np.empty(numel, np.float32)
     s, c = rows[0].copy(), np.zeros(numel, np.float32)
-    out = np.empty(1 << 12, np.int64)
+    out = Room(1 << 12)
     for i, x in enumerate(rows):
         threshold = float(np.quantile(np.abs(x), 0.9))
-        found, finite = scan_row(x, threshold, out, total, error, first=i == 0)
+        found, magnitudes, finite = scan_row(x, threshold, out, total, error, first=i == 0)
         if i:
             _kahan(s, c, x)
         assert finite
         np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= threshold))
+        np.testing.assert_array_equal(magnitudes, np.abs(x[found]))
         assert total.tobytes() == s.tobytes() and error.tobytes() == c.tobytes()
 
 
@@ -55,13 +59,12 @@ def test_a_pair_of_rows_equals_two_scans(numel):
     thresholds = (float(np.quantile(np.abs(a), 0.95)), None)
     one = [start.copy(), np.zeros(numel, np.float32)]
     two = [start.copy(), np.zeros(numel, np.float32)]
-    singles = [
-        scan_row(x, t, np.empty(8, np.int64), *one) for x, t in zip((a, b), thresholds, strict=True)
-    ]
-    pair = scan_row_pair((a, b), thresholds, (np.empty(8, np.int64),) * 2, *two)
-    for (found, finite), (found_pair, finite_pair) in zip(singles, pair, strict=True):
-        np.testing.assert_array_equal(found_pair, found)
-        assert finite and finite_pair
+    singles = [scan_row(x, t, Room(8), *one) for x, t in zip((a, b), thresholds, strict=True)]
+    pair = scan_row_pair((a, b), thresholds, (Room(8), Room(8)), *two)
+    for single, paired in zip(singles, pair, strict=True):
+        np.testing.assert_array_equal(paired.indices, single.indices)
+        np.testing.assert_array_equal(paired.magnitudes, single.magnitudes)
+        assert single.finite and paired.finite
     np.testing.assert_array_equal(pair[0][0], np.flatnonzero(np.abs(a) >= thresholds[0]))
     assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
 
@@ -71,28 +74,45 @@ def test_a_pair_reports_which_row_is_not_finite(bad):
     a, b = np.ones((2, PIECE + 7), dtype=np.float32)
     b[PIECE + 3] = bad
     total, error = np.zeros_like(a), np.zeros_like(a)
-    (_, a_finite), (_, b_finite) = scan_row_pair(
-        (a, b), (2.0, 2.0), (np.empty(8, np.int64),) * 2, total, error
+    (*_, a_finite), (*_, b_finite) = scan_row_pair(
+        (a, b), (2.0, 2.0), (Room(8), Room(8)), total, error
     )
     assert a_finite and not b_finite
-    (_, a_finite), (_, b_finite) = scan_row_pair(
-        (b, a), (2.0, 2.0), (np.empty(8, np.int64),) * 2, total, error
+    (*_, a_finite), (*_, b_finite) = scan_row_pair(
+        (b, a), (2.0, 2.0), (Room(8), Room(8)), total, error
     )
     assert not a_finite and b_finite
 
 
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_mean_row_equals_torch_and_its_squares_float64(n):
+    rng = np.random.default_rng(n)
+    numel = 3 * PIECE + 5
+    total = (rng.standard_normal(numel) * 10).astype(np.float32)
+    error = (rng.standard_normal(numel) * 1e-6).astype(np.float32)
+    mean = np.empty(numel, np.float32)
+    threshold = float(np.quantile(np.abs(total), 0.99)) / n
+    found, magnitudes, squares = mean_row(total, error, n, mean, threshold, Room(8))
+    expected = torch.sub(torch.from_numpy(total), torch.from_numpy(error)).div_(n).numpy()
+    assert mean.tobytes() == expected.tobytes()
+    np.testing.assert_array_equal(found, np.flatnonzero(np.abs(expected) >= threshold))
+    np.testing.assert_array_equal(magnitudes, np.abs(expected[found]))
+    exact = float(np.dot(expected.astype(np.float64), expected.astype(np.float64)))
+    assert squares == pytest.approx(exact, rel=1e-12)
+
+
 def test_ties_at_the_threshold_are_kept_and_signs_ignored():
     x = np.array([0.5, -0.5, 0.25, -0.75, 0.4999999, 0.0, -0.0] * 5, dtype=np.float32)
-    found, finite = scan_row(x, 0.5, np.empty(64, np.int64))
+    found, _, finite = scan_row(x, 0.5, Room(64))
     np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= 0.5))
     assert finite
-    everything, _ = scan_row(x, 0.0, np.empty(64, np.int64))
+    everything, _, _ = scan_row(x, 0.0, Room(64))
     np.testing.assert_array_equal(everything, np.arange(x.size))
 
 
 def test_no_threshold_finds_nothing():
     x = np.full(100, np.finfo(np.float32).max, dtype=np.float32)
-    found, finite = scan_row(x, None, np.empty(8, np.int64))
+    found, _, finite = scan_row(x, None, Room(8))
     assert found.size == 0 and finite
 
 
@@ -101,7 +121,7 @@ def test_no_threshold_finds_nothing():
 def test_nonfinite_values_are_reported(bad, where):
     x = np.ones(100, dtype=np.float32)
     x[where] = bad
-    _, finite = scan_row(x, 2.0, np.empty(8, np.int64))
+    finite = scan_row(x, 2.0, Room(8)).finite
     assert not finite
 
 
@@ -109,15 +129,16 @@ def test_more_candidates_than_room_are_all_returned():
     rng = np.random.default_rng(1)
     x = rng.standard_normal(50_000).astype(np.float32)
     total, error = np.zeros_like(x), np.zeros_like(x)
-    found, _ = scan_row(x, 0.1, np.empty(16, np.int64), total, error)
+    found, magnitudes, _ = scan_row(x, 0.1, Room(16), total, error)
     np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= 0.1))
+    np.testing.assert_array_equal(magnitudes, np.abs(x[found]))
     np.testing.assert_array_equal(total, x)  # added once, not again by the second pass
 
 
 def test_first_row_read_into_the_sum_is_not_copied_and_clears_the_compensation():
     x = np.arange(40, dtype=np.float32)
     error = np.full(40, 7.0, dtype=np.float32)
-    scan_row(x, None, np.empty(1, np.int64), x, error, first=True)
+    scan_row(x, None, Room(1), x, error, first=True)
     np.testing.assert_array_equal(x, np.arange(40))
     assert not error.any()
 

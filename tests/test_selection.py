@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gradstat.analysis.buildup import BuildupParams, buildup
-from gradstat.analysis.compute import MAX_BLOCK, Compute, parse_bytes
+from gradstat.analysis.compute import MAX_BLOCK, ROWS_ALIVE, Compute, parse_bytes
 from gradstat.analysis.fit import Fit, FitParams, fit
 from gradstat.analysis.overlap import OverlapParams
 from gradstat.analysis.selection import Selection
@@ -87,8 +87,8 @@ def test_compute_validates_and_sizes_blocks():
         Compute(jobs=0)
     small = Compute(memory=parse_bytes("16MiB"))
     assert small.block_numel(1000) == 1000
-    assert small.block_numel(10**9) == (16 << 20) // 16
-    large = Compute(memory=parse_bytes("64GiB"))  # four rows of 1B values would fit
+    assert small.block_numel(10**9) == (16 << 20) // (4 * ROWS_ALIVE) == (16 << 20) // 24
+    large = Compute(memory=parse_bytes("64GiB"))  # six rows of 1B values would fit
     assert large.block_numel(MAX_BLOCK) == MAX_BLOCK == 16 << 20
     assert large.block_numel(10**9) == MAX_BLOCK
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20

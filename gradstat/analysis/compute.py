@@ -21,14 +21,16 @@ from gradstat.errors import UsageError
 DEVICES = ("auto", "cpu", "cuda")
 #: Share of the available memory an analysis takes for rows when ``memory`` is not given.
 MEMORY_SHARE = 0.25
-#: Full-length float32 rows alive at once in the streaming analyses (the learner's row
-#: being scanned, the next one being read, the running mean's sum and its compensation),
-#: what ``block_numel`` budgets for.
-ROWS_ALIVE = 4
+#: Full-length float32 rows alive at once in the streaming analyses (a pair of learners'
+#: rows being scanned, the next two being read, the running mean's sum and its
+#: compensation), what ``block_numel`` budgets for.
+ROWS_ALIVE = 6
 #: Smallest column block: below this per-block overhead dominates.
 MIN_BLOCK = 1 << 16
-#: Largest column block, whatever the budget: four float32 buffers of 16M values are
-#: 256 MiB. Longer rows (32M-1B values) are read in blocks (the row's CRC-32C runs on from
+#: Smallest ``memory``: 1 MiB (a budget this small still gets blocks of ``MIN_BLOCK``).
+MIN_MEMORY = 1 << 20
+#: Largest column block, whatever the budget: six float32 buffers of 16M values are
+#: 384 MiB. Longer rows (32M-1B values) are read in blocks (the row's CRC-32C runs on from
 #: block to block) and a top-k over blocks is exact. Measured, similarity of 4 learners x
 #: 32M values, 3 steps: 1.08-1.11 s and 738 MB peak in blocks of 16M, 1.10-1.11 s and
 #: 993 MB in whole rows, 1.25 s in blocks of 8M (per-block work starts to show); at 128M:
@@ -78,10 +80,8 @@ class Compute:
             raise UsageError(f"device={self.device!r}: choose auto, cpu or cuda")
         if self.jobs is not None and self.jobs < 1:
             raise UsageError(f"jobs={self.jobs}: use at least 1 worker")
-        if self.memory is not None and self.memory < MIN_BLOCK * 4 * ROWS_ALIVE:
-            raise UsageError(
-                f"memory={self.memory}: give at least {MIN_BLOCK * 4 * ROWS_ALIVE} bytes"
-            )
+        if self.memory is not None and self.memory < MIN_MEMORY:
+            raise UsageError(f"memory={self.memory}: give at least {MIN_MEMORY} bytes")
 
     def torch_device(self) -> torch.device:
         """The device to compute on; ``cuda`` without a usable GPU is a ``UsageError``."""

@@ -7,9 +7,9 @@ meanwhile), moved to the compute device and scanned once (on the CPU in one fuse
 added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
 float64 sum) and cut to its top-k candidates. On the CPU the rows after a step's first
 are scanned in pairs, so that the sum is read and written once for two rows (the same
-updates in the same order). Memory is the row buffers (three on the CPU, two on a GPU),
-the sum and its compensation (five float32 rows) and O(learners x k) for the index sets,
-whatever the number of learners.
+updates in the same order). Memory is the row buffers (four on the CPU, where rows are
+read two ahead for the pairs; two on a GPU), the sum and its compensation, and
+O(learners x k) for the index sets, whatever the number of learners.
 
 When a row of the scope is longer than the memory budget allows
 (``Compute.block_numel``), the scope is processed in column blocks: every learner's
@@ -32,11 +32,13 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError
-from gradstat.stats.row_kernels import scan_row, scan_row_pair
+from gradstat.stats.row_kernels import Room, mean_row, scan_row, scan_row_pair
 from gradstat.stats.topk_sets import (
     candidates_room,
     indices_above,
     prefilter_threshold,
+    prefilters,
+    sample_positions,
     top_of_candidates,
 )
 from gradstat.store import Capture, Scope
@@ -182,15 +184,15 @@ class Workspace:
         count = 4 if self.pairs else 2  # rows valid + reads in flight (rows)
         self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(count))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        # the CPU scans' candidates, one array per row of a pair (candidates_room)
-        self.found = [np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)]
+        self.rooms = [Room(0), Room(0)]  # the CPU scans' candidates, one per row of a pair
         self._key = key
 
-    def candidate_room(self, which: int, d: int, k: int) -> np.ndarray:
-        """The ``which``-th (0 or 1) candidate array, with room for a row of ``d``'s top-k."""
-        if self.found[which].size < candidates_room(d, k):
-            self.found[which] = np.empty(candidates_room(d, k), dtype=np.int64)
-        return self.found[which]
+    def candidate_room(self, which: int, d: int, k: int) -> Room:
+        """The ``which``-th (0 or 1) candidate room, large enough for a row of ``d``'s
+        top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
+        if self.rooms[which].size < candidates_room(d, k):
+            self.rooms[which] = Room(candidates_room(d, k))
+        return self.rooms[which]
 
     def rows(
         self,
@@ -326,7 +328,7 @@ def _scan_row(
     threshold = prefilter_threshold(x, k)
     sums = space.sums if row is not None else None
     if x.device.type == "cpu":
-        found, finite = scan_row(
+        found = scan_row(
             x.numpy(),
             threshold,
             space.candidate_room(0, d, k),
@@ -334,23 +336,25 @@ def _scan_row(
             error=None if sums is None else sums.error[:d].numpy(),
             first=row is not None and row[2],
         )
-        candidates = None if threshold is None else torch.from_numpy(found)
-    else:
-        chunk_sums, found = [], []
-        for lo in range(0, d, CHUNK):
-            chunk = x[lo : lo + CHUNK]
-            if row is not None:
-                chunk_sums.append(chunk.sum())
-            if sums is not None:
-                sums.add(lo, chunk, first=row[2])
-            if threshold is not None:
-                found.append(indices_above(chunk, threshold).add_(lo))
-        # finite when every value is, short of a float32 overflow far beyond any gradient
-        finite = not chunk_sums or torch.stack(chunk_sums).isfinite().all()
-        candidates = None if threshold is None else torch.cat(found)
+        if row is not None:
+            _require_finite(row[0], row[1], x, found.finite)
+        return _top(x, k, start, threshold, found.indices, found.magnitudes)
+    chunk_sums, found = [], []
+    for lo in range(0, d, CHUNK):
+        chunk = x[lo : lo + CHUNK]
+        if row is not None:
+            chunk_sums.append(chunk.sum())
+        if sums is not None:
+            sums.add(lo, chunk, first=row[2])
+        if threshold is not None:
+            found.append(indices_above(chunk, threshold).add_(lo))
+    # finite when every value is, short of a float32 overflow far beyond any gradient
+    finite = not chunk_sums or torch.stack(chunk_sums).isfinite().all()
     if row is not None:
         _require_finite(row[0], row[1], x, finite)
-    return _top(x, k, start, candidates)
+    candidates = None if threshold is None else torch.cat(found)
+    idx = top_of_candidates(x, k, candidates)
+    return _Running(x[idx].abs(), idx + start)
 
 
 def _scan_pair(
@@ -374,19 +378,50 @@ def _scan_pair(
         space.sums.error[:d].numpy(),
     )
     tops = []
-    for x, row, threshold, (found, finite) in zip(
-        (a, b), (a_row, b_row), thresholds, scanned, strict=True
-    ):
-        _require_finite(row[0], row[1], x, finite)
-        candidates = None if threshold is None else torch.from_numpy(found)
-        tops.append(_top(x, k, start, candidates))
+    for x, row, threshold, found in zip((a, b), (a_row, b_row), thresholds, scanned, strict=True):
+        _require_finite(row[0], row[1], x, found.finite)
+        tops.append(_top(x, k, start, threshold, found.indices, found.magnitudes))
     return tops
 
 
-def _top(x: torch.Tensor, k: int, start: int, candidates: torch.Tensor | None) -> _Running:
-    """The exact top-k of a block from its candidates (None: from all of it)."""
-    idx = top_of_candidates(x, k, candidates)
-    return _Running(x[idx].abs(), idx + start)
+def _top(
+    x: torch.Tensor,
+    k: int,
+    start: int,
+    threshold: float | None,
+    indices: np.ndarray,
+    magnitudes: np.ndarray,
+) -> _Running:
+    """The exact top-k of a CPU block from the candidates its scan found at ``threshold``
+    (None: it found none, the top-k is taken from all of the block): as
+    :func:`~gradstat.stats.topk_sets.top_of_candidates`, from the magnitudes the scan
+    kept (no gathers from the block)."""
+    if threshold is None or indices.size < k:
+        idx = top_of_candidates(x, k, None if threshold is None else torch.from_numpy(indices))
+        return _Running(x[idx].abs(), idx + start)
+    magnitudes = torch.from_numpy(magnitudes)
+    keep = torch.topk(magnitudes, k, sorted=False).indices
+    return _Running(magnitudes[keep], torch.from_numpy(indices)[keep] + start)
+
+
+def _mean_top(
+    k: int, start: int, n: int, mean: torch.Tensor, space: Workspace
+) -> tuple[_Running, float]:
+    """The mean of the step's ``n`` rows in this block, from the running sum, into
+    ``mean`` (on the CPU); its top-k as :func:`_scan_row`'s; and its sum of squares
+    (float64). One pass (:func:`~gradstat.stats.row_kernels.mean_row`): the pre-filter's
+    sample is taken from the sum first, the very values the mean will have there."""
+    d = mean.numel()
+    k = min(k, d)
+    total, error = space.sums.total[:d], space.sums.error[:d]
+    at = sample_positions(d)
+    threshold = None
+    if prefilters(d, k):
+        threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
+    indices, magnitudes, squares = mean_row(
+        total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(0, d, k)
+    )
+    return _top(mean, k, start, threshold, indices, magnitudes), squares
 
 
 def stream_step_sets(
@@ -437,11 +472,17 @@ def stream_step_sets(
                 held = None
         if held is not None:
             candidates.append(_scan_row(held[0], kmax, start, space, held[1]))
-        if with_mean:
-            mean = space.sums.mean(n, out=x)  # the last row is no longer needed
-            for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
-                total += chunk.square().sum().double()
-            candidates.append(_scan_row(mean, kmax, start, space, None))
+        if with_mean:  # the mean goes where the last row was (no longer needed)
+            if device.type == "cpu":
+                mean = x
+                top, squares = _mean_top(kmax, start, n, mean, space)
+                total += squares
+            else:
+                mean = space.sums.mean(n, out=x)
+                for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
+                    total += chunk.square().sum().double()
+                top = _scan_row(mean, kmax, start, space, None)
+            candidates.append(top)
             for c in candidates:
                 c.mean_values = mean[c.indices - start].double()
         for i, c in enumerate(candidates):

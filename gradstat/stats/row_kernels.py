@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,15 +62,38 @@ def _finite(flags: int) -> bool:
     return not int(flags) & NONFINITE
 
 
+class Room:
+    """Room, allocated once and reused, for the candidates a scan finds: their indices
+    (int64) and their magnitudes |x| (float32), so that the top-k among them needs no
+    gather from the row."""
+
+    def __init__(self, size: int) -> None:
+        self.indices = np.empty(size, dtype=np.int64)
+        self.magnitudes = np.empty(size, dtype=np.float32)
+
+    @property
+    def size(self) -> int:
+        return self.indices.size
+
+
+class Found(NamedTuple):
+    """A scan's candidates (indices ascending, and |x| at each; views of its
+    :class:`Room`, valid until the room is reused) and whether the row was finite."""
+
+    indices: np.ndarray
+    magnitudes: np.ndarray
+    finite: bool
+
+
 def _found(
-    loops: ModuleType, x: np.ndarray, threshold: np.float32, out: np.ndarray, count: int
-) -> np.ndarray:
-    """The ``count`` indices a first pass found: ``out[:count]``, or, when they did not
-    fit in ``out``, a second pass (candidates only) into a buffer of that size."""
-    if count > out.size:
-        out = np.empty(count, dtype=np.int64)
-        loops.candidates(x, threshold, out, 0, 0)
-    return out[:count]
+    loops: ModuleType, x: np.ndarray, threshold: np.float32, room: Room, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``count`` candidates a first pass found in ``room``, or, when they did not
+    fit, a second pass (candidates only) into a room of that size."""
+    if count > room.size:
+        room = Room(count)
+        loops.candidates(x, threshold, room.indices, room.magnitudes, 0, 0)
+    return room.indices[:count], room.magnitudes[:count]
 
 
 def _loops() -> ModuleType:
@@ -94,23 +118,22 @@ def load() -> None:
     machine-code cache is read and LLVM starts) cost about 0.7 s once per process, paid
     here instead of inside the first scan (what a benchmark timing per step wants)."""
     one = np.zeros(1, dtype=np.float32)
-    scan_row(one, None, np.empty(1, dtype=np.int64), one.copy(), one.copy())
+    scan_row(one, None, Room(1), one.copy(), one.copy())
 
 
 def scan_row(
     x: np.ndarray,
     threshold: float | None,
-    out: np.ndarray,
+    room: Room,
     total: np.ndarray | None = None,
     error: np.ndarray | None = None,
     first: bool = False,
-) -> tuple[np.ndarray, bool]:
-    """One pass over the float32 row ``x``: the indices (int64, ascending) of
-    ``|x| >= threshold`` (none when ``threshold`` is None), and whether every value is
-    finite. With ``total`` and ``error`` (a compensated sum, float32, as long as ``x``),
-    also adds ``x`` to it, or makes it ``x`` when ``first`` (no copy when ``x`` is
-    ``total`` itself). ``out``: int64 room for the indices; when more are found, a
-    second pass (candidates only) into a buffer of the right size."""
+) -> Found:
+    """One pass over the float32 row ``x``: the candidates ``|x| >= threshold`` (none when
+    ``threshold`` is None) and whether every value is finite. With ``total`` and ``error``
+    (a compensated sum, float32, as long as ``x``), also adds ``x`` to it, or makes it
+    ``x`` when ``first`` (no copy when ``x`` is ``total`` itself). ``room``: for the
+    candidates; when more are found, a second pass (candidates only) into a larger one."""
     loops = _loops()
     if total is None:
         mode = loops.SUM_NONE
@@ -120,17 +143,17 @@ def scan_row(
     else:
         mode = loops.SUM_ZERO_ERROR if np.shares_memory(x, total) else loops.SUM_FIRST
     limit = _threshold(threshold)
-    count, flags = loops.scan(x, total, error, mode, limit, out)
-    return _found(loops, x, limit, out, count), _finite(flags)
+    count, flags = loops.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
+    return Found(*_found(loops, x, limit, room, count), _finite(flags))
 
 
 def scan_row_pair(
     rows: tuple[np.ndarray, np.ndarray],
     thresholds: tuple[float | None, float | None],
-    outs: tuple[np.ndarray, np.ndarray],
+    rooms: tuple[Room, Room],
     total: np.ndarray,
     error: np.ndarray,
-) -> tuple[tuple[np.ndarray, bool], tuple[np.ndarray, bool]]:
+) -> tuple[Found, Found]:
     """:func:`scan_row` of two rows in turn, each added to the compensated sum (neither
     the first), in one pass: the sum is read and written once for both (16 rows of 8M
     values, one thread: 87 ms against 112 ms for 16 scans). The same results as two
@@ -138,11 +161,32 @@ def scan_row_pair(
     loops = _loops()
     a, b = rows
     limits = _threshold(thresholds[0]), _threshold(thresholds[1])
+    outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
     a_count, b_count, a_flags, b_flags = loops.scan_pair(a, b, total, error, *limits, *outs)
     return (
-        (_found(loops, a, limits[0], outs[0], a_count), _finite(a_flags)),
-        (_found(loops, b, limits[1], outs[1], b_count), _finite(b_flags)),
+        Found(*_found(loops, a, limits[0], rooms[0], a_count), _finite(a_flags)),
+        Found(*_found(loops, b, limits[1], rooms[1], b_count), _finite(b_flags)),
     )
+
+
+def mean_row(
+    total: np.ndarray,
+    error: np.ndarray,
+    n: int,
+    mean: np.ndarray,
+    threshold: float | None,
+    room: Room,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The mean of ``n`` rows from their compensated sum, ``(total - error) / n`` in
+    float32 (torch's ``sub`` and ``div_``, bit for bit) into ``mean``, in one pass with its
+    candidates ``|mean| >= threshold`` (indices and magnitudes, as :func:`scan_row`) and
+    its sum of squares in float64."""
+    loops = _loops()
+    limit = _threshold(threshold)
+    count, squares = loops.mean_scan(
+        total, error, np.float32(n), mean, limit, room.indices, room.magnitudes
+    )
+    return *_found(loops, mean, limit, room, count), float(squares)
 
 
 def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
@@ -151,9 +195,9 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
     loops = _loops()
     limit = _threshold(threshold, inclusive)
-    out = np.empty(min(ROOM, x.size), dtype=np.int64)
-    count = loops.candidates(x, limit, out, 0, 0)
-    return _found(loops, x, limit, out, count)
+    room = Room(min(ROOM, x.size))
+    count = loops.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
+    return _found(loops, x, limit, room, count)[0]
 
 
 def squared_norm(x: np.ndarray) -> float:
@@ -173,13 +217,13 @@ def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
 
 
 def add_and_candidates(
-    x: np.ndarray, g: np.ndarray, threshold: float | None, out: np.ndarray
-) -> np.ndarray:
+    x: np.ndarray, g: np.ndarray, threshold: float | None, room: Room
+) -> tuple[np.ndarray, np.ndarray]:
     """``x += g`` in place (float32, as numpy adds) in one pass that also finds the
-    indices (ascending) of the new ``|x| >= threshold`` (none when None): error feedback's
-    corrected row ``p = m + g`` and its top-k candidates. ``out``: int64 room for the
-    indices; when more are found, a second pass."""
+    candidates (indices ascending, and magnitudes) of the new ``|x| >= threshold`` (none
+    when None): error feedback's corrected row ``p = m + g`` and its top-k candidates.
+    When more are found than ``room`` holds, a second pass."""
     loops = _loops()
     limit = _threshold(threshold)
-    count = loops.add_candidates(x, g, limit, out)
-    return _found(loops, x, limit, out, count)
+    count = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
+    return _found(loops, x, limit, room, count)

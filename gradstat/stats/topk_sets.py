@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradstat.stats.row_kernels import add_and_candidates, indices_at_least
+from gradstat.stats.row_kernels import Room, add_and_candidates, indices_at_least
 
 #: Slack for the contraction check: both sides are float sums of the same squares.
 CONTRACTION_RTOL = 1e-6
@@ -102,11 +102,19 @@ def sample_positions(d: int) -> slice:
     return slice(None, None, d // PREFILTER_SAMPLE)
 
 
-def top_of_candidates(row: torch.Tensor, k: int, candidates: torch.Tensor | None) -> torch.Tensor:
+def top_of_candidates(
+    row: torch.Tensor,
+    k: int,
+    candidates: torch.Tensor | None,
+    magnitudes: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The top-k indices of a flat row from its candidates ``|row| >= t`` (exact when at
-    least k; else, or without candidates, ``torch.topk`` of the whole row)."""
+    least k; else, or without candidates, ``torch.topk`` of the whole row).
+    ``magnitudes``: ``|row|`` at the candidates when the caller has them (no gather)."""
     if candidates is not None and candidates.numel() >= k:
-        return candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
+        if magnitudes is None:
+            magnitudes = row[candidates].abs()
+        return candidates[torch.topk(magnitudes, k, sorted=False).indices]
     return torch.topk(row.abs(), k, sorted=False).indices
 
 
@@ -124,9 +132,11 @@ def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
         return topk_indices(p, k)
     at = sample_positions(d)
     threshold = prefilter_threshold(p, k, sample=(p[at] + g[at]).abs())
-    room = np.empty(candidates_room(d, k), dtype=np.int64)
-    found = add_and_candidates(p.numpy(), np.ascontiguousarray(g.numpy()), threshold, room)
-    return top_of_candidates(p, k, torch.from_numpy(found))
+    room = Room(candidates_room(d, k))
+    indices, magnitudes = add_and_candidates(
+        p.numpy(), np.ascontiguousarray(g.numpy()), threshold, room
+    )
+    return top_of_candidates(p, k, torch.from_numpy(indices), torch.from_numpy(magnitudes))
 
 
 def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -> torch.Tensor:
