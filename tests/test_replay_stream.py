@@ -69,6 +69,31 @@ def test_streamed_step_equals_whole_step(capture, name):
                 assert outcome.info == pytest.approx(exchange.info)
 
 
+def test_streamed_topk_of_long_rows_equals_whole_step(tmp_path):
+    """Rows long enough for top-k's one-pass path (sampled threshold, candidates, and the
+    memory's norm from the squares below the threshold and of the candidates not sent):
+    the same aggregate and selections as ``Scheme.step``, the same norm to float64."""
+    rng = np.random.default_rng(5)
+    layers = layer_table([("w", (70_001,))])
+    grads = rng.laplace(size=(3, 3, 70_001)).astype(np.float32)
+    path = write_capture(tmp_path / "cap", grads, layers)
+    with open_capture(path) as cap:
+        (spec,) = parse_compressors("topk")
+        scope = cap.scopes("model")[0]
+        make = lambda: build_scheme(spec, 0.01, k_for(0.01, scope.numel), numel=scope.numel)  # noqa: E731
+        whole, stream = (
+            make(),
+            replay_streamed(cap, list(cap.steps), cap.learners, [(scope, make())]),
+        )
+        for step in cap.steps:
+            exchange = whole.step(cap.read_step(int(step)))
+            _, [result] = next(stream)
+            assert torch.equal(result.outcome.estimate, exchange.estimate)
+            assert result.outcome.selected == exchange.selected
+            assert result.outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
+            assert result.outcome.memory_norm > 0
+
+
 def test_scratch_folder_goes_away_also_on_error(tmp_path, monkeypatch):
     monkeypatch.setenv(SCRATCH_ENV, str(tmp_path))
     with pytest.raises(RuntimeError), MemoryRows(scratch=True) as rows:

@@ -232,9 +232,14 @@ def test_add_then_topk_equals_adding_then_topk(d, k):
         g[:: d // (1 << 14)] += 50.0
     expected_p = m + g
     p = m.clone()
-    chosen = add_then_topk(p, g, k)
+    chosen, outside = add_then_topk(p, g, k)
     assert torch.equal(p, expected_p)
     assert torch.equal(chosen, topk_indices(expected_p, k))
+    rest = expected_p.double().clone()
+    rest[chosen] = 0
+    if outside is not None:  # the squares of p outside the k chosen, found in the pass
+        assert outside == pytest.approx(float(rest.square().sum()), rel=1e-13)
+    assert (outside is None) == (d == 1000 or d == 1 << 17)  # short row; misled sample
 
 
 @pytest.mark.parametrize(("d", "ratio"), [(1 << 20, 0.01), (1 << 22, 1e-4), (1 << 25, 0.001)])

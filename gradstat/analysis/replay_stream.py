@@ -128,10 +128,11 @@ class Memories:
         """A residual memory with beta = 1 (``m = p - sent``, nothing of the old ``m``)."""
         return isinstance(self.kind, ResidualMemory) and self.kind.beta == 1.0
 
-    def keep(self, learner: int, m: torch.Tensor) -> None:
-        """Store a residual row formed in place (``plain_residual``)."""
+    def keep(self, learner: int, m: torch.Tensor, squared_norm: float | None = None) -> None:
+        """Store a residual row formed in place (``plain_residual``); ``squared_norm``:
+        its ||m||^2 when the caller found it on the way (else a pass over ``m``)."""
         self.m.save(learner, m)
-        self.norms.append(_norm(m))
+        self.norms.append(_norm(m) if squared_norm is None else math.sqrt(squared_norm))
 
     def update(self, learner: int, p: torch.Tensor, sent: torch.Tensor, state: tuple) -> None:
         """Keep what was not sent (``ResidualMemory.update`` / ``DGCMemory.update``)."""
@@ -242,16 +243,19 @@ class LocalStream(StreamedScheme):
         ``m = p - sent``. The same numbers as decompressing to a dense ``sent`` (adding
         or subtracting the zeros elsewhere changes nothing); a replay of top-k on
         4 x 8M values spent half its time on those dense rows. Top-k forms ``p`` and
-        finds its candidates in one pass (:func:`add_then_topk`)."""
+        finds its candidates and the new memory's norm (``p`` outside the k sent) in one
+        pass (:func:`add_then_topk`)."""
         p = self.memories.m.load(i)
+        squared_norm = None
         if isinstance(self.compressor, TopK):
-            payload = sparse_payload(p, add_then_topk(p, g, self.compressor.k))
+            chosen, squared_norm = add_then_topk(p, g, self.compressor.k)
+            payload = sparse_payload(p, chosen)
         else:
             p.add_(g)
             payload = self.compressor.compress(p, i)
         index, values = self._add_sparse(payload)
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
-        self.memories.keep(i, p)
+        self.memories.keep(i, p, squared_norm)
 
     def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
         """A sparse payload with DGC's memories, without dense copies: the compressor

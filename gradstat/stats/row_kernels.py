@@ -11,9 +11,10 @@ Measured on 8M values, one thread: 7 ms against 19.5 ms. The sum is bit for bit 
 (the same operations in the same order, no fast-math), and the candidates are the same
 indices in the same (ascending) order.
 
-Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candidates,
-the reference sum with the finiteness check, and float64 sums of squares in side-by-side
-partial sums (LLVM vectorizes them; one running float64 sum would wait on each add).
+Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candidates and
+the squares of the rest (the new memory's norm), the reference sum with the finiteness
+check, and float64 sums of squares (their adds alone may be reassociated, so that LLVM
+vectorizes them; each term is exact and the sum float64-accurate in any order).
 
 |x| >= t is compared in float32 as numpy compares (NaN never passes), each block of 64
 values counted first in vector instructions. Whether a row is finite is an integer OR
@@ -218,12 +219,13 @@ def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
 
 def add_and_candidates(
     x: np.ndarray, g: np.ndarray, threshold: float | None, room: Room
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, float]:
     """``x += g`` in place (float32, as numpy adds) in one pass that also finds the
     candidates (indices ascending, and magnitudes) of the new ``|x| >= threshold`` (none
-    when None): error feedback's corrected row ``p = m + g`` and its top-k candidates.
-    When more are found than ``room`` holds, a second pass."""
+    when None) and the sum of squares (float64) of the other values: error feedback's
+    corrected row ``p = m + g``, its top-k candidates, and the part of its norm no top-k
+    can send. When more are found than ``room`` holds, a second pass."""
     loops = _loops()
     limit = _threshold(threshold)
-    count = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
-    return _found(loops, x, limit, room, count)
+    count, squares = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
+    return *_found(loops, x, limit, room, count), float(squares)
