@@ -69,6 +69,21 @@ def test_a_pair_of_rows_equals_two_scans(numel):
     assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
 
 
+def test_a_steps_first_pair_equals_a_first_scan_and_an_added_one():
+    # the step's first row makes the sum, the second adds to it
+    rng = np.random.default_rng(9)
+    a, b = (rng.standard_normal((2, PIECE + 70)) * 1e3).astype(np.float32)
+    a[:5], b[:5] = -0.0, [0.0, -0.0, 1e-40, -3.0, 7.0]
+    one = [np.full(a.size, 5.0, np.float32), np.full(a.size, 9.0, np.float32)]
+    two = [one[0].copy(), one[1].copy()]
+    singles = [scan_row(a, 2.0, Room(8), *one, first=True), scan_row(b, 2.0, Room(8), *one)]
+    pair = scan_row_pair((a, b), (2.0, 2.0), (Room(8), Room(8)), *two, first=True)
+    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
+    for single, paired, x in zip(singles, pair, (a, b), strict=True):
+        np.testing.assert_array_equal(paired.indices, np.flatnonzero(np.abs(x) >= 2.0))
+        np.testing.assert_array_equal(paired.indices, single.indices)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_pair_reports_which_row_is_not_finite(bad):
     a, b = np.ones((2, PIECE + 7), dtype=np.float32)
@@ -135,11 +150,11 @@ def test_more_candidates_than_room_are_all_returned():
     np.testing.assert_array_equal(total, x)  # added once, not again by the second pass
 
 
-def test_first_row_read_into_the_sum_is_not_copied_and_clears_the_compensation():
+def test_a_first_row_makes_the_sum_and_clears_the_compensation():
     x = np.arange(40, dtype=np.float32)
-    error = np.full(40, 7.0, dtype=np.float32)
-    scan_row(x, None, Room(1), x, error, first=True)
-    np.testing.assert_array_equal(x, np.arange(40))
+    total, error = np.full(40, 3.0, dtype=np.float32), np.full(40, 7.0, dtype=np.float32)
+    scan_row(x, None, Room(1), total, error, first=True)
+    np.testing.assert_array_equal(total, np.arange(40))
     assert not error.any()
 
 

@@ -5,9 +5,9 @@ one of a few reused buffers (a reading thread fills another with the next row
 meanwhile), moved to the compute device and scanned once (on the CPU in one fused loop,
 :mod:`gradstat.stats.row_kernels`): checked for NaN/Inf,
 added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
-float64 sum) and cut to its top-k candidates. On the CPU the rows after a step's first
-are scanned in pairs, so that the sum is read and written once for two rows (the same
-updates in the same order). Memory is the row buffers (four on the CPU, where rows are
+float64 sum) and cut to its top-k candidates. On the CPU a step's rows are scanned in
+pairs, so that the sum is read and written once for two rows (the same updates in the
+same order). Memory is the row buffers (four on the CPU, where rows are
 read two ahead for the pairs; two on a GPU), the sum and its compensation, and
 O(learners x k) for the index sets, whatever the number of learners.
 
@@ -142,8 +142,7 @@ class _CompensatedSum:
         s = self.total[start : start + x.numel()]
         c = self.error[start : start + x.numel()]
         if first:
-            if s.data_ptr() != x.data_ptr():  # not read straight into the sum
-                s.copy_(x)
+            s.copy_(x)
             c.zero_()
             return
         y, t = self._y[: x.numel()], self._t[: x.numel()]
@@ -165,8 +164,9 @@ class Workspace:
     buffers, the running mean's sum and the candidate pass's temporaries; and a reading
     thread that fills a buffer with the next learner's row while the rows before it are
     scanned (HDF5 reads and CRC-32C checks overlap the scan; the compiled loops leave the
-    GIL). Two buffers, or three where rows are scanned in pairs (``pairs``: on the CPU with
-    a running sum). Reused while the width and device stay the same."""
+    GIL). Two buffers, or four where rows are scanned in pairs (``pairs``: on the CPU with
+    a running sum; two rows scanned, two read). Reused while the width and device stay
+    the same."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -215,8 +215,6 @@ class Workspace:
         it."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
-        # where a step's first row goes: straight into the running sum when there is one
-        first = -1 if self.sums is not None and self.sums.total.device.type == "cpu" else 0
         depth = valid = 2 if self.pairs else 1  # reads in flight; rows handed out and valid
         queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
         handed: list[int] = []  # the buffers of the rows handed out, in order
@@ -238,15 +236,12 @@ class Workspace:
         else:
             if ahead is not None:  # not the row wanted: let it land, then drop it
                 wait([ahead[1]])
-            sum_buffer = self.sums.total.numpy() if first == -1 else self.buffers[first]
-            row = read_block, cap, step, learners[0], scope, start, stop, sum_buffer
-            queue.append((self._reader.submit(*row), first))
+            queue.append(read(step, learners[0]))
         queued = 1  # learners whose read is queued
         try:
             for _ in learners:
                 future, into = queue.popleft()
-                view = future.result()
-                handed.append(into)
+                handed.append(into)  # from here its buffer is the caller's
                 while len(queue) < depth and queued < len(learners):
                     queue.append(read(step, learners[queued]))
                     queued += 1
@@ -254,7 +249,7 @@ class Workspace:
                     at, columns = then[0], then[1:]
                     key = (str(cap.path), at, learners[0], scope, *columns)
                     self._ahead = (key, *read(at, learners[0], columns))
-                yield view
+                yield future.result()  # the next reads are queued behind it meanwhile
         finally:  # a read in flight must not land in a buffer someone reuses
             wait([future for future, _ in queue])
 
@@ -363,9 +358,10 @@ def _scan_pair(
     start: int,
     space: Workspace,
 ) -> list[_Running]:
-    """:func:`_scan_row` of two recorded rows of a step, neither its first, on the CPU in
-    one pass (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read
-    and written once for both; the same sum and candidates as two scans."""
+    """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
+    (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
+    written once for both (made by them when the first is the step's first); the same
+    sum and candidates as two scans."""
     (a, a_row), (b, b_row) = rows
     d = a.numel()
     k = min(k, d)
@@ -376,6 +372,7 @@ def _scan_pair(
         (space.candidate_room(0, d, k), space.candidate_room(1, d, k)),
         space.sums.total[:d].numpy(),
         space.sums.error[:d].numpy(),
+        first=a_row[2],
     )
     tops = []
     for x, row, threshold, found in zip((a, b), (a_row, b_row), thresholds, scanned, strict=True):
@@ -463,7 +460,7 @@ def stream_step_sets(
         for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
             x = torch.from_numpy(view).to(device)
             row = (step, learner, i == 0)
-            if not space.pairs or i == 0:
+            if not space.pairs:
                 candidates.append(_scan_row(x, kmax, start, space, row))
             elif held is None:
                 held = (x, row)
