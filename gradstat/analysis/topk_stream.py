@@ -181,8 +181,9 @@ class Workspace:
         self._key = None  # free the old buffers before allocating new ones
         self.buffers = self.sums = None
         self.pairs = with_mean and device.type == "cpu"
-        count = 4 if self.pairs else 2  # rows valid + reads in flight (rows)
-        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(count))
+        # rows a caller may hold at once, and as many reads in flight behind them
+        self.depth = 2 if self.pairs else 1
+        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
         self.sums = _CompensatedSum(width, device) if with_mean else None
         self.rooms = [Room(0), Room(0)]  # the CPU scans' candidates, one per row of a pair
         self._key = key
@@ -215,14 +216,14 @@ class Workspace:
         it."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
-        depth = valid = 2 if self.pairs else 1  # reads in flight; rows handed out and valid
+        depth = self.depth  # reads in flight, and rows handed out that stay valid
         queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
         handed: list[int] = []  # the buffers of the rows handed out, in order
 
         def read(
             at: int, learner: int, columns: tuple[int, int] = (start, stop)
         ) -> tuple[Future, int]:
-            in_use = handed[-valid:] + [b for _, b in queue]
+            in_use = handed[-depth:] + [b for _, b in queue]
             if self._ahead is not None:
                 in_use.append(self._ahead[2])
             into = next(b for b in range(len(self.buffers)) if b not in in_use)
@@ -393,8 +394,8 @@ def _top(
     (None: it found none, the top-k is taken from all of the block): as
     :func:`~gradstat.stats.topk_sets.top_of_candidates`, from the magnitudes the scan
     kept (no gathers from the block)."""
-    if threshold is None or indices.size < k:
-        idx = top_of_candidates(x, k, None if threshold is None else torch.from_numpy(indices))
+    if threshold is None or indices.size < k:  # none, or too few: from all of the block
+        idx = top_of_candidates(x, k, None)
         return _Running(x[idx].abs(), idx + start)
     magnitudes = torch.from_numpy(magnitudes)
     keep = torch.topk(magnitudes, k, sorted=False).indices
@@ -411,9 +412,9 @@ def _mean_top(
     d = mean.numel()
     k = min(k, d)
     total, error = space.sums.total[:d], space.sums.error[:d]
-    at = sample_positions(d)
     threshold = None
     if prefilters(d, k):
+        at = sample_positions(d)
         threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
     indices, magnitudes, squares = mean_row(
         total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(0, d, k)

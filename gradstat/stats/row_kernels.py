@@ -64,9 +64,9 @@ def _finite(flags: int) -> bool:
 
 
 class Room:
-    """Room, allocated once and reused, for the candidates a scan finds: their indices
-    (int64) and their magnitudes |x| (float32), so that the top-k among them needs no
-    gather from the row."""
+    """Room for the candidates a scan finds (a caller that scans many rows keeps one):
+    their indices (int64) and their magnitudes |x| (float32), so that the top-k among
+    them needs no gather from the row."""
 
     def __init__(self, size: int) -> None:
         self.indices = np.empty(size, dtype=np.int64)

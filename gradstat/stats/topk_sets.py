@@ -102,19 +102,11 @@ def sample_positions(d: int) -> slice:
     return slice(None, None, d // PREFILTER_SAMPLE)
 
 
-def top_of_candidates(
-    row: torch.Tensor,
-    k: int,
-    candidates: torch.Tensor | None,
-    magnitudes: torch.Tensor | None = None,
-) -> torch.Tensor:
+def top_of_candidates(row: torch.Tensor, k: int, candidates: torch.Tensor | None) -> torch.Tensor:
     """The top-k indices of a flat row from its candidates ``|row| >= t`` (exact when at
-    least k; else, or without candidates, ``torch.topk`` of the whole row).
-    ``magnitudes``: ``|row|`` at the candidates when the caller has them (no gather)."""
+    least k; else, or without candidates, ``torch.topk`` of the whole row)."""
     if candidates is not None and candidates.numel() >= k:
-        if magnitudes is None:
-            magnitudes = row[candidates].abs()
-        return candidates[torch.topk(magnitudes, k, sorted=False).indices]
+        return candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
     return torch.topk(row.abs(), k, sorted=False).indices
 
 
