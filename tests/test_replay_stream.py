@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows
+from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows, RamRows
 from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.replay_stream import Memories, replay_streamed
 from gradstat.analysis.selection import k_for
@@ -139,3 +139,41 @@ def test_dgc_sparse_update_equals_dense_update(scratch):
             assert torch.equal(torch.signbit(want), torch.signbit(got)), name
         assert dense.u.load(0)[10] != 0  # the zero value left u there
         assert dense.norm() == sparse.norm()
+
+
+def test_ram_rows_start_at_zero_and_keep_what_is_saved():
+    """Rows are zeroed by a thread of their own: every row must read as zeros (the
+    memory is ``torch.empty``, so without the zeroing a reused block would show
+    through), and a row saved is that row from then on."""
+    garbage = torch.full((4, 1024), 7.0)  # freed, so the allocator may hand it out again
+    del garbage
+    rows = RamRows(4, 1024)
+    try:
+        for row in range(4):
+            assert torch.count_nonzero(rows.load(row)) == 0
+        rows.save(2, torch.arange(1024, dtype=torch.float32))
+        assert torch.equal(rows.load(2), torch.arange(1024, dtype=torch.float32))
+        assert torch.count_nonzero(rows.load(3)) == 0
+    finally:
+        rows.close()
+
+
+def test_ram_rows_hand_a_zeroing_failure_to_the_caller(monkeypatch):
+    """A failure in the zeroing thread is raised by ``load``, not a wait forever."""
+
+    def fail(self):
+        raise MemoryError("no pages")
+
+    monkeypatch.setattr(torch.Tensor, "zero_", fail)
+    rows = RamRows(2, 16)
+    with pytest.raises(MemoryError, match="no pages"):
+        rows.load(1)
+    rows.close()
+
+
+def test_ram_rows_close_stops_the_zeroing():
+    """Closing a store (a replay that fails at its first step) does not zero every row first."""
+    rows = RamRows(256, 1 << 20)
+    rows.close()
+    assert not rows._zeroing.is_alive()
+    assert sum(zeroed.is_set() for zeroed in rows._zeroed) < 256

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,22 +28,50 @@ SCRATCH_ENV = "GRADSTAT_SCRATCH"
 
 
 class RamRows:
-    """``rows x numel`` float32 rows in memory, zero at first."""
+    """``rows x numel`` float32 rows in memory, zero at first.
+
+    The rows are zeroed by a thread of their own, in order, while the caller works on the
+    rows before: a fresh row's page faults cost about as much as a pass over it (16 rows
+    of 8M values: 0.28 s of a 1.1 s replay of three steps, all on the replay's thread),
+    and the replay's second core mostly waits for HDF5 reads. :meth:`load` waits for its
+    row."""
 
     def __init__(self, rows: int, numel: int) -> None:
-        self.data = torch.zeros(rows, numel)
+        self.data = torch.empty(rows, numel)
+        self._zeroed = [threading.Event() for _ in range(rows)]
+        self._failure: BaseException | None = None
+        self._closing = False
+        self._zeroing = threading.Thread(target=self._zero, name="gradstat-zero", daemon=True)
+        self._zeroing.start()
+
+    def _zero(self) -> None:
+        try:
+            for row, zeroed in enumerate(self._zeroed):
+                if self._closing:
+                    return
+                self.data[row].zero_()
+                zeroed.set()
+        except BaseException as exc:  # handed to the caller by load
+            self._failure = exc
+            for zeroed in self._zeroed:
+                zeroed.set()
 
     def load(self, row: int) -> torch.Tensor:
         """Row ``row``; a view, so writing into it and :meth:`save` cost nothing."""
+        self._zeroed[row].wait()
+        if self._failure is not None:
+            raise self._failure
         return self.data[row]
 
     def save(self, row: int, values: torch.Tensor) -> None:
         """Make row ``row`` equal ``values``."""
-        target = self.data[row]
+        target = self.load(row)
         if values.data_ptr() != target.data_ptr():
             target.copy_(values)
 
     def close(self) -> None:
+        self._closing = True  # the rows not yet zeroed are not needed any more
+        self._zeroing.join()
         self.data = torch.zeros(0)
 
 
