@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from gradstat.errors import DataError
-from gradstat.stats.row_kernels import Room, mean_row, scan_row, scan_row_pair
+from gradstat.stats.row_kernels import MeanOf, Room, mean_row, scan_row, scan_row_pair
 from gradstat.stats.topk_sets import (
     candidates_room,
     indices_above,
@@ -185,12 +185,12 @@ class Workspace:
         self.depth = 2 if self.pairs else 1
         self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
         self.sums = _CompensatedSum(width, device) if with_mean else None
-        self.rooms = [Room(0), Room(0)]  # the CPU scans' candidates, one per row of a pair
+        self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
         self._key = key
 
     def candidate_room(self, which: int, d: int, k: int) -> Room:
-        """The ``which``-th (0 or 1) candidate room, large enough for a row of ``d``'s
-        top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
+        """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
+        for a row of ``d``'s top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
         if self.rooms[which].size < candidates_room(d, k):
             self.rooms[which] = Room(candidates_room(d, k))
         return self.rooms[which]
@@ -358,28 +358,60 @@ def _scan_pair(
     k: int,
     start: int,
     space: Workspace,
-) -> list[_Running]:
+    mean_of: int | None = None,
+) -> tuple[list[_Running], tuple[_Running, float] | None]:
     """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
     (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
     written once for both (made by them when the first is the step's first); the same
-    sum and candidates as two scans."""
+    sum and candidates as two scans. ``mean_of``: the step's learner count when these are
+    its last two rows; the pass then leaves the mean in the sum's row
+    (:class:`~gradstat.stats.row_kernels.MeanOf`) and also returns what
+    :func:`_mean_top` would: its top-k and its sum of squares."""
     (a, a_row), (b, b_row) = rows
     d = a.numel()
     k = min(k, d)
     thresholds = prefilter_threshold(a, k), prefilter_threshold(b, k)
-    scanned = scan_row_pair(
-        (a.numpy(), b.numpy()),
-        thresholds,
-        (space.candidate_room(0, d, k), space.candidate_room(1, d, k)),
-        space.sums.total[:d].numpy(),
-        space.sums.error[:d].numpy(),
-        first=a_row[2],
-    )
+    rooms = space.candidate_room(0, d, k), space.candidate_room(1, d, k)
+    total, error = space.sums.total[:d], space.sums.error[:d]
+    first = a_row[2]
+    mean = None
+    if mean_of is not None:
+        threshold = None
+        if prefilters(d, k):  # the mean's sample, from the very operations of the pass
+            at = sample_positions(d)
+            sample = _pair_mean(a[at], b[at], total[at], error[at], first, mean_of).abs()
+            threshold = prefilter_threshold(total, k, sample=sample)
+        mean = MeanOf(mean_of, threshold, space.candidate_room(2, d, k))
+    arrays = (a.numpy(), b.numpy())
+    found = scan_row_pair(arrays, thresholds, rooms, total.numpy(), error.numpy(), first, mean)
+    made = None
+    if mean is not None and found.mean is not None:
+        indices, magnitudes, squares = found.mean
+        made = _top(total, k, start, mean.threshold, indices, magnitudes), squares
     tops = []
-    for x, row, threshold, found in zip((a, b), (a_row, b_row), thresholds, scanned, strict=True):
-        _require_finite(row[0], row[1], x, found.finite)
-        tops.append(_top(x, k, start, threshold, found.indices, found.magnitudes))
-    return tops
+    rows_found = (found.a, found.b)
+    for x, row, threshold, one in zip((a, b), (a_row, b_row), thresholds, rows_found, strict=True):
+        _require_finite(row[0], row[1], x, one.finite)
+        tops.append(_top(x, k, start, threshold, one.indices, one.magnitudes))
+    return tops, made
+
+
+def _pair_mean(
+    a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, c: torch.Tensor, first: bool, n: int
+) -> torch.Tensor:
+    """The mean a step's last pair leaves (:func:`~gradstat.stats.row_kernels.scan_row_pair`)
+    at a few positions: a then b added to the compensated sum ``s``, ``c`` (or making it,
+    when ``first``), then ``(s - c) / n``; float32, the same operations in the same order,
+    so the same bits."""
+    if first:
+        s, c = a, torch.zeros_like(a)
+    else:
+        y = a - c
+        t = s + y
+        s, c = t, (t - s) - y
+    y = b - c
+    t = s + y
+    return (t - ((t - s) - y)).div_(n)
 
 
 def _top(
@@ -458,6 +490,7 @@ def stream_step_sets(
             ahead = None if then is None else (then, *blocks[0])
         rows = space.rows(cap, step, learners, scope, start, stop, ahead)
         held = None  # the first row of a pair (space.pairs), until its second comes
+        made = None  # the mean's top-k and squares, when the step's last pair made it
         for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
             x = torch.from_numpy(view).to(device)
             row = (step, learner, i == 0)
@@ -466,12 +499,18 @@ def stream_step_sets(
             elif held is None:
                 held = (x, row)
             else:
-                candidates.extend(_scan_pair((held, (x, row)), kmax, start, space))
+                mean_of = n if with_mean and i == n - 1 else None
+                tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of)
+                candidates.extend(tops)
                 held = None
         if held is not None:
             candidates.append(_scan_row(held[0], kmax, start, space, held[1]))
         if with_mean:  # the mean goes where the last row was (no longer needed)
-            if device.type == "cpu":
+            if made is not None:  # in the sum's row
+                mean = space.sums.total[: stop - start]
+                top, squares = made
+                total += squares
+            elif device.type == "cpu":
                 mean = x
                 top, squares = _mean_top(kmax, start, n, mean, space)
                 total += squares
