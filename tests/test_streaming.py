@@ -3,6 +3,8 @@ match the sets of the stacked step (the earlier, all-learners-in-memory computat
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -130,3 +132,29 @@ def test_the_last_pairs_mean_sample_is_the_mean_it_makes(first):
     rooms = Room(1), Room(1)
     scan_row_pair((a, b), (None, None), rooms, s, c, first, MeanOf(5, None, Room(1)))
     assert sample.numpy().tobytes() == s[at].tobytes()
+
+
+def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_capture):
+    """``rows(after=...)`` hands out (row, after(row)); the reading thread runs ``after`` in
+    learner order (replay's reference sum depends on the order of its adds)."""
+    path, grads = long_capture
+    seen = []
+
+    def after(row):
+        seen.append(threading.current_thread().name)
+        return float(row.sum(dtype=np.float64))
+
+    with open_capture(path) as cap:
+        (sc,) = cap.scopes("model")
+        space = Workspace()
+        space.ensure(sc.numel, torch.device("cpu"), with_mean=False)
+        try:
+            got = list(space.rows(cap, 2, [3, 1, 0], sc, 0, sc.numel, after=after))
+            np.testing.assert_array_equal(got[-1][0], grads[0, 2])  # earlier buffers reused
+            expected = [float(grads[i, 2].sum(dtype=np.float64)) for i in (3, 1, 0)]
+            assert [total for _, total in got] == expected
+            assert all(name.startswith("gradstat-read") for name in seen)
+            with pytest.raises(ValueError, match="read ahead"):
+                next(space.rows(cap, 2, [0], sc, 0, sc.numel, then=(1, 0, sc.numel), after=after))
+        finally:
+            space.release()

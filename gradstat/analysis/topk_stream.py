@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,6 +122,12 @@ def read_block(
     return view
 
 
+def _read_then(after: Callable[[np.ndarray], Any], *block: Any) -> tuple[np.ndarray, Any]:
+    """:func:`read_block`, then ``after`` of the row read."""
+    row = read_block(*block)
+    return row, after(row)
+
+
 class _CompensatedSum:
     """A running sum of float32 rows in float32 with Kahan's compensation (Kahan 1965):
     y = x - c, t = s + y, c = (t - s) - y, s = t. Its error stays about 2 eps sum |x_i|
@@ -204,7 +211,8 @@ class Workspace:
         start: int,
         stop: int,
         then: tuple[int, int, int] | None = None,
-    ) -> Iterator[np.ndarray]:
+        after: Callable[[np.ndarray], Any] | None = None,
+    ) -> Iterator[Any]:
         """Each learner's columns ``[start, stop)`` in turn, read in the background ahead
         of the caller: one row ahead, and a row handed out stays valid until the next is;
         with ``pairs``, two rows ahead, and a row stays valid until two more are handed
@@ -213,7 +221,11 @@ class Workspace:
         likely asked for next (the next column block, or the walk's next step), read ahead
         once this call's last row is queued, into a buffer no row still valid uses, so
         that it overlaps this call's last scans; a later call for exactly that read takes
-        it."""
+        it. ``after``: work on each row done by the reading thread once the row is read,
+        in learner order, beside the caller's work on the rows before it; the rows then
+        come as ``(row, after(row))`` (not with ``then``)."""
+        if after is not None and then is not None:
+            raise ValueError("a read ahead cannot run after(row) before its call")
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
         depth = self.depth  # reads in flight, and rows handed out that stay valid
@@ -227,8 +239,10 @@ class Workspace:
             if self._ahead is not None:
                 in_use.append(self._ahead[2])
             into = next(b for b in range(len(self.buffers)) if b not in in_use)
-            buffer = self.buffers[into]
-            return self._reader.submit(read_block, cap, at, learner, scope, *columns, buffer), into
+            block = (cap, at, learner, scope, *columns, self.buffers[into])
+            if after is None:
+                return self._reader.submit(read_block, *block), into
+            return self._reader.submit(_read_then, after, *block), into
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
