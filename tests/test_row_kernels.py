@@ -15,6 +15,7 @@ from gradstat.stats.row_kernels import (
     error_sums,
     indices_at_least,
     mean_row,
+    momentum_add,
     scan_row,
     scan_row_pair,
     squared_norm,
@@ -237,3 +238,18 @@ def test_add_checked_adds_in_float32_and_reports_nonfinite():
     assert total.tobytes() == expected.tobytes()
     x[500] = np.nan
     assert not add_checked(x, total)
+
+
+def test_momentum_add_equals_torch_bit_for_bit():
+    """DGC's ``u = m u + g; v = v + u`` in one loop: the product is rounded before the add
+    (no fused multiply-add), as torch's ``mul_`` then ``add_``; values that straddle
+    rounding boundaries would show a fused add."""
+    rng = np.random.default_rng(11)
+    u, v, g = (rng.standard_normal((3, PIECE + 99)) * 1e4).astype(np.float32)
+    g[::2] = -u[::2] * np.float32(0.9)  # cancellation: a fused add keeps the product's tail
+    expected_u, expected_v = torch.from_numpy(u.copy()), torch.from_numpy(v.copy())
+    expected_u.mul_(0.9).add_(torch.from_numpy(g))
+    expected_v.add_(expected_u)
+    momentum_add(u, v, g, 0.9)
+    assert u.tobytes() == expected_u.numpy().tobytes()
+    assert v.tobytes() == expected_v.numpy().tobytes()

@@ -147,14 +147,20 @@ def test_shared_passes_give_the_same_thresholds_as_fresh_calls(samples):
             assert kept.selected == int(passing.sum()), (estimator, ratio, stages, zeros)
 
 
-def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold():
+@pytest.mark.parametrize("form", ["float32", "float64", "strided"])
+def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form):
     # pools are reused for every later question: counts and exceedances (in the row's
     # order) must equal a full scan at thresholds below, at and above earlier ones,
-    # strict and inclusive, zero and negative thresholds included.
+    # strict and inclusive, zero and negative thresholds included; a contiguous float32
+    # row is scanned by the compiled loops until a pool holds the answer, other rows
+    # through their |x|.
     rng = np.random.default_rng(3)
-    values = torch.from_numpy(rng.standard_t(2, 200_000).astype(np.float32))
+    values = torch.from_numpy(rng.standard_t(2, 400_000).astype(np.float32))
+    values = values[::2] if form == "strided" else values[:200_000]
+    values = values.double() if form == "float64" else values
     values[::5] = 0.0
     passes = RowPasses(values)
+    assert passes.nonzeros == int(torch.count_nonzero(values))
     magnitudes = values.abs()
     thresholds = [1.0, 3.0, 2.0, 3.0, 10.0, 0.5, 0.0, -1.0, float(magnitudes[11]), 50.0]
     for t in thresholds:

@@ -51,7 +51,7 @@ from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD
 from gradstat.compressors.registry import Scheme
 from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK, top_indices
-from gradstat.stats.row_kernels import add_checked, squared_norm
+from gradstat.stats.row_kernels import add_checked, momentum_add, squared_norm
 from gradstat.stats.topk_sets import add_then_topk
 from gradstat.store import Capture, Scope
 
@@ -119,8 +119,11 @@ class Memories:
             return g + m, (m,)
         if isinstance(self.kind, DGCMemory):
             u, v = self.u.load(learner), self.v.load(learner)
-            u.mul_(self.kind.momentum).add_(g)
-            v.add_(u)
+            if u.device.type == "cpu":  # one pass, the same bits
+                momentum_add(u.numpy(), v.numpy(), g.numpy(), self.kind.momentum)
+            else:
+                u.mul_(self.kind.momentum).add_(g)
+                v.add_(u)
             return v, (u, v)
         return g, ()
 

@@ -298,3 +298,21 @@ def add_candidates(x, g, threshold, out, magnitudes):
         count = candidates(x[lo:hi], threshold, out, magnitudes, count, lo)
         squares += squares_below(x[lo:hi], threshold)
     return count, squares
+
+
+@njit(**_OPTIONS)
+def zeros_in(x):
+    """How many x_j == 0 (either sign; NaN is not)."""
+    count = 0
+    for j in range(x.size):
+        count += np.int32(x[j] == 0)
+    return count
+
+
+@njit(**_OPTIONS)
+def momentum_add(u, v, g, momentum):
+    """u = u * momentum + g, then v = v + u (float32, elementwise)."""
+    for j in range(u.size):
+        uj = u[j] * momentum + g[j]
+        u[j] = uj
+        v[j] = v[j] + uj
