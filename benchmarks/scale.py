@@ -71,7 +71,7 @@ from gradstat.stats.row_kernels import load as load_row_loops
 
 keep_freed_memory()  # as the command line does
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
-if what not in ("read", "read-one"):  # those never load numba
+if what not in ("read", "read-one", "fit"):  # those never load numba
     load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:

@@ -110,11 +110,11 @@ def _plain_row(values: torch.Tensor, min_numel: int = 0) -> np.ndarray | None:
     return None
 
 
-def nonzeros(values: torch.Tensor) -> int:
-    """Number of non-zero elements: on the CPU one compiled count (8M values: 1.3 ms
-    against 19 ms for the abs and minimum below and a count); elsewhere a cheap minimum
-    first (gradients rarely hold zeros)."""
-    row = _plain_row(values, COMPILED_MIN_NUMEL)
+def nonzeros(values: torch.Tensor, compiled: bool = True) -> int:
+    """Number of non-zero elements: of a long CPU row one compiled count (8M values:
+    1.3 ms against 19 ms for the abs and minimum below and a count; ``compiled=False``:
+    never); else a cheap minimum first (gradients rarely hold zeros)."""
+    row = _plain_row(values, COMPILED_MIN_NUMEL) if compiled else None
     if row is not None:
         return row_kernels.count_nonzero(row)
     if values.numel() and float(values.abs().amin()) > 0:
@@ -184,8 +184,8 @@ class RowPasses:
     * :meth:`sums` (:func:`magnitude_sums`, with the log sum on request): one pass;
     * :meth:`count` and :meth:`exceed` of ``|x| > t`` (``>=`` when inclusive): run over
       the smallest kept *pool* that holds the answer. The first pool is the non-zero
-      magnitudes when the caller has them (e.g. ``fit``'s); without them a CPU row is
-      scanned itself by compiled loops (|x| compared in float32 as numpy compares, no
+      magnitudes when the caller has them (e.g. ``fit``'s); without them a long CPU row
+      is scanned itself by compiled loops (|x| compared in float32 as numpy compares, no
       row-sized |x|: 8M values 2.7-7.7 ms against 9.6-25 ms), elsewhere |x| is taken
       once. Every
       :meth:`exceed` result becomes a pool, and so does the set a count found when it is
@@ -197,7 +197,9 @@ class RowPasses:
     2.5 ms, torch's chunked abs/compare/count in 8 ms), torch's elsewhere.
     """
 
-    def __init__(self, values: torch.Tensor, magnitudes: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, values: torch.Tensor, magnitudes: torch.Tensor | None = None, *, compiled: bool = True
+    ) -> None:
         self.values = values.reshape(-1)
         self._magnitudes = magnitudes
         self._sums: MagnitudeSums | None = None
@@ -205,8 +207,9 @@ class RowPasses:
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
         self._mask = np.empty(0, dtype=bool)
-        #: whether the compiled loops scan the row and its pools (a long CPU float32 row)
-        self._compiled = _plain_row(self.values, COMPILED_MIN_NUMEL) is not None
+        #: whether the compiled loops scan the row and its pools (a long CPU float32 row,
+        #: unless the caller keeps its process free of numba: ``compiled=False``)
+        self._compiled = compiled and _plain_row(self.values, COMPILED_MIN_NUMEL) is not None
 
     @property
     def numel(self) -> int:
@@ -227,7 +230,7 @@ class RowPasses:
         if self._sums is not None:
             return self._sums.nonzeros
         if self._nonzeros is None:
-            self._nonzeros = nonzeros(self.values)
+            self._nonzeros = nonzeros(self.values, self._compiled)
         return self._nonzeros
 
     def magnitudes(self) -> torch.Tensor:
