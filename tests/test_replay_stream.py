@@ -171,9 +171,20 @@ def test_ram_rows_hand_a_zeroing_failure_to_the_caller(monkeypatch):
     rows.close()
 
 
-def test_ram_rows_close_stops_the_zeroing():
-    """Closing a store (a replay that fails at its first step) does not zero every row first."""
+def test_ram_rows_close_stops_the_zeroing(monkeypatch):
+    """Closing a store (a replay that fails at its first step) does not zero every row
+    first, and a load after it is an error, not a wait for a row nobody zeroes."""
+    zeroed = []
+    zero = torch.Tensor.zero_
+
+    def counted(self):
+        zeroed.append(self.numel())
+        return zero(self)
+
+    monkeypatch.setattr(torch.Tensor, "zero_", counted)
     rows = RamRows(256, 1 << 20)
     rows.close()
     assert not rows._zeroing.is_alive()
-    assert sum(zeroed.is_set() for zeroed in rows._zeroed) < 256
+    assert len(zeroed) < 256
+    with pytest.raises(RuntimeError, match="closed"):
+        rows.load(255)

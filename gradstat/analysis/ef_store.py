@@ -73,6 +73,10 @@ class RamRows:
         self._closing = True  # the rows not yet zeroed are not needed any more
         self._zeroing.join()
         self.data = torch.zeros(0)
+        if self._failure is None:  # a load from now on is an error, not a wait forever
+            self._failure = RuntimeError("the memory rows were closed")
+        for zeroed in self._zeroed:
+            zeroed.set()
 
 
 class ScratchRows:
