@@ -47,17 +47,24 @@ def flags_of(x):
     return flags
 
 
+@njit(inline="always", **_OPTIONS)
+def kahan_step(s, c, x):
+    """(s, c) after adding ``x`` to the sum ``s`` with compensation ``c`` (Kahan 1965):
+    y = x - c, t = s + y, c = (t - s) - y, s = t. (Inlined into each loop, see
+    :func:`block_hits`.)"""
+    y = x - c
+    t = s + y
+    return t, (t - s) - y
+
+
 @njit(**_OPTIONS)
 def kahan_add(x, s, c):
-    """s, c += x with Kahan's compensation (Kahan 1965), elementwise; returns the OR of
-    :func:`nonfinite_flag` over ``x``."""
+    """s, c += x with Kahan's compensation (:func:`kahan_step`), elementwise; returns the
+    OR of :func:`nonfinite_flag` over ``x``."""
     bits = x.view(np.int32)
     flags = 0
     for j in range(x.size):
-        y = x[j] - c[j]
-        t = s[j] + y
-        c[j] = (t - s[j]) - y
-        s[j] = t
+        s[j], c[j] = kahan_step(s[j], c[j], x[j])
         flags |= nonfinite_flag(bits[j])
     return flags
 
@@ -73,10 +80,7 @@ def kahan_add_pair(a, b, s, c, first):
     a_flags = b_flags = 0
     for j in range(a.size):
         sj, cj = kahan_first_of_pair(a, s, c, j, first)
-        y = b[j] - cj
-        t = sj + y
-        c[j] = (t - sj) - y
-        s[j] = t
+        s[j], c[j] = kahan_step(sj, cj, b[j])
         a_flags |= nonfinite_flag(a_bits[j])
         b_flags |= nonfinite_flag(b_bits[j])
     return a_flags, b_flags
@@ -92,9 +96,8 @@ def kahan_mean_pair(a, b, s, c, first, n):
     a_flags = b_flags = 0
     for j in range(a.size):
         sj, cj = kahan_first_of_pair(a, s, c, j, first)
-        y = b[j] - cj
-        t = sj + y
-        s[j] = (t - ((t - sj) - y)) / n
+        sj, cj = kahan_step(sj, cj, b[j])
+        s[j] = (sj - cj) / n
         a_flags |= nonfinite_flag(a_bits[j])
         b_flags |= nonfinite_flag(b_bits[j])
     return a_flags, b_flags
@@ -106,10 +109,7 @@ def kahan_first_of_pair(a, s, c, j, first):
     or (a_j, 0) when ``first`` (inlined into the pair's loop, see :func:`block_hits`)."""
     if first:
         return a[j], np.float32(0)
-    sj, cj = s[j], c[j]
-    y = a[j] - cj
-    t = sj + y
-    return t, (t - sj) - y
+    return kahan_step(s[j], c[j], a[j])
 
 
 @njit(**_OPTIONS)
@@ -192,9 +192,9 @@ def scan_pair(
     ``SUM_ADD``; ``b`` ``SUM_ADD``) in one pass: the compensated sum is read and written
     once for both (:func:`kahan_add_pair`). When ``n`` > 0 (the step's last two rows of
     ``n``), ``s`` becomes the mean instead, whose candidates and sum of squares are taken
-    in the same pass (:func:`mean_scan`'s). ``thresholds``, ``outs``, ``magnitudes``: of
-    a, b and the mean. Returns (a's, b's and the mean's counts, a's and b's flags, the
-    mean's sum of squares)."""
+    in the same pass (:func:`mean_scan`'s; ``m_`` arguments, unused when ``n`` is 0).
+    Returns (a's, b's and the mean's counts, a's and b's flags, the mean's sum of
+    squares)."""
     a_count = b_count = m_count = a_flags = b_flags = 0
     squares = 0.0
     for lo in range(0, a.size, PIECE):
@@ -345,11 +345,14 @@ def compact_at_least(x, threshold, out):
     end = n - n % BLOCK
     for b in range(0, end, BLOCK):
         if block_hits(x, b, threshold):
-            for j in range(b, b + BLOCK):
-                magnitude = abs(x[j])
-                out[count] = magnitude
-                count += magnitude >= threshold
-    for j in range(end, n):
+            count = compact(x, b, b + BLOCK, threshold, out, count)
+    return compact(x, end, n, threshold, out, count)
+
+
+@njit(inline="always", **_OPTIONS)
+def compact(x, lo, hi, threshold, out, count):
+    """:func:`compact_at_least` of ``x[lo:hi]`` from ``out[count]``, one value at a time."""
+    for j in range(lo, hi):
         magnitude = abs(x[j])
         out[count] = magnitude
         count += magnitude >= threshold

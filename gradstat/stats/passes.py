@@ -187,11 +187,10 @@ class RowPasses:
       magnitudes when the caller has them (e.g. ``fit``'s); without them a long CPU row
       is scanned itself by compiled loops (|x| compared in float32 as numpy compares, no
       row-sized |x|: 8M values 2.7-7.7 ms against 9.6-25 ms), elsewhere |x| is taken
-      once. Every
-      :meth:`exceed` result becomes a pool, and so does the set a count found when it is
-      at most a quarter of the pool it scanned. Pools keep the row's order, so results
-      equal those of a scan of ``values`` itself. Kept pools hold at most ``POOL_SHARE``
-      of the row (the least recently used go first).
+      once. Every :meth:`exceed` result becomes a pool, and so does the set a count found
+      when it is at most a quarter of the pool it scanned. Pools keep the row's order, so
+      results equal those of a scan of ``values`` itself. Kept pools hold at most
+      ``POOL_SHARE`` of the row (the least recently used go first).
 
     One instance per row; numpy's loops over pools on the CPU (a count of 8M values in
     2.5 ms, torch's chunked abs/compare/count in 8 ms), torch's elsewhere.

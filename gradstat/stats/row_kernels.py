@@ -77,11 +77,6 @@ class Room:
     def size(self) -> int:
         return self.indices.size
 
-    @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indices, magnitudes), as the loops take them."""
-        return self.indices, self.magnitudes
-
 
 class Found(NamedTuple):
     """A scan's candidates (indices ascending, and |x| at each; views of its
@@ -195,8 +190,9 @@ def scan_row_pair(
     n, mean_limit = (0, _threshold(None)) if mean is None else (mean.n, _threshold(mean.threshold))
     room = rooms[1] if mean is None else mean.room  # n = 0: never written
     outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
+    mean_outs = room.indices, room.magnitudes
     a_count, b_count, mean_count, a_flags, b_flags, squares = loops.scan_pair(
-        a, b, total, error, first, *limits, *outs, np.float32(n), mean_limit, *room.arrays
+        a, b, total, error, first, *limits, *outs, np.float32(n), mean_limit, *mean_outs
     )
     return PairFound(
         Found(*_found(loops, a, limits[0], rooms[0], a_count), _finite(a_flags)),
