@@ -203,6 +203,22 @@ def awkward_capture(tmp_path):
     return write_capture(tmp_path / "awkward", grads, layers)
 
 
+def test_records_do_not_depend_on_the_rows_fitted_before(awkward_capture):
+    # one run reuses its row and magnitude buffers from row to row and scope to scope
+    # (NaN/Inf and zeros compacted in place, layers shorter than the buffer); each row
+    # fitted alone, with fresh buffers, must give the same records
+    def run(steps, learners):
+        with open_capture(awkward_capture) as cap:
+            return Fit(
+                cap, scope="layers", steps=steps, learners=learners, dists="gpd,exp", ratios=(0.1,)
+            ).run()
+
+    with pytest.warns(Warning):
+        together = run(None, None)
+        alone = pd.concat([run(str(s), str(lr)) for s in (0, 1) for lr in (0, 1)])
+    pd.testing.assert_frame_equal(together.reset_index(drop=True), alone.reset_index(drop=True))
+
+
 def test_bad_layers_are_marked_rows(awkward_capture, capsys):
     result = run_cli(
         capsys, "fit", awkward_capture, "--scope", "layers", "--ratios", "0.1", "--json"

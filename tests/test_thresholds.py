@@ -173,6 +173,27 @@ def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form, 
             assert torch.equal(passes.exceed(t, inclusive), magnitudes[passing]), (t, inclusive)
 
 
+def test_exceedance_sums_equal_sums_of_the_exceedances():
+    # kept per level for the later SIDCo stages: count, float32 sums and minimum of the
+    # magnitudes above the level (numpy in float64 as the reference), also after other
+    # levels were asked for, and NaN as the minimum of an empty set
+    rng = np.random.default_rng(5)
+    values = torch.from_numpy(rng.standard_t(3, 300_000).astype(np.float32))
+    values[::7] = 0.0
+    passes = RowPasses(values)
+    magnitudes = np.abs(values.numpy()).astype(np.float64)
+    for t, inclusive in [(1.0, False), (2.5, True), (1.0, False), (0.5, False), (1e9, False)]:
+        above = magnitudes[magnitudes >= t] if inclusive else magnitudes[magnitudes > t]
+        sums = passes.exceedance_sums(t, inclusive)
+        assert sums.n == above.size
+        assert sums.total == pytest.approx(above.sum(), rel=1e-5)
+        assert sums.squares == pytest.approx((above**2).sum(), rel=1e-5)
+        if above.size:
+            assert sums.minimum == above.min()
+        else:
+            assert math.isnan(sums.minimum)
+
+
 def test_zeros_are_excluded_from_the_density(samples):
     exp = samples["exp"].clone()
     exp[::2] = 0.0  # half the coordinates are exact zeros

@@ -88,12 +88,16 @@ class SplitValues:
         return self._signed
 
 
-def split_values(values: torch.Tensor) -> SplitValues:
+def split_values(values: torch.Tensor, out: torch.Tensor | None = None) -> SplitValues:
     """Drop NaN/Inf and exact zeros from a flat vector, counting both. (A finite sum
     means every value is finite, and a non-zero minimum |x| that none is zero: the
-    usual gradient costs a sum, an abs and a minimum.)"""
+    usual gradient costs a sum, an abs and a minimum.) ``out``: a flat buffer of at least
+    ``values.numel()`` elements on the same device for the magnitudes, reused from row to
+    row (a fresh 128 MB vector's page faults took 0.17 s of a 32M-value row's split,
+    the abs itself 0.02 s)."""
     flat = values.reshape(-1)
-    magnitudes = flat.abs()  # a fresh vector: compacted in place
+    # compacted in place below: a fresh vector, or the caller's buffer
+    magnitudes = flat.abs() if out is None else torch.abs(flat, out=out[: flat.numel()])
     nonfinite = 0
     if not bool(torch.isfinite(flat.sum())):
         finite = torch.isfinite(magnitudes)

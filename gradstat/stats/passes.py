@@ -169,6 +169,17 @@ def log_magnitude_sum(values: torch.Tensor, nonzeros: int) -> float:
     return float(torch.stack(logs).double().sum()) - (values.numel() - nonzeros) * math.log(_TINY)
 
 
+@dataclass(frozen=True)
+class ExceedanceSums:
+    """Count, float32 sum and sum of squares, and minimum of the magnitudes above a level
+    (what a later SIDCo stage fits); ``minimum`` is NaN when none is."""
+
+    n: int
+    total: float
+    squares: float
+    minimum: float
+
+
 def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
     """Whether the set {|x| > floor} ({|x| >= floor} for an inclusive pool) holds every
     magnitude the query selects: {|x| >= t} needs t > floor (t >= floor for an
@@ -206,6 +217,7 @@ class RowPasses:
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
         self._mask = np.empty(0, dtype=bool)
+        self._exceedance_sums: dict[tuple[float, bool], ExceedanceSums] = {}
         #: whether the compiled loops scan the row and its pools (a long CPU float32 row,
         #: unless the caller keeps its process free of numba: ``compiled=False``)
         self._compiled = compiled and _plain_row(self.values, COMPILED_MIN_NUMEL) is not None
@@ -261,6 +273,21 @@ class RowPasses:
         found = self._scan(self._pool(threshold, inclusive), threshold, inclusive, keep=True)
         self._keep(threshold, inclusive, found)
         return found
+
+    def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
+        """Sums of :meth:`exceed`'s set, kept per level: ``fit`` runs each SIDCo variant at
+        every ratio and stage count, and all runs of more than one stage fit the same
+        exceedances of stage 1 (8M values: 9 sums of a 2M-value set a row became 3)."""
+        key = (threshold, inclusive)
+        if key not in self._exceedance_sums:
+            above = self.exceed(threshold, inclusive)
+            n = above.numel()
+            minimum = float(above.amin()) if n else math.nan
+            total = float(above.sum())
+            self._exceedance_sums[key] = ExceedanceSums(
+                n, total, float(above.square().sum()), minimum
+            )
+        return self._exceedance_sums[key]
 
     def _zeros_selected(self, threshold: float, inclusive: bool) -> bool:
         """Whether zeros pass (then the pools, which hold no zeros, cannot answer)."""

@@ -38,7 +38,7 @@ from gradstat.errors import UsageError
 from gradstat.stats import mle
 from gradstat.stats.density import check_k
 from gradstat.stats.distributions import Exponential, Gamma, GenPareto
-from gradstat.stats.passes import MagnitudeSums, RowPasses
+from gradstat.stats.passes import ExceedanceSums, MagnitudeSums, RowPasses
 
 ZEROS: tuple[str, ...] = ("exclude", "include")
 STAGE_FITS: tuple[str, ...] = ("moments", "mle")
@@ -94,14 +94,13 @@ def first_stage_moments(sums: MagnitudeSums, zeros: str) -> Moments:
     return Moments(n, mean, var, mean_log)
 
 
-def excess_moments(exceedances: torch.Tensor, minimum: float) -> Moments:
-    """Mean and variance of the excesses ``exceedances - minimum`` (a later stage), from
-    float32 sums of the exceedances themselves: no shifted copy. The spread of a tail is
+def excess_moments(above: ExceedanceSums) -> Moments:
+    """Mean and variance of the excesses over their minimum (a later stage), from float32
+    sums of the exceedances themselves: no shifted copy. The spread of a tail is
     comparable to its level, so E[y^2] - E[y]^2 keeps ~6 digits."""
-    n = exceedances.numel()
-    mean = float(exceedances.sum()) / n
-    var = max(float(exceedances.square().sum()) / n - mean * mean, 0.0)
-    return Moments(n, mean - minimum, var)
+    mean = above.total / above.n
+    var = max(above.squares / above.n - mean * mean, 0.0)
+    return Moments(above.n, mean - above.minimum, var)
 
 
 # --- closed-form upper quantiles of SIDCo's fits ------------------------------------------
@@ -205,14 +204,13 @@ def sidco(
     floor = None  # each stage fits the |x| above the level before: None, the full vector
     for density in densities[1:]:
         floor = _level(eta, floor)
-        above = passes.exceed(floor)  # = the last stage's exceedances above eta, as a pool
-        if above.numel() < 2:
+        above = passes.exceedance_sums(floor)  # the last stage's exceedances above eta
+        if above.n < 2:
             break  # nothing left to fit: keep the previous stage's threshold
-        minimum = float(above.amin())
         if mle_stages is not None:
-            eta = mle_stages.threshold(above, minimum, density)
+            eta = mle_stages.threshold(passes.exceed(floor), above.minimum, density)
         else:
-            eta = minimum + QUANTILES[later](excess_moments(above, minimum), density)
+            eta = above.minimum + QUANTILES[later](excess_moments(above), density)
         thresholds.append(eta)
     used = len(thresholds)
     selected = passes.count(_level(eta, floor))
