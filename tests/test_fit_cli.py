@@ -160,7 +160,10 @@ def test_zeros_and_stage_fit_reach_the_estimators(synthetic_capture, capsys):
         expected = estimate_threshold(
             values, 0.01, row.estimator, stages=3, zeros="include", stage_fit="mle"
         )
-        assert (row.threshold, row.selected) == (expected.threshold, expected.selected)
+        # fit sums the row's magnitudes it already has, a lone call the row's |x|: the same
+        # float32 sums in another order
+        assert row.threshold == pytest.approx(expected.threshold, rel=1e-6)
+        assert row.selected == expected.selected
     assert set(records["estimator"].dropna()) == {"sidco-gpd", "gaussiank", "redsync-sidco"}
 
 

@@ -194,6 +194,28 @@ def test_exceedance_sums_equal_sums_of_the_exceedances():
             assert math.isnan(sums.minimum)
 
 
+@pytest.mark.parametrize("given", [True, False])
+def test_row_sums_equal_float64_sums(given):
+    # fit hands RowPasses the row's non-zero magnitudes, and its sums come from them
+    # (pool_sums, pool_log_sum); a lone estimator's from the row's |x|: both equal the
+    # float64 sums of the same values to float32 rounding, over more than one chunk
+    rng = np.random.default_rng(6)
+    values = torch.from_numpy(rng.standard_t(3, 700_001).astype(np.float32))
+    values[::9] = 0.0
+    nonzero = values[values != 0].abs()
+    passes = RowPasses(values, nonzero.clone() if given else None)
+    sums = passes.sums(log=True)
+    signed = values.numpy().astype(np.float64)
+    x = np.abs(signed[signed != 0])
+    assert (sums.numel, sums.nonzeros) == (values.numel(), x.size)
+    assert sums.signed_total == pytest.approx(signed.sum(), rel=1e-6, abs=1e-3)
+    assert sums.total == pytest.approx(x.sum(), rel=1e-6)
+    assert sums.squares == pytest.approx((x**2).sum(), rel=1e-6)
+    # the row's log sum counts each zero as ln(tiny) and takes them out again: 2e-6 here
+    assert sums.log_sum == pytest.approx(np.log(x).sum(), rel=1e-6 if given else 1e-5)
+    assert sums.maximum == x.max()
+
+
 def test_zeros_are_excluded_from_the_density(samples):
     exp = samples["exp"].clone()
     exp[::2] = 0.0  # half the coordinates are exact zeros

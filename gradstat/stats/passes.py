@@ -180,6 +180,40 @@ class ExceedanceSums:
     minimum: float
 
 
+def pool_sums(magnitudes: np.ndarray, signed: np.ndarray) -> MagnitudeSums:
+    """:func:`magnitude_sums` (without the log sum) from the non-zero magnitudes a caller
+    already has and the signed row for its signed sum: float32 pairwise sums per chunk,
+    squares through a chunk-sized scratch, float64 across chunks; no row-sized temporary
+    (32M values: 45 ms with the log sum, against 140-350 ms over the row's |x|)."""
+    total = squares = maximum = 0.0
+    scratch = np.empty(min(magnitudes.size, _SCAN_CHUNK), dtype=magnitudes.dtype)
+    for lo in range(0, magnitudes.size, _SCAN_CHUNK):
+        part = magnitudes[lo : lo + _SCAN_CHUNK]
+        total += float(np.add.reduce(part))
+        squares += float(np.add.reduce(np.multiply(part, part, out=scratch[: part.size])))
+        maximum = max(maximum, float(part.max()))
+    if not (math.isfinite(total) and math.isfinite(squares)):
+        raise DataError("the values contain NaN or Inf; drop them before estimating")
+    signed_total = sum(
+        float(np.add.reduce(signed[lo : lo + _SCAN_CHUNK]))
+        for lo in range(0, signed.size, _SCAN_CHUNK)
+    )
+    n = magnitudes.size
+    return MagnitudeSums(signed.size, n, total, squares, math.nan, signed_total, maximum)
+
+
+def pool_log_sum(magnitudes: np.ndarray) -> float:
+    """Sum of ln x over non-zero magnitudes (:func:`log_magnitude_sum` without the
+    clamp): float32 logs into a chunk-sized scratch, pairwise sums per chunk."""
+    scratch = np.empty(min(magnitudes.size, _SCAN_CHUNK), dtype=magnitudes.dtype)
+    return sum(
+        float(np.add.reduce(np.log(part, out=scratch[: part.size])))
+        for part in (
+            magnitudes[lo : lo + _SCAN_CHUNK] for lo in range(0, magnitudes.size, _SCAN_CHUNK)
+        )
+    )
+
+
 def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
     """Whether the set {|x| > floor} ({|x| >= floor} for an inclusive pool) holds every
     magnitude the query selects: {|x| >= t} needs t > floor (t >= floor for an
@@ -212,6 +246,7 @@ class RowPasses:
     ) -> None:
         self.values = values.reshape(-1)
         self._magnitudes = magnitudes
+        self._given = magnitudes is not None  # the sums come from them (not from |x|)
         self._sums: MagnitudeSums | None = None
         self._nonzeros: int | None = None
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
@@ -227,8 +262,17 @@ class RowPasses:
         return self.values.numel()
 
     def sums(self, log: bool = False) -> MagnitudeSums:
-        """:func:`magnitude_sums` of the row (with the log sum when ``log``)."""
-        if self._sums is None:
+        """:func:`magnitude_sums` of the row (with the log sum when ``log``); from the
+        caller's non-zero magnitudes when both are CPU float32 vectors (:func:`pool_sums`,
+        :func:`pool_log_sum`)."""
+        plain = _plain_row(self._magnitudes) if self._given else None
+        signed = _plain_row(self.values)
+        if plain is not None and signed is not None:
+            if self._sums is None:
+                self._sums = pool_sums(plain, signed)
+            if log and math.isnan(self._sums.log_sum):
+                self._sums = replace(self._sums, log_sum=pool_log_sum(plain))
+        elif self._sums is None:
             self._sums = magnitude_sums(self.values, log=log)
         elif log and math.isnan(self._sums.log_sum):  # only the log pass is missing
             log_sum = log_magnitude_sum(self.values, self._sums.nonzeros)
