@@ -16,6 +16,7 @@ from gradstat.stats.distributions import (
     Gamma,
     GenPareto,
     Normal,
+    _mean_var,
     get_distribution,
     split_values,
 )
@@ -231,3 +232,16 @@ def test_bad_input():
                 continue  # a constant sample has a perfectly good exponential fit
             with pytest.raises(DataError):
                 cls.fit(torch.full((100,), 0.5, dtype=torch.float64), method=method)
+
+
+def test_moments_merged_over_chunks_equal_float64_moments():
+    # the moments fits' mean and variance, one pass merging chunks (3 chunks and a
+    # tail): numpy's float64 two-pass values, also where the mean is 10^4 standard
+    # deviations from zero (E[x^2] - E[x]^2 in float64 would keep ~8 digits)
+    rng = np.random.default_rng(8)
+    for offset in (0.0, 1e4):
+        x = (offset + rng.standard_normal(3 * (1 << 18) + 12_345)).astype(np.float32)
+        mean, var = _mean_var(torch.from_numpy(x))
+        wide = x.astype(np.float64)
+        assert mean == pytest.approx(wide.mean(), rel=1e-14)
+        assert var == pytest.approx(((wide - wide.mean()) ** 2).mean(), rel=1e-12)

