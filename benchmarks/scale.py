@@ -66,10 +66,10 @@ from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
-from gradstat.parallel.allocator import keep_freed_memory
+from gradstat.parallel.allocator import tune_allocators
 from gradstat.stats.row_kernels import load as load_row_loops
 
-keep_freed_memory()  # as the command line does
+tune_allocators()  # as the command line does
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if what not in ("read", "read-one", "fit"):  # those never load numba
     load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports

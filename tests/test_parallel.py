@@ -149,3 +149,19 @@ def test_many_quick_units_in_two_workers_finish(tmp_path):
         thread.join(timeout=120)
         assert not thread.is_alive(), f"jobs={jobs} did not finish"
     pd.testing.assert_frame_equal(results[2], results[1])
+
+
+def test_analysis_processes_ask_numpy_for_no_huge_pages():
+    # tune_allocators (the command line and its workers call it) turns numpy's
+    # transparent-huge-page advice off: faults that compact memory stalled analyses
+    import numpy as np
+
+    from gradstat.parallel.allocator import tune_allocators
+
+    switch = np._core.multiarray._set_madvise_hugepage
+    before = switch(True)
+    try:
+        tune_allocators()
+        assert switch(True) is False  # what tune_allocators left
+    finally:
+        switch(before)

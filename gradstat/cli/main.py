@@ -25,7 +25,7 @@ from gradstat.cli.replay import recommend_command, replay_command
 from gradstat.cli.report import report_command
 from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
-from gradstat.parallel.allocator import keep_freed_memory
+from gradstat.parallel.allocator import tune_allocators
 from gradstat.parallel.distributed import run_command
 
 app = typer.Typer(
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gradstat`` console script."""
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
-    keep_freed_memory()
+    tune_allocators()
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
         result = run_command(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))

@@ -35,11 +35,11 @@ def main() -> None:
 
     import torch
 
-    from gradstat.parallel.allocator import keep_freed_memory
+    from gradstat.parallel.allocator import tune_allocators
     from gradstat.parallel.codec import decode, encode, from_typed
     from gradstat.parallel.units import Task
 
-    keep_freed_memory()
+    tune_allocators()
 
     requests = sys.stdin.buffer
     header = decode(requests.readline())
