@@ -426,8 +426,8 @@ class _Fitter:
             "nonfinite": split.nonfinite,
         }
         # every count of this row, shared; numpy's loops: a fit never starts numba, whose
-        # ~100 MB and 0.7 s would outweigh the ~5% its loops save (RSS 1021 MB at 32M x 4,
-        # over the 1005 MB target, against 853-911 MB)
+        # 0.7 s start pays back after about 10 rows of 32M values (its loops save 5-8%) and
+        # whose ~100 MB would leave fit's peak RSS at 16 x 32M about 30 MB under its target
         passes = RowPasses(values, split.magnitudes, compiled=False)
         empirical = self._empirical(values, split, passes)
         rows = self._fits(base, values, split, empirical, passes)
