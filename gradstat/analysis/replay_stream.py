@@ -27,6 +27,7 @@ error feedback (``beta = 1``, the only one the registry gives them).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -528,6 +529,7 @@ def replay_streamed(
     space = Workspace()  # the next learner's row is read while this one is replayed
     space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
     sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
+    next_step = dict(itertools.pairwise(steps))
     try:
         with MemoryRows(scratch) as rows:
             streams = [streamed(scheme, n, sc.numel, rows) for sc, scheme in chosen]
@@ -553,10 +555,11 @@ def replay_streamed(
                     spent[j] += time.perf_counter() - start - (reading - before)
                 for total in sums.values():
                     total.zero_()
-                # the reading thread adds each row to the reference sums, in learner order
-                prefetched = space.rows(
-                    cap, step, learners, whole, 0, cap.numel, after=partial(_add_to, sums, scopes)
-                )
+                # the reading thread adds each row to the reference sums, in learner order,
+                # and reads the next step's first row while this step's last is replayed
+                after = partial(_add_to, sums, scopes)
+                then = (next_step[step], 0, cap.numel) if step in next_step else None
+                prefetched = space.rows(cap, step, learners, whole, 0, cap.numel, then, after)
                 for i in range(n):
                     start = time.perf_counter()
                     row, (parts, finite) = next(prefetched)

@@ -128,6 +128,13 @@ def _read_then(after: Callable[[np.ndarray], Any], *block: Any) -> tuple[np.ndar
     return row, after(row)
 
 
+def _after_read(after: Callable[[np.ndarray], Any], read: Future) -> tuple[np.ndarray, Any]:
+    """``after`` of a row read ahead (``read`` is done: it was queued first on the same
+    thread)."""
+    row = read.result()
+    return row, after(row)
+
+
 class _CompensatedSum:
     """A running sum of float32 rows in float32 with Kahan's compensation (Kahan 1965):
     y = x - c, t = s + y, c = (t - s) - y, s = t. Its error stays about 2 eps sum |x_i|
@@ -223,9 +230,9 @@ class Workspace:
         that it overlaps this call's last scans; a later call for exactly that read takes
         it. ``after``: work on each row done by the reading thread once the row is read,
         in learner order, beside the caller's work on the rows before it; the rows then
-        come as ``(row, after(row))`` (not with ``then``)."""
-        if after is not None and then is not None:
-            raise ValueError("a read ahead cannot run after(row) before its call")
+        come as ``(row, after(row))``. A row read ahead is only read: the call that takes
+        it has its ``after`` run first in line on the reading thread (the call before
+        may still be using what ``after`` writes to)."""
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
         depth = self.depth  # reads in flight, and rows handed out that stay valid
@@ -233,21 +240,24 @@ class Workspace:
         handed: list[int] = []  # the buffers of the rows handed out, in order
 
         def read(
-            at: int, learner: int, columns: tuple[int, int] = (start, stop)
+            at: int, learner: int, columns: tuple[int, int] = (start, stop), ahead: bool = False
         ) -> tuple[Future, int]:
             in_use = handed[-depth:] + [b for _, b in queue]
             if self._ahead is not None:
                 in_use.append(self._ahead[2])
             into = next(b for b in range(len(self.buffers)) if b not in in_use)
             block = (cap, at, learner, scope, *columns, self.buffers[into])
-            if after is None:
+            if after is None or ahead:
                 return self._reader.submit(read_block, *block), into
             return self._reader.submit(_read_then, after, *block), into
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == wanted:
-            queue.append(ahead[1:])
+            future, into = ahead[1:]
+            if after is not None:  # queued behind the read on the one reading thread
+                future = self._reader.submit(_after_read, after, future)
+            queue.append((future, into))
         else:
             if ahead is not None:  # not the row wanted: let it land, then drop it
                 wait([ahead[1]])
@@ -263,7 +273,7 @@ class Workspace:
                 if len(queue) < depth and then is not None and self._ahead is None:
                     at, columns = then[0], then[1:]
                     key = (str(cap.path), at, learners[0], scope, *columns)
-                    self._ahead = (key, *read(at, learners[0], columns))
+                    self._ahead = (key, *read(at, learners[0], columns, ahead=True))
                 yield future.result()  # the next reads are queued behind it meanwhile
         finally:  # a read in flight must not land in a buffer someone reuses
             wait([future for future, _ in queue])
