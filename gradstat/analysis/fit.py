@@ -288,9 +288,9 @@ def fit(
 
 class _RowBuffers:
     """A row's read buffer and its magnitudes' buffer, kept from unit to unit of a fit in
-    this process (``fit`` frees them at its end): fresh ones cost their page faults every
-    step (a 32M-value row: 0.17 s for the magnitudes' 128 MB, about as much as the rest of
-    its split)."""
+    this process (``fit`` frees them at its end): fresh ones cost their page faults
+    whenever the allocator has handed the old ones back to the kernel (a 32M-value row:
+    0.17 s for the magnitudes' 128 MB, about as much as the rest of its split)."""
 
     def __init__(self) -> None:
         self._key: tuple[int, str] | None = None
