@@ -122,16 +122,12 @@ def read_block(
     return view
 
 
-def _read_then(after: Callable[[np.ndarray], Any], *block: Any) -> tuple[np.ndarray, Any]:
-    """:func:`read_block`, then ``after`` of the row read."""
-    row = read_block(*block)
-    return row, after(row)
-
-
-def _after_read(after: Callable[[np.ndarray], Any], read: Future) -> tuple[np.ndarray, Any]:
-    """``after`` of a row read ahead (``read`` is done: it was queued first on the same
-    thread)."""
-    row = read.result()
+def _then(
+    after: Callable[[np.ndarray], Any], row_of: Callable[..., np.ndarray], *args: Any
+) -> tuple[np.ndarray, Any]:
+    """The row ``row_of(*args)`` gives (:func:`read_block`, or a read ahead's
+    ``Future.result``: done, queued first on the same thread), and ``after`` of it."""
+    row = row_of(*args)
     return row, after(row)
 
 
@@ -249,14 +245,14 @@ class Workspace:
             block = (cap, at, learner, scope, *columns, self.buffers[into])
             if after is None or ahead:
                 return self._reader.submit(read_block, *block), into
-            return self._reader.submit(_read_then, after, *block), into
+            return self._reader.submit(_then, after, read_block, *block), into
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == wanted:
             future, into = ahead[1:]
             if after is not None:  # queued behind the read on the one reading thread
-                future = self._reader.submit(_after_read, after, future)
+                future = self._reader.submit(_then, after, future.result)
             queue.append((future, into))
         else:
             if ahead is not None:  # not the row wanted: let it land, then drop it
