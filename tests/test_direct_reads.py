@@ -6,12 +6,14 @@ import os
 import signal
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gradstat import open_capture
 from gradstat.errors import DataError
 from gradstat.store import RankFileWriter, finalize_root, layer_table, write_capture, write_root
 from gradstat.store import direct as direct_module
+from gradstat.store import writer as writer_module
 from gradstat.store.schema import MAX_CHUNK_BYTES, rank_file_name
 from gradstat.store.verify import row_checksum
 
@@ -188,3 +190,115 @@ def test_a_forked_child_reads_and_checks_rows(tmp_path):
         os.close(reading)
         _, status = os.waitpid(child, 0)
     assert answer == b"ok" and os.waitstatus_to_exitcode(status) == 0
+
+
+def _runs_per_row(cap, learner: int, rows: int) -> list[int]:
+    direct = cap._dataset(cap._position[learner], "grad")[1]
+    return [len(direct._runs(row, 0, cap.numel)) for row in range(rows)]
+
+
+@pytest.mark.parametrize("meta_block", [2048, None])
+def test_every_row_lies_in_one_run_of_the_file(tmp_path, monkeypatch, meta_block):
+    """HDF5 places its own small allocations (the chunk index) between a row's chunks
+    unless metadata space is set aside in larger blocks (the writer's META_BLOCK_BYTES):
+    with HDF5's 2 KiB, some of 40 rows are split; with the writer's, none."""
+    if meta_block is not None:
+        monkeypatch.setattr(writer_module, "META_BLOCK_BYTES", meta_block)
+    grads = _grads(learners=2, steps=40)
+    path = write_capture(tmp_path / "cap", grads, layer_table([("w", (NUMEL,))]))
+    with open_capture(path) as cap:
+        split = sum(n > 1 for learner in cap.learners for n in _runs_per_row(cap, learner, 40))
+    assert (split > 0) == (meta_block is not None)
+
+
+def test_views_equal_reads_and_are_checked(tmp_path):
+    """A view of a whole row, or of its blocks in order, holds the row's values and is
+    checked against its CRC-32C like a read: a flipped byte fails at the row's last
+    block, naming the file, learner and step."""
+    grads = _grads()
+    path = write_capture(tmp_path / "cap", grads, layer_table([("w", (NUMEL,))]))
+    _flip_byte(path, learner=2, row=1, column=NUMEL // 3)
+    blocks = [(0, NUMEL // 4), (NUMEL // 4, NUMEL // 2), (NUMEL // 2, NUMEL)]
+    with open_capture(path) as cap:
+        for step in (0, 1):
+            for learner in (0, 1):
+                whole = cap.row_view(step, learner, slice(0, NUMEL))
+                assert np.array_equal(whole, grads[learner, step])
+                for start, stop in blocks:
+                    view = cap.row_view(step, learner, slice(start, stop))
+                    assert np.array_equal(view, grads[learner, step, start:stop])
+        with pytest.raises(DataError, match=r"rank-00002.h5 \(learner 2\): step 1 is damaged"):
+            cap.row_view(1, 2, slice(0, NUMEL))
+        for start, stop in blocks[:-1]:
+            cap.row_view(1, 2, slice(start, stop))
+        with pytest.raises(DataError, match=r"learner 2\): step 1 is damaged"):
+            cap.row_view(1, 2, slice(*blocks[-1]))
+
+
+def test_a_view_never_writes_the_file(tmp_path):
+    """Views are copy-on-write: writing into one changes neither the file nor a read,
+    and once forgotten the view shows the file's values again."""
+    grads = _grads()
+    path = write_capture(tmp_path / "cap", grads, layer_table([("w", (NUMEL,))]))
+    rank_file = path / rank_file_name(1)
+    before = rank_file.read_bytes()
+    with open_capture(path) as cap:
+        view = cap.row_view(0, 1, slice(0, NUMEL))
+        view[:] = 0.0
+        assert np.array_equal(cap.read_row(0, 1), grads[1, 0])
+        cap.forget_view(1, view)
+        assert np.array_equal(view, grads[1, 0])
+    assert rank_file.read_bytes() == before
+
+
+def test_rows_that_cannot_be_seen_in_place_are_read(tmp_path, monkeypatch):
+    """bfloat16 rows (converted), and float32 rows whose columns are not one run of the
+    file, have no view: the analyses read them into a buffer, with the same results."""
+    from gradstat.analysis.compute import Compute
+    from gradstat.analysis.selection import Selection
+    from gradstat.analysis.similarity import SimilarityParams, similarity
+
+    layers = layer_table([("w", (NUMEL,))])
+    bf16 = write_capture(tmp_path / "bf16", _grads(), layers, dtype="bfloat16")
+    with open_capture(bf16) as cap:
+        assert cap.row_view(0, 0, slice(0, NUMEL)) is None
+    path = write_capture(tmp_path / "cap", _grads(), layers)
+    compute = Compute(device="cpu", jobs=1)
+    with open_capture(path) as cap:
+        seen = similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=compute)
+    runs = direct_module.DirectRows._runs
+
+    def split(self, row, start, stop):  # every row in two runs, as HDF5 2 KiB blocks may
+        found = runs(self, row, start, stop)
+        middle = (found[0][1] + found[0][2]) // 2
+        first = (found[0][0], found[0][1], middle)
+        return [first, (found[0][0] + (middle - found[0][1]) * 4, middle, found[0][2])]
+
+    monkeypatch.setattr(direct_module.DirectRows, "_runs", split)
+    with open_capture(path) as cap:
+        assert cap.row_view(0, 0, slice(0, NUMEL)) is None
+        assert np.array_equal(cap.read_row(0, 0), _grads()[0, 0])
+        read = similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=compute)
+    pd.testing.assert_frame_equal(seen.pairs, read.pairs)
+    pd.testing.assert_frame_equal(seen.steps, read.steps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux's RssFile")
+def test_forgotten_views_are_not_resident(tmp_path):
+    """A view's pages count as the process's resident memory once touched; forgetting
+    the view gives them back (they stay in the page cache)."""
+    rows = _grads(learners=1, steps=4)
+    path = write_capture(tmp_path / "cap", rows, layer_table([("w", (NUMEL,))]))
+
+    def resident_file_bytes() -> int:
+        with open("/proc/self/status") as status:
+            line = next(x for x in status if x.startswith("RssFile:"))
+        return int(line.split()[1]) * 1024
+
+    with open_capture(path) as cap:
+        views = [cap.row_view(step, 0, slice(0, NUMEL)) for step in range(4)]  # checked
+        touched = resident_file_bytes()
+        for view in views:
+            cap.forget_view(0, view)
+        assert touched - resident_file_bytes() >= 3 * NUMEL * 4
+        assert np.array_equal(views[2], rows[0, 2])

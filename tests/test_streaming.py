@@ -66,6 +66,51 @@ def test_blocks_equal_whole_rows_equal_stacked_sets(long_capture, scope):
             )
 
 
+@pytest.mark.parametrize("learners", [[0, 1, 2], [3, 1, 0, 2]])
+def test_rows_seen_in_place_are_never_written(long_capture, learners):
+    """Rows are views of the mapped file (copy-on-write): the mean of an odd number of
+    rows goes to a spare buffer, not into the last row, so a later view of that row still
+    holds the file's values (a written page would fail its CRC-32C). In whole rows and in
+    blocks (the rows' floors), the sets are those of the stacked step."""
+    path, grads = long_capture
+    with open_capture(path) as cap:
+        (sc,) = cap.scopes("model")
+        (k,) = ks = [k_for(0.01, sc.numel)]
+        x = torch.from_numpy(grads[learners, 1])
+        mean = x.mean(dim=0)
+        stacked = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
+        for block in (sc.numel, MIN_BLOCK):
+            (sets,) = stream_step_sets(
+                cap, 1, learners, sc, ks, with_mean=True, device=torch.device("cpu"), block=block
+            )
+            assert _sorted(sets.indices) == _sorted(stacked)
+            for learner in learners:
+                view = cap.row_view(1, learner, slice(0, sc.numel))
+                assert view is not None and np.array_equal(view, grads[learner, 1])
+
+
+def test_a_floor_keeps_late_blocks_just_above_it(tmp_path):
+    """The floor is the k-th largest kept so far, never more: the first two blocks hold
+    k values each just above 1 (the floor becomes about 1.0005), the last block the
+    row's true top k just above that (1.002-1.01); a floor set any higher would lose
+    them."""
+    k, d = 100, 8 * MIN_BLOCK
+    rng = np.random.default_rng(3)
+    grads = rng.uniform(-0.5, 0.5, size=(2, 1, d)).astype(np.float32)
+    for block, low, high in ((0, 1.0, 1.001), (1, 1.0, 1.001), (7, 1.002, 1.01)):
+        at = block * MIN_BLOCK + rng.choice(MIN_BLOCK, k, replace=False)
+        grads[:, 0, at] = rng.uniform(low, high, size=k) * rng.choice([-1, 1], size=k)
+    path = write_capture(tmp_path / "cap", grads, layer_table([("w", (d,))]))
+    x = torch.from_numpy(grads[:, 0])
+    stacked = torch.cat([topk_indices(x, k), topk_indices(x.mean(dim=0), k)[None]])
+    assert (stacked >= 7 * MIN_BLOCK).all()
+    with open_capture(path) as cap:
+        (sc,) = cap.scopes("model")
+        kwargs = {"with_mean": True, "device": torch.device("cpu"), "block": MIN_BLOCK}
+        (sets,) = stream_step_sets(cap, 0, [0, 1], sc, [k], **kwargs)
+    assert _sorted(sets.indices) == _sorted(stacked)
+
+
 def _sorted(indices: torch.Tensor) -> list[list[int]]:
     return [sorted(row.tolist()) for row in indices]
 

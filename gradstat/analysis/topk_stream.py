@@ -1,21 +1,25 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
-The top-k set analyses never stack a step's learners: each learner's row is read into
-one of a few reused buffers (a reading thread fills another with the next row
-meanwhile), moved to the compute device and scanned once (on the CPU in one fused loop,
-:mod:`gradstat.stats.row_kernels`): checked for NaN/Inf,
-added to a compensated float32 running sum (Kahan; the mean gradient, as accurate as a
-float64 sum) and cut to its top-k candidates. On the CPU a step's rows are scanned in
-pairs, so that the sum is read and written once for two rows (the same updates in the
-same order). Memory is the row buffers (four on the CPU, where rows are
-read two ahead for the pairs; two on a GPU), the sum and its compensation, and
-O(learners x k) for the index sets, whatever the number of learners.
+The top-k set analyses never stack a step's learners: each learner's row is seen in
+place in the page cache (a view of the mapped rank file, checked against its CRC-32C;
+:meth:`~gradstat.store.Capture.row_view`) or, where its bytes are not one run of the
+file, read into one of a few reused buffers (a reading thread checks or reads the next
+row meanwhile), moved to the compute device and scanned once (on the CPU in one fused
+loop, :mod:`gradstat.stats.row_kernels`): checked for NaN/Inf, added to a compensated
+float32 running sum (Kahan; the mean gradient, as accurate as a float64 sum) and cut to
+its top-k candidates. On the CPU a step's rows are scanned in pairs, so that the sum is
+read and written once for two rows (the same updates in the same order). Memory is the
+rows seen or read (four on the CPU, where rows are read two ahead for the pairs; two on
+a GPU), the sum and its compensation, and O(learners x k) for the index sets, whatever
+the number of learners. A view costs no copy: 8M values x 4 learners, similarity 0.29 ->
+0.18 s, build-up 0.19 -> 0.11 s (fresh processes, medians of 5 and 3).
 
 When a row of the scope is longer than the memory budget allows
 (``Compute.block_numel``), the scope is processed in column blocks: every learner's
-block, then the next block. Top-k over blocks is exact: each block keeps its own top-k
-candidates (any index of the global top-k is in its block's top-k), and a running top-k
-of the merged candidates is carried from block to block. The mean's value at each
+block, then the next block. Top-k over blocks is exact: each block keeps the candidates
+of its own top-k (any index of the global top-k is in its block's top-k) until a row has
+k of them; from then on, only those at least as large as the k-th largest kept (the
+row's floor, :class:`_RowCandidates`). The mean's value at each
 candidate is taken while its block's mean is at hand, so the energy E(I) of the final
 sets needs no second pass (docs/methods.md 3).
 """
@@ -58,24 +62,49 @@ class _Running:
     indices: torch.Tensor
     mean_values: torch.Tensor | None = None
 
-    def merge(self, other: _Running, k: int) -> _Running:
-        magnitudes = torch.cat([self.magnitudes, other.magnitudes])
-        if magnitudes.numel() <= k:
-            keep = torch.arange(magnitudes.numel(), device=magnitudes.device)
-        else:
-            keep = torch.topk(magnitudes, k, sorted=False).indices
-        mean_values = None
-        if self.mean_values is not None and other.mean_values is not None:
-            mean_values = torch.cat([self.mean_values, other.mean_values])[keep]
-        return _Running(
-            magnitudes[keep], torch.cat([self.indices, other.indices])[keep], mean_values
-        )
-
     def top(self, k: int) -> _Running:
         """The top-k of these candidates (k at most their number)."""
         keep = torch.topk(self.magnitudes, k, sorted=False).indices
         mean_values = None if self.mean_values is None else self.mean_values[keep]
         return _Running(self.magnitudes[keep], self.indices[keep], mean_values)
+
+
+class _RowCandidates:
+    """A row's top-k candidates, gathered block by block, and its floor: once at least
+    k are kept, the k-th largest |value| among them. The row's k-th largest is at least
+    that, so a value below the floor cannot be in its top-k, and later blocks are scanned
+    at the floor (|x| >= floor: ties kept) instead of a threshold sampled from the block
+    for a top-k of its own (a block of B values holds about k B / d of the row's top-k;
+    its own top-k kept k). Candidates are cut to the top k once twice k have gathered,
+    which raises the floor. A floor of 0 (fewer than k non-zeros so far) is no floor:
+    every value would pass it."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.parts: list[_Running] = []
+        self.count = 0
+        self.floor: float | None = None
+
+    def add(self, part: _Running) -> None:
+        self.parts.append(part)
+        self.count += part.indices.numel()
+        if self.count >= 2 * self.k:
+            kept = self.joined().top(self.k)
+            self.parts, self.count = [kept], self.k
+            self.floor = float(kept.magnitudes.min()) or None
+
+    def joined(self) -> _Running:
+        """Every candidate kept, as one :class:`_Running`."""
+        if len(self.parts) == 1:
+            return self.parts[0]
+        mean_values = None
+        if all(p.mean_values is not None for p in self.parts):
+            mean_values = torch.cat([p.mean_values for p in self.parts])
+        return _Running(
+            torch.cat([p.magnitudes for p in self.parts]),
+            torch.cat([p.indices for p in self.parts]),
+            mean_values,
+        )
 
 
 @dataclass(frozen=True)
@@ -114,9 +143,16 @@ def scope_pieces(scope: Scope, start: int, stop: int) -> Iterator[tuple[int, int
 def read_block(
     cap: Capture, step: int, learner: int, scope: Scope, start: int, stop: int, out: np.ndarray
 ) -> np.ndarray:
-    """The scope-local columns ``[start, stop)`` of one learner's row, into ``out``."""
+    """The scope-local columns ``[start, stop)`` of one learner's row: seen in place in
+    the page cache where they are one run of the file (:meth:`Capture.row_view`, no
+    copy), else read into ``out``."""
+    pieces = list(scope_pieces(scope, start, stop))
+    if len(pieces) == 1:
+        seen = cap.row_view(step, learner, slice(*pieces[0][:2]))
+        if seen is not None:
+            return seen
     view = out[: stop - start]
-    for flat_start, flat_stop, local in scope_pieces(scope, start, stop):
+    for flat_start, flat_stop, local in pieces:
         piece = view[local - start : local - start + flat_stop - flat_start]
         cap.read_row(step, learner, out=piece, columns=slice(flat_start, flat_stop))
     return view
@@ -172,16 +208,20 @@ class _CompensatedSum:
 class Workspace:
     """The buffers of a walk over steps, allocated once: the row (or column block)
     buffers, the running mean's sum and the candidate pass's temporaries; and a reading
-    thread that fills a buffer with the next learner's row while the rows before it are
-    scanned (HDF5 reads and CRC-32C checks overlap the scan; the compiled loops leave the
-    GIL). Two buffers, or four where rows are scanned in pairs (``pairs``: on the CPU with
-    a running sum; two rows scanned, two read). Reused while the width and device stay
-    the same."""
+    thread that checks the next learner's row in place (a view of the file,
+    :func:`read_block`), or reads it into a buffer, while the rows before it are scanned
+    (CRC-32C checks and reads overlap the scan; the compiled loops leave the GIL). Two
+    buffers, or four where rows are scanned in pairs (``pairs``: on the CPU with a running
+    sum; two rows scanned, two read); a view stands in for its buffer, untouched, and its
+    pages are given back when that buffer would be reused. Reused while the width and
+    device stay the same."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
+        self._views: dict[int, tuple[Capture, int, np.ndarray]] = {}  # by buffer replaced
+        self._spare: np.ndarray | None = None
 
     def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
         key = (width, str(device), with_mean)
@@ -196,7 +236,16 @@ class Workspace:
         self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
         self.sums = _CompensatedSum(width, device) if with_mean else None
         self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
+        self._spare = None
         self._key = key
+
+    def spare(self) -> np.ndarray:
+        """A row buffer no read uses (allocated when first asked for): where the mean of
+        an odd number of rows goes on the CPU when the last row is a view of the file,
+        which must not be written to (copy-on-write pages)."""
+        if self._spare is None:
+            self._spare = np.empty_like(self.buffers[0])
+        return self._spare
 
     def candidate_room(self, which: int, d: int, k: int) -> Room:
         """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
@@ -242,6 +291,7 @@ class Workspace:
             if self._ahead is not None:
                 in_use.append(self._ahead[2])
             into = next(b for b in range(len(self.buffers)) if b not in in_use)
+            self._forget(into)  # the row it stood for is no longer valid
             block = (cap, at, learner, scope, *columns, self.buffers[into])
             if after is None or ahead:
                 return self._reader.submit(read_block, *block), into
@@ -250,17 +300,17 @@ class Workspace:
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == wanted:
-            future, into = ahead[1:]
+            future, into = ahead[1:3]
             if after is not None:  # queued behind the read on the one reading thread
                 future = self._reader.submit(_then, after, future.result)
             queue.append((future, into))
         else:
             if ahead is not None:  # not the row wanted: let it land, then drop it
-                wait([ahead[1]])
+                self._drop(ahead)
             queue.append(read(step, learners[0]))
         queued = 1  # learners whose read is queued
         try:
-            for _ in learners:
+            for learner in learners:
                 future, into = queue.popleft()
                 handed.append(into)  # from here its buffer is the caller's
                 while len(queue) < depth and queued < len(learners):
@@ -269,22 +319,48 @@ class Workspace:
                 if len(queue) < depth and then is not None and self._ahead is None:
                     at, columns = then[0], then[1:]
                     key = (str(cap.path), at, learners[0], scope, *columns)
-                    self._ahead = (key, *read(at, learners[0], columns, ahead=True))
-                yield future.result()  # the next reads are queued behind it meanwhile
+                    self._ahead = (key, *read(at, learners[0], columns, ahead=True), cap)
+                result = future.result()
+                self._note_view(into, cap, learner, result if after is None else result[0])
+                yield result  # the next reads are queued behind it meanwhile
         finally:  # a read in flight must not land in a buffer someone reuses
             wait([future for future, _ in queue])
+
+    def _note_view(self, into: int, cap: Capture, learner: int, row: np.ndarray) -> None:
+        """Remember a row handed out in place of buffer ``into`` when it is a view of the
+        file (:func:`read_block`), to give its pages back when ``into`` is reused."""
+        if row.ctypes.data != self.buffers[into].ctypes.data:
+            self._views[into] = (cap, learner, row)
+
+    def _forget(self, into: int) -> None:
+        """Give back the pages of the view that stood for buffer ``into``, if any: they
+        stay in the page cache, but the process no longer counts them as resident."""
+        seen = self._views.pop(into, None)
+        if seen is not None:
+            cap, learner, view = seen
+            cap.forget_view(learner, view)
+
+    def _drop(self, ahead: tuple) -> None:
+        """Let a read-ahead land and drop it (giving back its pages if it is a view)."""
+        (_, _, learner, *_), future, into, cap = ahead
+        wait([future])
+        if future.exception() is None:  # a failed read ahead is not this walk's error
+            self._note_view(into, cap, learner, future.result())
+            self._forget(into)
 
     def _drop_ahead(self) -> None:
         """Wait for a read-ahead to land and forget it."""
         if self._ahead is not None:
-            wait([self._ahead[1]])
+            self._drop(self._ahead)
             self._ahead = None
 
     def release(self) -> None:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
+        for into in list(self._views):
+            self._forget(into)
         self._key = None
-        self.buffers = self.sums = None
+        self.buffers = self.sums = self._spare = None
         if self._reader is not None:
             self._reader.shutdown()
             self._reader = None
@@ -326,22 +402,29 @@ def _require_finite(step: int, learner: int, x: torch.Tensor, finite: bool | tor
         )
 
 
+def _threshold(x: torch.Tensor, k: int, floor: float | None) -> float | None:
+    """A block's candidate threshold: the row's floor (:class:`_RowCandidates`), else
+    one sampled from the block (``prefilter_threshold``; None: no pre-filter)."""
+    return floor if floor is not None else prefilter_threshold(x, k)
+
+
 def _scan_row(
     x: torch.Tensor,
     k: int,
     start: int,
     space: Workspace,
     row: tuple[int, int, bool] | None,
+    floor: float | None = None,
 ) -> _Running:
     """One pass over a learner's block: finiteness, the running sum, and the top-k
-    candidates (|x| >= t for a sampled t as in ``topk_indices``; all of it when the block
-    is short or dense); then the exact top-k of the candidates. ``row``: (step, learner,
-    first learner of the step) of a recorded row, which is checked and added to the
-    running sum; None for the mean. On the CPU one fused loop
+    candidates (|x| >= t for the row's ``floor``, else a sampled t as in
+    ``topk_indices``; all of it when the block is short or dense); then the exact top-k
+    of the candidates. ``row``: (step, learner, first learner of the step) of a recorded
+    row, which is checked and added to the running sum; None for the mean. On the CPU one fused loop
     (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk by chunk."""
     d = x.numel()
     k = min(k, d)
-    threshold = prefilter_threshold(x, k)
+    threshold = _threshold(x, k, floor)
     sums = space.sums if row is not None else None
     if x.device.type == "cpu":
         found = scan_row(
@@ -354,7 +437,7 @@ def _scan_row(
         )
         if row is not None:
             _require_finite(row[0], row[1], x, found.finite)
-        return _top(x, k, start, threshold, found.indices, found.magnitudes)
+        return _top(x, k, start, threshold, found.indices, found.magnitudes, floor)
     chunk_sums, found = [], []
     for lo in range(0, d, CHUNK):
         chunk = x[lo : lo + CHUNK]
@@ -379,6 +462,7 @@ def _scan_pair(
     start: int,
     space: Workspace,
     mean_of: int | None = None,
+    floors: tuple[float | None, float | None, float | None] = (None, None, None),
 ) -> tuple[list[_Running], tuple[_Running, float] | None]:
     """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
     (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
@@ -390,14 +474,14 @@ def _scan_pair(
     (a, a_row), (b, b_row) = rows
     d = a.numel()
     k = min(k, d)
-    thresholds = prefilter_threshold(a, k), prefilter_threshold(b, k)
+    thresholds = _threshold(a, k, floors[0]), _threshold(b, k, floors[1])
     rooms = space.candidate_room(0, d, k), space.candidate_room(1, d, k)
     total, error = space.sums.total[:d], space.sums.error[:d]
     first = a_row[2]
     mean = None
     if mean_of is not None:
-        threshold = None
-        if prefilters(d, k):  # the mean's sample, from the very operations of the pass
+        threshold = floors[2]
+        if threshold is None and prefilters(d, k):  # the mean's sample, from the pass's ops
             at = sample_positions(d)
             sample = _pair_mean(a[at], b[at], total[at], error[at], first, mean_of).abs()
             threshold = prefilter_threshold(total, k, sample=sample)
@@ -407,12 +491,14 @@ def _scan_pair(
     made = None
     if mean is not None and found.mean is not None:
         indices, magnitudes, squares = found.mean
-        made = _top(total, k, start, mean.threshold, indices, magnitudes), squares
+        made = _top(total, k, start, mean.threshold, indices, magnitudes, floors[2]), squares
     tops = []
     rows_found = (found.a, found.b)
-    for x, row, threshold, one in zip((a, b), (a_row, b_row), thresholds, rows_found, strict=True):
+    for x, row, threshold, one, floor in zip(
+        (a, b), (a_row, b_row), thresholds, rows_found, floors[:2], strict=True
+    ):
         _require_finite(row[0], row[1], x, one.finite)
-        tops.append(_top(x, k, start, threshold, one.indices, one.magnitudes))
+        tops.append(_top(x, k, start, threshold, one.indices, one.magnitudes, floor))
     return tops, made
 
 
@@ -441,21 +527,26 @@ def _top(
     threshold: float | None,
     indices: np.ndarray,
     magnitudes: np.ndarray,
+    floor: float | None = None,
 ) -> _Running:
     """The exact top-k of a CPU block from the candidates its scan found at ``threshold``
     (None: it found none, the top-k is taken from all of the block): as
     :func:`~gradstat.stats.topk_sets.top_of_candidates`, from the magnitudes the scan
-    kept (no gathers from the block)."""
-    if threshold is None or indices.size < k:  # none, or too few: from all of the block
+    kept (no gathers from the block). At the row's ``floor`` (:class:`_RowCandidates`)
+    fewer than k candidates are every value of the block that can still count; at a
+    sampled threshold they mean the sample misled."""
+    if threshold is None or (indices.size < k and threshold != floor):  # from all of it
         idx = top_of_candidates(x, k, None)
         return _Running(x[idx].abs(), idx + start)
-    magnitudes = torch.from_numpy(magnitudes)
+    magnitudes, indices = torch.from_numpy(magnitudes), torch.from_numpy(indices)
+    if indices.numel() <= k:  # at the row's floor: every candidate
+        return _Running(magnitudes.clone(), indices + start)
     keep = torch.topk(magnitudes, k, sorted=False).indices
-    return _Running(magnitudes[keep], torch.from_numpy(indices)[keep] + start)
+    return _Running(magnitudes[keep], indices[keep] + start)
 
 
 def _mean_top(
-    k: int, start: int, n: int, mean: torch.Tensor, space: Workspace
+    k: int, start: int, n: int, mean: torch.Tensor, space: Workspace, floor: float | None = None
 ) -> tuple[_Running, float]:
     """The mean of the step's ``n`` rows in this block, from the running sum, into
     ``mean`` (on the CPU); its top-k as :func:`_scan_row`'s; and its sum of squares
@@ -464,14 +555,14 @@ def _mean_top(
     d = mean.numel()
     k = min(k, d)
     total, error = space.sums.total[:d], space.sums.error[:d]
-    threshold = None
-    if prefilters(d, k):
+    threshold = floor
+    if threshold is None and prefilters(d, k):
         at = sample_positions(d)
         threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
     indices, magnitudes, squares = mean_row(
         total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(0, d, k)
     )
-    return _top(mean, k, start, threshold, indices, magnitudes), squares
+    return _top(mean, k, start, threshold, indices, magnitudes, floor), squares
 
 
 def stream_step_sets(
@@ -499,7 +590,7 @@ def stream_step_sets(
     block = min(block, d)
     space = workspace or _process_workspace
     space.ensure(block, device, with_mean)
-    running: list[_Running | None] = [None] * (n + 1)
+    running = [_RowCandidates(kmax) for _ in range(n + 1)]
     total = torch.zeros((), dtype=torch.float64, device=device)
     blocks = list(column_blocks(d, block))
     for b, (start, stop) in enumerate(blocks):
@@ -515,36 +606,39 @@ def stream_step_sets(
             x = torch.from_numpy(view).to(device)
             row = (step, learner, i == 0)
             if not space.pairs:
-                candidates.append(_scan_row(x, kmax, start, space, row))
+                candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
             elif held is None:
                 held = (x, row)
             else:
                 mean_of = n if with_mean and i == n - 1 else None
-                tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of)
+                floors = (running[i - 1].floor, running[i].floor, running[n].floor)
+                tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
                 candidates.extend(tops)
                 held = None
         if held is not None:
-            candidates.append(_scan_row(held[0], kmax, start, space, held[1]))
+            floor = running[n - 1].floor
+            candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
         if with_mean:  # the mean goes where the last row was (no longer needed)
             if made is not None:  # in the sum's row
                 mean = space.sums.total[: stop - start]
                 top, squares = made
                 total += squares
-            elif device.type == "cpu":
-                mean = x
-                top, squares = _mean_top(kmax, start, n, mean, space)
+            elif device.type == "cpu":  # where the last row was, unless it is the file's
+                own = x.data_ptr() in (b.ctypes.data for b in space.buffers)
+                mean = x if own else torch.from_numpy(space.spare()[: stop - start])
+                top, squares = _mean_top(kmax, start, n, mean, space, running[n].floor)
                 total += squares
             else:
                 mean = space.sums.mean(n, out=x)
                 for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
                     total += chunk.square().sum().double()
-                top = _scan_row(mean, kmax, start, space, None)
+                top = _scan_row(mean, kmax, start, space, None, running[n].floor)
             candidates.append(top)
             for c in candidates:
                 c.mean_values = mean[c.indices - start].double()
         for i, c in enumerate(candidates):
-            running[i] = c if running[i] is None else running[i].merge(c, kmax)
-    rows = running[: n + 1 if with_mean else n]
+            running[i].add(c)
+    rows = [r.joined() for r in running[: n + 1 if with_mean else n]]
     out = []
     for k in ks:
         tops = [r.top(k) for r in rows]

@@ -2,8 +2,10 @@
 
 A capture stores ``rows x learners x numel`` values (recorded steps, recorded learners,
 recorded parameters), each ``bytes_per_value`` bytes, plus HDF5 metadata. Measured with
-h5py 3.16 / HDF5 2.0: about 24 KiB per file and, per row, under 1 KiB for the step, the
-loss and one chunk-index entry per <= 1 MiB chunk; the constants below round those up.
+h5py 3.16 / HDF5 2.0: about 88 KiB per file (24 KiB of headers, and the space the writer
+sets aside for metadata in blocks of ``META_BLOCK_BYTES``, 1-1000 rows) and, per row,
+under 1 KiB for the step, the loss and one chunk-index entry per <= 1 MiB chunk; the
+constants below round those up.
 Compression only shrinks files, so with it the estimate is an upper bound.
 """
 
@@ -17,9 +19,11 @@ from pathlib import Path
 from gradstat.errors import UsageError
 from gradstat.store.dtypes import bytes_per_value
 from gradstat.store.schema import MAX_CHUNK_BYTES
+from gradstat.store.writer import META_BLOCK_BYTES
 
-#: HDF5 metadata per file (superblock, object headers, attributes): measured ~24 KiB.
-FILE_OVERHEAD_BYTES = 64 << 10
+#: HDF5 metadata per file (superblock, object headers, attributes: measured ~24 KiB) and
+#: the metadata block the writer sets aside (measured ~88 KiB in all).
+FILE_OVERHEAD_BYTES = (64 << 10) + META_BLOCK_BYTES
 #: Per row: step (8 B), loss (8 B) and their chunk indexes, rounded up.
 ROW_OVERHEAD_BYTES = 64
 #: Per chunk of a row: one chunk-index entry, rounded up.

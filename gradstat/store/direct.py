@@ -15,10 +15,20 @@ A whole row is read in pieces of ``PIECE_BYTES`` while a helper thread computes 
 CRC-32C of the pieces already read (``crc32c`` leaves the GIL), so the check costs
 little beyond the read: 8M values, page cache, 2 cores: read + check one after the
 other 8.3 ms, overlapped 6.7 ms, the read alone 6.1 ms.
+
+A run of chunks can also be seen in place (:meth:`DirectRows.view`): a view of the
+file mapped copy-on-write (so nothing can write to the file), its CRC-32C computed on
+the way. No copy at all: the checksum brings the bytes into the CPU's cache and a
+caller that scans a cache-sized block at once reads them from there (8M values, page
+cache, one thread: a checked view of each 2 MiB block 0.35x the time of a checked
+read of the row into a buffer). Pages the caller is done with are given back
+(:meth:`DirectRows.forget`), so the mapping does not count the file into the
+process's resident memory.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +77,8 @@ class DirectRows:
         self._fd: int | None = (
             os.open(path, os.O_RDONLY) if self._owned else dataset.file.id.get_vfd_handle()
         )
+        self._mapping: mmap.mmap | None = None  # the file, mapped when first viewed
+        self._map = np.empty(0, np.uint8)  # its bytes
 
     @classmethod
     def usable(cls, path: Path, dataset: h5py.Dataset) -> DirectRows | None:
@@ -116,6 +128,51 @@ class DirectRows:
                 last.result()
         return crc[0]
 
+    def view(
+        self, row: int, start: int, stop: int, crc_from: int | None = None
+    ) -> tuple[np.ndarray, int | None] | None:
+        """Columns ``[start, stop)`` of ``row`` seen in place in the mapped file, and with
+        ``crc_from`` their CRC-32C continued from it; None where they are not one run of
+        chunks in the file (then :meth:`read` them). The view is writable, copy-on-write:
+        the file never changes."""
+        if self._fd is None or stop <= start:
+            return None
+        runs = self._runs(row, start, stop)
+        if runs is None or len(runs) != 1:
+            return None
+        offset, end = runs[0][0], runs[0][0] + (stop - start) * self.dtype.itemsize
+        mapped = self._mapped(end)
+        if mapped is None:
+            return None
+        view = mapped[offset:end].view(self.dtype)
+        return view, None if crc_from is None else crc32c(view, crc_from)
+
+    def forget(self, view: np.ndarray) -> None:
+        """Give back the pages of a :meth:`view` (they stay in the page cache): the
+        process no longer counts them as resident. The view stays usable (a later read
+        maps the pages again)."""
+        if self._mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        base = self._map.ctypes.data
+        first = view.ctypes.data - base
+        if not 0 <= first < self._map.size:
+            return
+        page = mmap.PAGESIZE
+        start = first // page * page
+        length = min(self._map.size, first + view.nbytes) - start
+        self._mapping.madvise(mmap.MADV_DONTNEED, start, length)
+
+    def _mapped(self, end: int) -> np.ndarray | None:
+        """The file's bytes, mapped (again, if it grew) to reach byte ``end``; None if
+        the file is shorter (truncated: the copying read reports it)."""
+        if self._map.size < end:
+            size = os.fstat(self._fd).st_size
+            if size < end:
+                return None
+            self._mapping = mmap.mmap(self._fd, size, access=mmap.ACCESS_COPY)
+            self._map = np.frombuffer(self._mapping, np.uint8)
+        return self._map
+
     def _runs(self, row: int, start: int, stop: int) -> list[tuple[int, int, int]] | None:
         """(file offset, first column, end column) of each run of adjacent chunks
         holding columns ``[start, stop)`` of ``row``; None if a chunk is not on disk."""
@@ -142,6 +199,7 @@ class DirectRows:
         if self._fd is not None and self._owned:
             os.close(self._fd)
         self._fd = None
+        self._mapping, self._map = None, np.empty(0, np.uint8)  # unmapped with its last view
 
 
 def _advance(crc: list[int], piece: memoryview) -> None:

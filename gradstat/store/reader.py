@@ -431,6 +431,38 @@ class Capture:
                 self._checked_up_to(position, row, int(step), stop, stored, crc)
         return out
 
+    def row_view(self, step: int, learner: int, columns: slice) -> np.ndarray | None:
+        """:meth:`read_row` of ``columns`` without the copy: a view of the bytes in the
+        page cache (the rank file mapped copy-on-write), checked the same way (its
+        CRC-32C, running on from block to block); None where the row must be read into
+        a buffer instead (a capture stored in another type than float32, compressed, or
+        whose chunks of these columns are not one run in the file). Give the view back
+        with :meth:`forget_view` once done with it."""
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        (learner,) = self._learner_list([learner])
+        start, stop, _ = columns.indices(self.numel)
+        position = self._position[learner]
+        _, direct = self._dataset(position, "grad")
+        if direct is None or self.dtype != "float32" or stop <= start:
+            return None
+        crc_from = self._crc_before(position, row, start)
+        seen = direct.view(row, start, stop, crc_from)
+        if seen is None:
+            return None
+        view, crc = seen
+        if crc is not None:
+            self._checked_up_to(position, row, int(step), stop, view, crc)
+        return view
+
+    def forget_view(self, learner: int, view: np.ndarray) -> None:
+        """Give back the pages of a :meth:`row_view` of ``learner``'s rows: they stay in
+        the page cache but no longer count as this process's resident memory."""
+        kept = self._datasets.get((self._position[learner], "grad"))  # gone once closed
+        if isinstance(kept, DirectRows):
+            kept.forget(view)
+
     def _crc_before(self, position: int, row: int, start: int) -> int | None:
         """The CRC-32C of a row's columns before ``start`` when a read starting there
         can be checked: the row's first columns, or the columns right after the ones

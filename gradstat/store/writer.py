@@ -33,6 +33,13 @@ from gradstat.store.schema import (
 )
 from gradstat.store.verify import CHECKSUM_DATASET, row_checksum
 
+#: HDF5 sets aside file space for metadata (the chunk index, object headers) in blocks
+#: of this size instead of 2 KiB at a time, so that its small allocations do not fall
+#: between the chunks of a row: each row then lies in one run of the file, which the
+#: readers can see in place (:meth:`gradstat.store.direct.DirectRows.view`). 64 KiB kept
+#: every row of a 12-row 8M-value file in one run (2 KiB: 2 of 12 split); 0.02% larger.
+META_BLOCK_BYTES = 1 << 16
+
 
 class RankFileWriter:
     """Appends one learner's gradient rows to ``rank-NNNNN.h5`` (SWMR, flushed per row).
@@ -63,7 +70,7 @@ class RankFileWriter:
         self.numel = numel
         self.dtype = dtype
         self.rows = 0
-        self._file = h5py.File(self.path, "w", libver="latest")
+        self._file = h5py.File(self.path, "w", libver="latest", meta_block_size=META_BLOCK_BYTES)
         # equal chunks of at most MAX_CHUNK_BYTES: HDF5 stores an edge chunk at full size
         chunks_per_row = -(-numel * np_dtype.itemsize // MAX_CHUNK_BYTES)
         chunk_cols = -(-numel // chunks_per_row)
