@@ -320,8 +320,9 @@ def fit_unit(
     compute: Compute,
     steps: Sequence[int],
 ) -> list[dict]:
-    """Records of ``steps``, one learner's row in memory at a time (read into one buffer,
-    then moved to the compute device; its magnitudes in a second: this process's
+    """Records of ``steps``, one learner's row in memory at a time (seen in place in the
+    page cache, :meth:`Capture.row_view`, or read into one buffer; then moved to the
+    compute device; its magnitudes in a second buffer: this process's
     :class:`_RowBuffers`)."""
     fitter = _Fitter(params)
     scopes = selection.scopes(cap)
@@ -330,9 +331,13 @@ def fit_unit(
     rows: list[dict] = []
     for step in steps:
         for learner in selection.learners:
-            row = torch.from_numpy(cap.read_row(step, learner, out=buffer)).to(device)
+            seen = cap.row_view(step, learner, slice(0, cap.numel))
+            values = seen if seen is not None else cap.read_row(step, learner, out=buffer)
+            row = torch.from_numpy(values).to(device)
             for scope in scopes:
                 rows.extend(fitter.one(step, learner, scope, scope.take(row), magnitudes))
+            if seen is not None:
+                cap.forget_view(learner, seen)
     return rows
 
 
