@@ -624,7 +624,7 @@ def stream_step_sets(
                 top, squares = made
                 total += squares
             elif device.type == "cpu":  # where the last row was, unless it is the file's
-                own = x.data_ptr() in (b.ctypes.data for b in space.buffers)
+                own = x.data_ptr() in (buffer.ctypes.data for buffer in space.buffers)
                 mean = x if own else torch.from_numpy(space.spare()[: stop - start])
                 top, squares = _mean_top(kmax, start, n, mean, space, running[n].floor)
                 total += squares
