@@ -86,6 +86,8 @@ class _RowCandidates:
         self.floor: float | None = None
 
     def add(self, part: _Running) -> None:
+        """Keep a block's candidates; cut to the top k, raising the floor, once twice k
+        have gathered."""
         self.parts.append(part)
         self.count += part.indices.numel()
         if self.count >= 2 * self.k:

@@ -18,10 +18,10 @@ other 8.3 ms, overlapped 6.7 ms, the read alone 6.1 ms.
 
 A run of chunks can also be seen in place (:meth:`DirectRows.view`): a view of the
 file mapped copy-on-write (so nothing can write to the file), its CRC-32C computed on
-the way. No copy at all: the checksum brings the bytes into the CPU's cache and a
-caller that scans a cache-sized block at once reads them from there (8M values, page
-cache, one thread: a checked view of each 2 MiB block 0.35x the time of a checked
-read of the row into a buffer). Pages the caller is done with are given back
+the way. No copy at all: the check reads the bytes once where they lie (8M values, page
+cache, one thread: a checked view 0.35x the time of a checked read of the row into a
+buffer), and a caller's pass over a block small enough to stay in the CPU's cache
+reads them from there. Pages the caller is done with are given back
 (:meth:`DirectRows.forget`), so the mapping does not count the file into the
 process's resident memory.
 """
