@@ -227,6 +227,8 @@ def test_views_equal_reads_and_are_checked(tmp_path):
                 for start, stop in blocks:
                     view = cap.row_view(step, learner, slice(start, stop))
                     assert np.array_equal(view, grads[learner, step, start:stop])
+        with pytest.raises(ValueError, match="contiguous"):  # as read_row: no strided views
+            cap.row_view(0, 0, slice(0, NUMEL, 2))
         with pytest.raises(DataError, match=r"rank-00002.h5 \(learner 2\): step 1 is damaged"):
             cap.row_view(1, 2, slice(0, NUMEL))
         for start, stop in blocks[:-1]:

@@ -422,8 +422,9 @@ def _scan_row(
     candidates (|x| >= t for the row's ``floor``, else a sampled t as in
     ``topk_indices``; all of it when the block is short or dense); then the exact top-k
     of the candidates. ``row``: (step, learner, first learner of the step) of a recorded
-    row, which is checked and added to the running sum; None for the mean. On the CPU one fused loop
-    (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk by chunk."""
+    row, which is checked and added to the running sum; None for the mean. On the CPU one
+    fused loop (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk
+    by chunk."""
     d = x.numel()
     k = min(k, d)
     threshold = _threshold(x, k, floor)

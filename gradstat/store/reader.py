@@ -408,20 +408,13 @@ class Capture:
         into it directly, no temporary), else a new one. Analyses reuse one ``out`` per
         row so that a step never holds more than the rows it needs.
         """
-        row = self._row_of.get(int(step))
-        if row is None:
-            raise UsageError(f"step {step} is not a committed step of this capture")
-        (learner,) = self._learner_list([learner])
-        start, stop, stride = (columns or slice(None)).indices(self.numel)
-        if stride != 1:
-            raise ValueError("columns must be a contiguous slice")
+        row, position, start, stop = self._locate(step, learner, columns)
         width = max(0, stop - start)
         if out is None:
             out = np.empty(width, dtype=np.float32)
         elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous float32 array of {width} values")
         if width:
-            position = self._position[learner]
             dataset, direct = self._dataset(position, "grad")
             crc_from = self._crc_before(position, row, start)
             stored, crc = read_row(
@@ -438,12 +431,7 @@ class Capture:
         a buffer instead (a capture stored in another type than float32, compressed, or
         whose chunks of these columns are not one run in the file). Give the view back
         with :meth:`forget_view` once done with it."""
-        row = self._row_of.get(int(step))
-        if row is None:
-            raise UsageError(f"step {step} is not a committed step of this capture")
-        (learner,) = self._learner_list([learner])
-        start, stop, _ = columns.indices(self.numel)
-        position = self._position[learner]
+        row, position, start, stop = self._locate(step, learner, columns)
         _, direct = self._dataset(position, "grad")
         if direct is None or self.dtype != "float32" or stop <= start:
             return None
@@ -455,6 +443,18 @@ class Capture:
         if crc is not None:
             self._checked_up_to(position, row, int(step), stop, view, crc)
         return view
+
+    def _locate(self, step: int, learner: int, columns: slice | None) -> tuple[int, int, int, int]:
+        """(row in the rank file, the file's position, first column, end column) of a
+        step's row, checked: a committed step, a recorded learner, contiguous columns."""
+        row = self._row_of.get(int(step))
+        if row is None:
+            raise UsageError(f"step {step} is not a committed step of this capture")
+        (learner,) = self._learner_list([learner])
+        start, stop, stride = (columns or slice(None)).indices(self.numel)
+        if stride != 1:
+            raise ValueError("columns must be a contiguous slice")
+        return row, self._position[learner], start, stop
 
     def forget_view(self, learner: int, view: np.ndarray) -> None:
         """Give back the pages of a :meth:`row_view` of ``learner``'s rows: they stay in
