@@ -149,6 +149,23 @@ def test_replay_layers_scope_skips_what_cannot_run(capsys, synthetic_capture):
     assert "skipped 2" in result.stderr
 
 
+def test_the_default_compressors_skip_what_cannot_run_a_named_one_fails(capsys, tmp_path):
+    """A model of vectors only: the default set skips PowerSGD with one warning and
+    replays the rest; asked for by name, PowerSGD fails with one clean error."""
+    rng = np.random.default_rng(3)
+    grads = rng.laplace(size=(2, 3, 4000)).astype(np.float32)
+    layers = layer_table([("a.bias", (1000,)), ("b.bias", (3000,))])
+    path = write_capture(tmp_path / "vectors", grads, layers)
+    result = run_cli(capsys, "replay", path, "--json", "--ratios", "0.01")
+    assert result.code == 0, result.stderr
+    records = pd.DataFrame(json.loads(result.stdout)["records"])
+    assert set(records["compressor"]) == {"topk", "dgc", "sidco-gpd", "clt-k"}
+    assert "skipped 1" in result.stderr and "powersgd" in result.stderr
+    named = run_cli(capsys, "replay", path, "--compressors", "topk,powersgd")
+    assert_clean_error(named, code=2)
+    assert "powersgd at rank 4 compresses no parameter" in named.stderr
+
+
 def test_gaps_warn(capsys, tmp_path):
     layers = layer_table([("w", (10, 10))])
     grads = np.random.default_rng(0).normal(size=(2, 4, 100)).astype(np.float32)

@@ -129,8 +129,11 @@ class ReplayParams:
     """The replay's parameters: ``compressors`` (``"topk,dgc"`` or specs), ``ratios``,
     the ``link`` of the cost model, ``cost_learners`` (cluster size for the cost model;
     None: the replayed learners), ``seed``, ``skip_unfit`` (skip, with one warning,
-    a compressor or ratio that cannot run on a scope instead of failing) and ``threads``,
-    the torch threads compression runs and is timed on (``compress_seconds``)."""
+    a compressor or ratio that cannot run on a scope instead of failing), ``optional``
+    (names of compressors skipped that way even without ``skip_unfit``: the command
+    line's default set, whose PowerSGD has nothing to compress in a model of vectors)
+    and ``threads``, the torch threads compression runs and is timed on
+    (``compress_seconds``)."""
 
     compressors: tuple[CompressorSpec, ...]
     ratios: tuple[float, ...]
@@ -138,6 +141,7 @@ class ReplayParams:
     cost_learners: int | None = None
     seed: int = 0
     skip_unfit: bool = False
+    optional: tuple[str, ...] = ()
     threads: int = 1
 
     def __post_init__(self) -> None:
@@ -202,7 +206,7 @@ class Replay:
                             spec, ratio, k, numel=sc.numel, shapes=shapes, seed=params.seed
                         )
                     except UsageError as exc:
-                        if not skip:
+                        if not skip and spec.name not in params.optional:
                             raise
                         skipped.append(f"{sc.name}: {exc}")
                         continue

@@ -159,7 +159,10 @@ def replay_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    params = ReplayParams(specs, ratios, link, seed=seed, threads=threads)
+    # the default set skips PowerSGD, with a warning, where the model has no matrix for
+    # it; asked for by name, a compressor that cannot run fails
+    optional = ("powersgd",) if compressors == REPLAYED else ()
+    params = ReplayParams(specs, ratios, link, seed=seed, optional=optional, threads=threads)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
