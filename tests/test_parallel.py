@@ -165,3 +165,58 @@ def test_analysis_processes_ask_numpy_for_no_huge_pages():
         assert switch(True) is False  # what tune_allocators left
     finally:
         switch(before)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_replay_progress_moves_with_each_step_of_a_unit(tmp_path, monkeypatch, jobs):
+    """A replay unit is every step of its compressors: the progress display is told of
+    each step as it is done (in this process or from a worker), and the parts add up to
+    its length; the records are those of a run without a display."""
+    from gradstat.analysis import replay as replay_module
+    from gradstat.analysis.replay import Replay, ReplayParams, replay_unit
+    from gradstat.analysis.selection import Selection
+    from gradstat.parallel.pool import run_pool
+
+    steps = 5
+    grads = np.random.default_rng(1).laplace(size=(2, steps, 300)).astype(np.float32)
+    cap = open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (300,))])))
+    params = ReplayParams("topk,dgc", [0.1], Link(1.25e9, 5e-6))
+    streamed = replay_module.replay_streamed
+    replayed: list[int] = []  # steps replayed so far in this process
+
+    def counted(*args, **kwargs):
+        for item in streamed(*args, **kwargs):
+            replayed.append(item[0])
+            yield item
+
+    monkeypatch.setattr(replay_module, "replay_streamed", counted)
+    events: list[str] = []
+
+    def progress(items):
+        events.append(f"{len(items)} units")  # a display that moves once a unit (tqdm)
+        items.on_tick = lambda: events.append(f"step ({len(replayed)} replayed here)")
+        length = len(items)  # now counting steps
+        for item in items:
+            events.append("unit")
+            yield item
+        events.append(f"of {length}")
+
+    run = Replay(cap, Selection.of(cap), params, compute=Compute(jobs=jobs))
+    records = run.run(progress)
+    units = 2 if jobs == 2 else 1
+    assert events[0] == f"{units} units" and events[-1] == f"of {units * steps}"
+    assert len(events) == units * steps + 2 and events.count("unit") == units
+    if jobs == 1:  # told of each step as it was replayed, not when the unit was done
+        assert events[1:steps] == [f"step ({i} replayed here)" for i in range(1, steps)]
+    else:  # the workers' tick lines: one a step of each unit
+        compute = Compute(jobs=1)
+        task = Task(replay_unit, str(cap.path), Selection.of(cap), params, compute).to_message()
+        ticks: list[int] = []
+        units_sent = [codec.to_typed((0,)), codec.to_typed((1,))]
+        for _ in run_pool(task, units_sent, 2, 1, on_tick=ticks.append):
+            pass
+        assert sorted(ticks) == [0] * steps + [1] * steps
+    quiet = Replay(cap, Selection.of(cap), params, compute=Compute(jobs=1)).run()
+    pd.testing.assert_frame_equal(
+        records.drop(columns="compress_seconds"), quiet.drop(columns="compress_seconds")
+    )

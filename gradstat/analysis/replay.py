@@ -42,6 +42,7 @@ from gradstat.compressors.registry import (
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import planned_workers, run_units
 from gradstat.parallel.threads import torch_threads
+from gradstat.parallel.units import unit_progress
 from gradstat.stats.row_kernels import error_sums
 from gradstat.store import Capture, Layer, Scope
 
@@ -229,7 +230,8 @@ class Replay:
         torchrun ranks; schemes dealt round-robin), each group replayed over every step,
         so one process reads each step once."""
         check_gaps([int(s) for s in self.capture.steps], self.steps)
-        work = Work(replay_unit, str(self.capture.path), self.selection, self.params)
+        steps = len(self.steps)
+        work = Work(replay_unit, str(self.capture.path), self.selection, self.params, parts=steps)
         workers = planned_workers(self.capture, self.selection, self.compute.jobs)
         groups = min(len(self.schemes), workers)
         units = [tuple(range(g, len(self.schemes), groups)) for g in range(groups)]
@@ -254,6 +256,7 @@ class Replay:
                 for i, (sc, scheme), result in zip(indices, chosen, results, strict=True):
                     record = self._record(step, sc.name, scheme, result, n)
                     records.append({**record, "scheme": i})
+                unit_progress()  # one more step of this unit
         return records
 
     def _record(self, step: int, scope: str, scheme: Scheme, result: SchemeStep, n: int) -> dict:

@@ -29,10 +29,13 @@ class Work:
     """One analysis's unit function and its context (module docstring). ``cost``: its
     compute per byte of gradients read, in passes over them (1: about one pass, as the
     top-k set analyses); the runner starts worker processes only where the selected
-    bytes times ``cost`` pay for their start."""
+    bytes times ``cost`` pay for their start. ``parts``: how many parts of its work a unit
+    reports done (:func:`~gradstat.parallel.units.unit_progress`), so that progress moves
+    within a long unit (a replay unit: its steps)."""
 
     function: UnitFunction
     capture: str
     selection: Selection
     params: Any
     cost: float = 1.0
+    parts: int = 1

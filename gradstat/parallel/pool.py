@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from gradstat.errors import GradstatError
@@ -91,10 +91,15 @@ class _Worker:
 
 
 def run_pool(
-    task: dict, units: Sequence[Any], jobs: int, threads: int = 1
+    task: dict,
+    units: Sequence[Any],
+    jobs: int,
+    threads: int = 1,
+    on_tick: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, dict]]:
     """Yield ``(index, outcome)`` of every unit (typed JSON) as ``jobs`` workers running
-    ``task`` (a task message) finish them, in any order."""
+    ``task`` (a task message) finish them, in any order. ``on_tick(index)``: a unit
+    reported a part of its work done (a worker's tick line)."""
     header = encode({"task": task, "threads": threads})
     workers: list[_Worker] = []
     selector = selectors.DefaultSelector()
@@ -113,6 +118,10 @@ def run_pool(
                 worker = key.data
                 for line in worker.answers():
                     answer = decode(line)
+                    if answer.get("tick"):
+                        if on_tick is not None:
+                            on_tick(answer["index"])
+                        continue
                     worker.pending -= 1
                     remaining -= 1
                     _feed(worker)

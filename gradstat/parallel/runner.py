@@ -20,7 +20,8 @@ rank gets its part.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from gradstat.analysis.progress import Progress, no_progress
@@ -73,11 +74,17 @@ def run_units(
     ``params`` (``gradstat.analysis.units.Work``); each unit's records are
     ``work.function(cap, selection, params, compute, unit)``. ``compute.jobs`` worker
     processes per rank (None: :func:`requested_jobs`). ``progress`` wraps the completions
-    of this process's units.
+    of this process's units: ``work.parts`` a unit, each part reported by the unit
+    (:func:`~gradstat.parallel.units.unit_progress`) or, the rest, when it completes.
     """
     jobs = requested_jobs(cap, work.selection, getattr(compute, "jobs", None), work.cost)
     task = Task(work.function, str(work.capture), work.selection, work.params, compute, cap)
-    request = {"task": task.to_message(), "units": to_typed(list(units)), "jobs": jobs}
+    request = {
+        "task": task.to_message(),
+        "units": to_typed(list(units)),
+        "jobs": jobs,
+        "parts": getattr(work, "parts", 1),
+    }
     if distributed.active():
         outcomes = distributed.exchange(request, lambda r: compute_share(r, progress, task))
     else:
@@ -97,22 +104,31 @@ def compute_share(
     if task is None:
         task = Task.from_message(request["task"])
     try:
-        runs = _run(task, request["task"], units, mine, jobs, keep_exception=not own)
-        return dict(progress(_Completions(len(mine), runs)))
+        completions = _Completions(len(mine), request.get("parts", 1))
+        runs = _run(task, request["task"], units, mine, jobs, completions, keep_exception=not own)
+        return {index: outcome for index, outcome in progress(completions.of(runs))}
     finally:
         if own:
             task.close()
 
 
 def _run(
-    task: Task, message: dict, units: list, mine: list[int], jobs: int, *, keep_exception: bool
+    task: Task,
+    message: dict,
+    units: list,
+    mine: list[int],
+    jobs: int,
+    completions: _Completions,
+    *,
+    keep_exception: bool,
 ) -> Iterator[tuple[int, dict]]:
     threads = unit_threads()
     if jobs == 1 or len(mine) <= 1:
         task.compute = _share_compute(task.compute, 1)
         with torch_threads(threads):
             for index in mine:
-                outcome = task.run(units[index], keep_exception=keep_exception)
+                tick = partial(completions.tick, index)
+                outcome = task.run(units[index], keep_exception=keep_exception, tick=tick)
                 yield index, outcome
                 if "error" in outcome:
                     return
@@ -120,7 +136,11 @@ def _run(
     workers = min(jobs, len(mine))
     worker_task = {**message, "compute": to_typed(_share_compute(task.compute, workers))}
     chosen = [to_typed(units[i]) for i in mine]
-    for position, outcome in run_pool(worker_task, chosen, workers, threads):
+
+    def tick(position: int) -> None:
+        completions.tick(mine[position])
+
+    for position, outcome in run_pool(worker_task, chosen, workers, threads, tick):
         yield mine[position], outcome
         if "error" in outcome:
             return
@@ -151,13 +171,35 @@ def _in_order(outcomes: dict[int, dict], count: int) -> Iterator[dict]:
 
 
 class _Completions:
-    """Completed units as they come, with a length for progress bars."""
+    """This process's units as they complete, for progress displays
+    (:mod:`gradstat.analysis.progress`): ``units`` units of ``parts`` parts each. Each
+    completion is an item (of :meth:`of`); a display that sets ``on_tick`` to its own
+    advance is also told of each part before a unit completes, and the length then
+    counts parts instead of units."""
 
-    def __init__(self, total: int, items: Iterator[tuple[int, dict]]) -> None:
-        self.total, self.items = total, items
+    def __init__(self, units: int, parts: int) -> None:
+        self.units, self.parts = units, max(1, int(parts))
+        self.on_tick: Callable[[], None] | None = None
+        self._ticked: dict[int, int] = {}  # parts reported so far, by unit index
 
     def __len__(self) -> int:
-        return self.total
+        return self.units * self.parts if self.on_tick is not None else self.units
+
+    def tick(self, index: int) -> None:
+        """Unit ``index`` reported a part done: one step of the bar, except its last
+        part, which its completion counts."""
+        if self._ticked.get(index, 0) < self.parts - 1:
+            self._ticked[index] = self._ticked.get(index, 0) + 1
+            if self.on_tick is not None:
+                self.on_tick()
+
+    def of(self, runs: Iterator[tuple[int, dict]]) -> _Completions:
+        """These completions, of ``runs`` (the units' outcomes as they finish)."""
+        self._runs = runs
+        return self
 
     def __iter__(self) -> Iterator[tuple[int, dict]]:
-        return self.items
+        for index, outcome in self._runs:
+            while self._ticked.get(index, 0) < self.parts - 1:  # parts it did not report
+                self.tick(index)
+            yield index, outcome

@@ -26,6 +26,16 @@ from gradstat.parallel.codec import from_typed, roundtrip, to_typed
 from gradstat.store import Capture, open_capture
 
 UnitFunction = Callable[[Capture, Any, Any, Any, Any], list[dict]]
+#: What :func:`unit_progress` calls while :meth:`Task.run` runs a unit (None otherwise).
+_tick: Callable[[], None] | None = None
+
+
+def unit_progress() -> None:
+    """Say that the running unit has done one more part of its work (a replay unit: one
+    step), so that a progress bar moves during a long unit; the analysis declares how
+    many parts a unit has (``Work.parts``). Does nothing outside :meth:`Task.run`."""
+    if _tick is not None:
+        _tick()
 
 
 def function_name(function: UnitFunction) -> str:
@@ -77,12 +87,17 @@ class Task:
             from_typed(message["compute"]),
         )
 
-    def run(self, unit: Any, *, keep_exception: bool = False) -> dict:
+    def run(
+        self, unit: Any, *, keep_exception: bool = False, tick: Callable[[], None] | None = None
+    ) -> dict:
         """Run one unit: its records (JSON round-tripped), warnings and error as a dict.
 
         ``keep_exception`` (in-process loops only) keeps the exception object itself
         under ``"exception"``, so it is re-raised with its traceback (``GRADSTAT_DEBUG=1``).
+        ``tick``: called for each part of the unit done (:func:`unit_progress`).
         """
+        global _tick
+        _tick = tick
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -94,6 +109,8 @@ class Task:
                 outcome = {"error": {"type": type(exc).__name__, "message": str(exc)}}
                 if keep_exception:
                     outcome["exception"] = exc
+            finally:
+                _tick = None
         outcome["warnings"] = [[w.category.__name__, str(w.message)] for w in caught]
         return outcome
 

@@ -3,7 +3,9 @@
 Protocol (one JSON document per line, :mod:`gradstat.parallel.codec`): the parent
 writes a header ``{"task": ..., "threads": N}`` (a :class:`~gradstat.parallel.units.Task`
 message), then units ``{"index": i, "unit": ...}``; the worker answers each with
-``{"index": i, ...outcome}`` (``Task.run``) and exits when its input closes. Answers go
+``{"index": i, ...outcome}`` (``Task.run``), after a line ``{"index": i, "tick": true}``
+for each part of the unit done (:func:`~gradstat.parallel.units.unit_progress`), and
+exits when its input closes. Answers go
 to the original stdout, which is kept for them alone: anything else the worker prints
 lands on its stderr. SIGINT is ignored (the parent stops its workers), and the worker
 dies with its parent.
@@ -45,12 +47,18 @@ def main() -> None:
     header = decode(requests.readline())
     torch.set_num_threads(int(header["threads"]))
     task = Task.from_message(header["task"])
+
+    def answer(document: dict) -> None:
+        answers.write(encode(document) + b"\n")
+        answers.flush()
+
     try:
         for line in requests:
             message = decode(line)
-            outcome = task.run(from_typed(message["unit"]))
-            answers.write(encode({"index": message["index"], **outcome}) + b"\n")
-            answers.flush()
+            index = message["index"]
+            tick = {"index": index, "tick": True}
+            outcome = task.run(from_typed(message["unit"]), tick=lambda tick=tick: answer(tick))
+            answer({"index": index, **outcome})
     finally:
         task.close()
 
