@@ -10,7 +10,7 @@ import torch
 
 from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows, RamRows
 from gradstat.analysis.replay import scope_shapes
-from gradstat.analysis.replay_stream import Memories, replay_streamed
+from gradstat.analysis.replay_stream import Memories, SparseRow, replay_streamed
 from gradstat.analysis.selection import k_for
 from gradstat.compressors import REGISTRY, build_scheme, parse_compressors
 from gradstat.compressors.memory import DGCMemory
@@ -41,6 +41,10 @@ def _scheme(cap, name):
     return scope, build_scheme(spec, ratio, k, numel=scope.numel, shapes=shapes, seed=0)
 
 
+def _dense(estimate):
+    return estimate.dense() if isinstance(estimate, SparseRow) else estimate
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_streamed_step_equals_whole_step(capture, name):
     """Row by row, every compressor gives the aggregate, memory norm, union, selections
@@ -60,7 +64,7 @@ def test_streamed_step_equals_whole_step(capture, name):
                 got_step, [result] = next(stream)
                 outcome = result.outcome
                 assert got_step == step
-                assert torch.equal(outcome.estimate, exchange.estimate), (name, scratch)
+                assert torch.equal(_dense(outcome.estimate), exchange.estimate), (name, scratch)
                 assert torch.allclose(result.reference, reference, rtol=1e-6, atol=1e-7)
                 assert outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
                 assert outcome.union == exchange.union
@@ -88,7 +92,7 @@ def test_streamed_topk_of_long_rows_equals_whole_step(tmp_path):
         for step in cap.steps:
             exchange = whole.step(cap.read_step(int(step)))
             _, [result] = next(stream)
-            assert torch.equal(result.outcome.estimate, exchange.estimate)
+            assert torch.equal(_dense(result.outcome.estimate), exchange.estimate)
             assert result.outcome.selected == exchange.selected
             assert result.outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
             assert result.outcome.memory_norm > 0
@@ -188,3 +192,29 @@ def test_ram_rows_close_stops_the_zeroing(monkeypatch):
     assert len(zeroed) < 256
     with pytest.raises(RuntimeError, match="closed"):
         rows.load(255)
+
+
+@pytest.mark.parametrize("density", [0.001, 0.3, 1.0])
+def test_sparse_estimates_error_and_cosine_equal_the_dense_rows(density):
+    """A sparsifier's aggregate kept at its indices gives the relative error and cosine
+    of its dense row (float64 sums over every value), also where its indices cover the
+    whole row and the estimate is the reference itself (error 0, cosine 1)."""
+    from gradstat.analysis.replay import _error_and_cosine
+
+    rng = np.random.default_rng(7)
+    d = 50_000
+    reference = torch.from_numpy(rng.laplace(size=d).astype(np.float32))
+    indices = torch.from_numpy(rng.permutation(d)[: int(density * d)])
+    values = reference[indices] + torch.from_numpy(rng.normal(size=indices.numel()) * 0.1).float()
+    sparse = SparseRow(d, indices, values)
+    dense = sparse.dense()
+    e, r = dense.double().numpy(), reference.double().numpy()
+    expected_rel = float(((e - r) ** 2).sum() / (r**2).sum())
+    expected_cos = float(e @ r / np.sqrt((e @ e) * (r @ r)))
+    rel, cos = _error_and_cosine(sparse, reference)
+    assert rel == pytest.approx(expected_rel, rel=1e-9)
+    assert cos == pytest.approx(expected_cos, rel=1e-12)
+    assert _error_and_cosine(dense, reference) == pytest.approx((rel, cos), rel=1e-9)
+    exact = SparseRow(d, torch.arange(d), reference.clone())
+    rel, cos = _error_and_cosine(exact, reference)
+    assert 0.0 <= rel < 1e-15 and cos == pytest.approx(1.0, abs=1e-12)

@@ -60,12 +60,31 @@ Store = RamRows | ScratchRows
 ReadRow = Callable[[int], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class SparseRow:
+    """A row that is zero outside ``indices`` (distinct), with ``values`` there: the mean
+    of what the learners of a sparsifier sent, kept without a dense row of ``numel``
+    values (a dense aggregate is one more row per compressor, zeroed, added into,
+    divided and read again every step: 128 MB at 32M values)."""
+
+    numel: int
+    indices: torch.Tensor
+    values: torch.Tensor
+
+    def dense(self) -> torch.Tensor:
+        """The row as a dense tensor (the same numbers as a dense aggregate)."""
+        row = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
+        row[self.indices] = self.values
+        return row
+
+
 @dataclass
 class StepOutcome:
     """What one step of all learners produced (the fields of ``Exchange`` a record uses,
-    plus the memory norm after the step)."""
+    plus the memory norm after the step). ``estimate``: the aggregate, dense or, for
+    sparsifiers, a :class:`SparseRow`."""
 
-    estimate: torch.Tensor
+    estimate: torch.Tensor | SparseRow
     transfers: tuple[Transfer, ...]
     selected: list[int]
     memory_norm: float
@@ -211,8 +230,19 @@ class LocalStream(StreamedScheme):
     compressor: LocalCompressor
     total: torch.Tensor | None = None
 
+    @property
+    def sparse_only(self) -> bool:
+        """Every learner's payload goes in sparse (:meth:`_add_sparse`): the aggregate
+        is a :class:`SparseRow`, with no dense sum."""
+        memories = self.memories
+        return self.compressor.sparse and (
+            memories.plain_residual or isinstance(memories.kind, DGCMemory)
+        )
+
     def begin(self, read_row: ReadRow) -> None:
-        if self.total is None:
+        if self.sparse_only:  # no dense sum
+            self.total = None
+        elif self.total is None:
             self.total = torch.zeros(self.d)
         else:  # the sum's row is kept from step to step (a fresh one costs its page faults)
             self.total.zero_()
@@ -221,6 +251,7 @@ class LocalStream(StreamedScheme):
         self.sizes: list[int] = []
         self.selected: list[int] = []
         self.indices: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []  # of the sparse payloads, in learner order
         self.infos: list[dict[str, float]] = []
 
     def learner(self, i: int, g: torch.Tensor) -> None:
@@ -272,13 +303,12 @@ class LocalStream(StreamedScheme):
         self.memories.mask_sent(i, index[values != 0], state)
 
     def _add_sparse(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add a sparse payload's values into the aggregate at its indices, note the
+        """Keep a sparse payload's values for the aggregate (:meth:`finish`), note the
         payload, and return (indices as int64, values)."""
         indices, values = payload.tensors
-        index = indices.long()
-        self.total.index_add_(0, index, values)
+        self.values.append(values)
         self._note(payload)
-        return index, values
+        return indices.long(), values
 
     def _note(self, payload: Payload) -> None:
         """What the cost model and the build-up count need of a learner's payload."""
@@ -289,13 +319,16 @@ class LocalStream(StreamedScheme):
             self.indices.append(payload.tensors[0])
 
     def finish(self) -> StepOutcome:
-        if self.majority:
+        union = multiplicity = None
+        if self.sparse_only:
+            estimate, holders = self._sparse_mean()
+        elif self.majority:
             estimate = torch.sign(self.total) * torch.stack(self.scales).mean()
         else:  # in place: the sum's row is zeroed when the next step begins
             estimate = self.total.div_(self.n)
-        union = multiplicity = None
         if self.indices:
-            _, holders = torch.unique(torch.cat(self.indices), return_counts=True)
+            if not self.sparse_only:
+                _, holders = torch.unique(torch.cat(self.indices), return_counts=True)
             union = int(holders.numel())
             multiplicity = torch.bincount(holders, minlength=self.n + 1)[1:].tolist()
         collective = self.compressor.collective
@@ -312,6 +345,18 @@ class LocalStream(StreamedScheme):
             info=info,
             multiplicity=multiplicity if collective == "allgather" else None,
         )
+
+    def _sparse_mean(self) -> tuple[SparseRow, torch.Tensor]:
+        """The mean of the payloads kept, at the indices any learner sent, and how many
+        learners sent each. Each index's values are added in learner order from 0, then
+        divided by n: bit for bit the dense sum's ``index_add_`` learner by learner and
+        ``div_``."""
+        every = torch.cat([indices.long() for indices in self.indices])
+        indices, position, holders = torch.unique(every, return_inverse=True, return_counts=True)
+        values = torch.cat(self.values)
+        sums = torch.zeros(indices.numel(), dtype=values.dtype)
+        sums.index_add_(0, position, values)
+        return SparseRow(self.d, indices, sums.div_(self.n)), holders
 
 
 class SharedIndexStream(StreamedScheme):
@@ -334,6 +379,13 @@ class SharedIndexStream(StreamedScheme):
         self.values = torch.zeros(k)
 
     def learner(self, i: int, g: torch.Tensor) -> None:
+        if self.memories.plain_residual:  # p = m + g in the memory row; m = p - sent there
+            p = self.memories.m.load(i)
+            p.add_(g)
+            self.values += p[self.indices]
+            p[self.indices] = 0.0  # p - p where sent, p elsewhere: the same bits
+            self.memories.keep(i, p)
+            return
         p, state = self.memories.compensate(i, g)
         values = p[self.indices]
         self.values += values
@@ -343,8 +395,7 @@ class SharedIndexStream(StreamedScheme):
 
     def finish(self) -> StepOutcome:
         k = self.compressor.k
-        estimate = torch.zeros(self.d)
-        estimate[self.indices] = self.values / self.n
+        estimate = SparseRow(self.d, self.indices, self.values / self.n)
         transfers = (Transfer("allreduce", k * 4),)
         if isinstance(self.compressor, CLTK):
             index_bytes = k * torch.empty(0, dtype=index_dtype(self.d)).element_size()
