@@ -354,7 +354,7 @@ class LocalStream(StreamedScheme):
         every = torch.cat([indices.long() for indices in self.indices])
         indices, position, holders = torch.unique(every, return_inverse=True, return_counts=True)
         values = torch.cat(self.values)
-        sums = torch.zeros(indices.numel(), dtype=values.dtype)
+        sums = torch.zeros(indices.numel(), dtype=values.dtype, device=values.device)
         sums.index_add_(0, position, values)
         return SparseRow(self.d, indices, sums.div_(self.n)), holders
 
