@@ -248,6 +248,26 @@ def test_dgc(samples):
     assert again == results[0]
 
 
+def test_dgc_counts_the_non_zeros_only_when_its_candidates_do_not_show_k(monkeypatch):
+    """Enough candidates above a positive threshold are k non-zero values: no pass to
+    count them (a row long enough to be scanned in place, as a replay's are). Fewer (or
+    a zero threshold) still count, and fail as a check up front."""
+    from gradstat.stats import passes
+
+    counted = []
+    count = passes.nonzeros
+    monkeypatch.setattr(passes, "nonzeros", lambda *a, **kw: counted.append(1) or count(*a, **kw))
+    rng = np.random.default_rng(4)
+    values = torch.from_numpy(rng.laplace(size=passes.COMPILED_MIN_NUMEL).astype(np.float32))
+    first = estimate_threshold(values, 0.001, "dgc", generator=torch.Generator().manual_seed(1))
+    assert counted == [] and 0.8 <= first.quality <= 1.3
+    mostly_zero = torch.zeros(passes.COMPILED_MIN_NUMEL)
+    mostly_zero[:150] = torch.arange(1.0, 151.0)  # k = 4194
+    with pytest.raises(UsageError, match="150 non-zero"):
+        estimate_threshold(mostly_zero, 0.001, "dgc", generator=torch.Generator().manual_seed(1))
+    assert counted == [1]
+
+
 def test_dgc_falls_back_to_exact_topk_on_candidates():
     # A sample that hits many ties at the threshold selects > 1.3k: exact top-k follows.
     values = torch.ones(100_000)

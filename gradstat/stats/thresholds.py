@@ -147,8 +147,10 @@ def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
 def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     """DGC: sample 1% of coordinates (at least 2/delta), take the smallest of the top
     ceil(sample * delta) sampled magnitudes; exact top-k on the candidates when more than
-    1.3k are selected, threshold x0.8 and retry when fewer than 0.8k."""
-    check_k(k, settings.shared.nonzeros)
+    1.3k are selected, threshold x0.8 and retry when fewer than 0.8k. Whether k non-zero
+    values exist is asked only when the candidates do not show it (at least k of them at
+    a threshold above 0): a count of the non-zeros is a pass over the row, 7 of the 65 ms
+    of a replayed DGC step of 32M values."""
     flat = values.reshape(-1)
     d = flat.numel()
     density = k / d
@@ -159,8 +161,12 @@ def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     threshold = float(torch.topk(sample, top, sorted=False).values.amin())
     if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
         raise DataError("the values contain NaN or Inf; drop them before estimating")
+    counted = False
     while True:
         candidates = settings.shared.exceed(threshold, inclusive=True)
+        if not counted and not (threshold > 0 and candidates.numel() >= k):
+            check_k(k, settings.shared.nonzeros)  # the errors of a check up front
+            counted = True
         if candidates.numel() > 1.3 * k:
             threshold = float(torch.topk(candidates, k, sorted=False).values.amin())
             return ThresholdResult(threshold, k, k)
