@@ -99,7 +99,9 @@ def test_ctrl_c_is_one_error_line(tmp_path, command):
     """Regression: SIGINT ended replay and report with exit 130 and no message."""
     grads = np.random.default_rng(0).normal(size=(4, 400, 50_000)).astype(np.float32)
     path = write_capture(tmp_path / "big", grads, layer_table([("w", (250, 200))]))
-    argv = [sys.executable, "-m", "gradstat", command, str(path)]
+    # -X faulthandler: a child that does not stop is aborted below, printing every
+    # thread's stack into the failure
+    argv = [sys.executable, "-X", "faulthandler", "-m", "gradstat", command, str(path)]
     if command == "report":
         argv += ["--out", str(tmp_path / "r.html")]
     process = subprocess.Popen(
@@ -115,7 +117,11 @@ def test_ctrl_c_is_one_error_line(tmp_path, command):
     time.sleep(1)
     assert process.poll() is None, process.communicate()
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        pytest.fail(f"{command} did not stop on Ctrl-C:\n{process.communicate()[1]}")
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "Error: interrupted", stderr
     assert "Traceback" not in stderr
