@@ -255,11 +255,11 @@ class LocalStream(StreamedScheme):
         self.infos: list[dict[str, float]] = []
 
     def learner(self, i: int, g: torch.Tensor) -> None:
-        if self.compressor.sparse and self.memories.plain_residual:
-            self._sparse_learner(i, g)
-            return
-        if self.compressor.sparse and isinstance(self.memories.kind, DGCMemory):
-            self._sparse_dgc_learner(i, g)
+        if self.sparse_only:  # the one test of which path a learner takes
+            if self.memories.plain_residual:
+                self._sparse_learner(i, g)
+            else:
+                self._sparse_dgc_learner(i, g)
             return
         p, state = self.memories.compensate(i, g)
         payload = self.compressor.compress(p, i)
@@ -274,9 +274,9 @@ class LocalStream(StreamedScheme):
 
     def _sparse_learner(self, i: int, g: torch.Tensor) -> None:
         """A sparse payload with plain error feedback (beta = 1), without dense copies:
-        ``p = g + m`` is formed in the memory row, the payload's values are added into
-        the aggregate at their indices and subtracted from ``p`` there, leaving
-        ``m = p - sent``. The same numbers as decompressing to a dense ``sent`` (adding
+        ``p = g + m`` is formed in the memory row, the payload's values are kept for the
+        sparse aggregate (:meth:`finish`) and subtracted from ``p`` at their indices,
+        leaving ``m = p - sent``. The same numbers as decompressing to a dense ``sent`` (adding
         or subtracting the zeros elsewhere changes nothing); a replay of top-k on
         4 x 8M values spent half its time on those dense rows. Top-k forms ``p`` and
         finds its candidates and the new memory's norm (``p`` outside the k sent) in one
@@ -295,9 +295,10 @@ class LocalStream(StreamedScheme):
 
     def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
         """A sparse payload with DGC's memories, without dense copies: the compressor
-        selects from ``v``, the payload's values go into the aggregate at their indices
-        and :meth:`Memories.mask_sent` zeroes ``u`` and ``v`` where non-zero values were
-        sent. A dense ``sent``, its mask and two masked fills were half of a DGC step."""
+        selects from ``v``, the payload's values are kept for the sparse aggregate
+        (:meth:`finish`) and :meth:`Memories.mask_sent` zeroes ``u`` and ``v`` where
+        non-zero values were sent. A dense ``sent``, its mask and two masked fills were
+        half of a DGC step."""
         v, state = self.memories.compensate(i, g)
         index, values = self._add_sparse(self.compressor.compress(v, i))
         self.memories.mask_sent(i, index[values != 0], state)

@@ -20,8 +20,7 @@ A run of chunks can also be seen in place (:meth:`DirectRows.view`): a view of t
 file mapped copy-on-write (so nothing can write to the file), its CRC-32C computed on
 the way. No copy at all: the check reads the bytes once where they lie (8M values, page
 cache, one thread: a checked view 0.35x the time of a checked read of the row into a
-buffer), and a caller's pass over a block small enough to stay in the CPU's cache
-reads them from there. Pages the caller is done with are given back
+buffer). Pages the caller is done with are given back
 (:meth:`DirectRows.forget`), so the mapping does not count the file into the
 process's resident memory.
 """
