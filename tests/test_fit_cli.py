@@ -302,3 +302,34 @@ def test_import_gradstat_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_one_cut_of_the_row_serves_every_sidco_variant(synthetic_capture, monkeypatch):
+    # fit takes the SIDCo variants' stage-1 exceedances lowest level first, so that the
+    # row is cut once and the other sets come from that cut: the records must equal a run
+    # without it, which cuts the row for each variant and the top-k candidates
+    from gradstat.analysis import fit as fit_module
+    from gradstat.stats.passes import RowPasses
+
+    path, _ = synthetic_capture
+    cuts: list[int] = []
+    scan = RowPasses._scan
+
+    def counting(self, pool, threshold, inclusive, keep):
+        whole = pool is None or pool.numel() == self.nonzeros
+        cuts.append(int(keep and whole))
+        return scan(self, pool, threshold, inclusive, keep)
+
+    monkeypatch.setattr(RowPasses, "_scan", counting)
+
+    def run() -> pd.DataFrame:
+        cuts.clear()
+        with open_capture(path) as cap:
+            return Fit(cap, steps="0", learners=[0], ratios=(0.1, 0.01)).run()
+
+    shared = run()
+    assert sum(cuts) == 1
+    monkeypatch.setattr(fit_module._Fitter, "_share_first_stages", lambda *args: None)
+    separate = run()
+    assert sum(cuts) > 1
+    pd.testing.assert_frame_equal(shared, separate)

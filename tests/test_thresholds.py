@@ -12,8 +12,15 @@ from scipy import stats
 from gradstat.errors import DataError, UsageError
 from gradstat.stats import passes as passes_module
 from gradstat.stats.density import k_for
-from gradstat.stats.passes import _SCAN_CHUNK, RowPasses, compress, compress_in_place
-from gradstat.stats.sidco import AdaptiveStages, stage_densities
+from gradstat.stats.passes import (
+    _MOVE_MAX_RUNS,
+    _SCAN_CHUNK,
+    RowPasses,
+    compress,
+    compress_in_place,
+    drop_zeros_in_place,
+)
+from gradstat.stats.sidco import AdaptiveStages, first_stage_level, sidco, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
@@ -382,3 +389,56 @@ def test_compress_equals_boolean_indexing(n):
         kept = compress_in_place(owned, keep)
         assert torch.equal(kept, x[keep])
         assert kept.numel() == 0 or kept.data_ptr() == owned.data_ptr()  # no second row
+
+
+def _zero_patterns(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Where a row's zeros are: none, at the ends and across chunk boundaries, in runs
+    (few and too many per chunk to move), dense, everywhere."""
+    chunk = _SCAN_CHUNK
+    runs = np.zeros(n, dtype=bool)
+    for start in range(100, n, chunk // 4):  # 4 runs a chunk, one across each boundary
+        runs[start : start + 700] = True
+    many_runs = np.zeros(n, dtype=bool)
+    many_runs[:: chunk // (2 * _MOVE_MAX_RUNS)] = True  # 2 x the runs a chunk may move
+    edges = np.zeros(n, dtype=bool)
+    edges[[0, chunk - 1, chunk, 2 * chunk - 1, n - 1]] = True
+    return {
+        "none": np.zeros(n, dtype=bool),
+        "edges": edges,
+        "runs": runs,
+        "many runs": many_runs,
+        "dense": rng.random(n) < 0.3,
+        "all": np.ones(n, dtype=bool),
+    }
+
+
+@pytest.mark.parametrize("pattern", ["none", "edges", "runs", "many runs", "dense", "all"])
+def test_drop_zeros_in_place_equals_boolean_indexing(pattern):
+    """The zeros go, the rest stays in order over the row's front (blocks moved or a
+    chunk compacted), and the count is right, however the zeros lie across chunks."""
+    rng = np.random.default_rng(11)
+    n = 3 * _SCAN_CHUNK + 1001
+    values = rng.standard_normal(n).astype(np.float32) + 10.0  # no zero of its own
+    values[_zero_patterns(n, rng)[pattern]] = 0.0
+    expected = torch.from_numpy(values[values != 0])
+    owned = torch.from_numpy(values.copy())
+    kept, zeros = drop_zeros_in_place(owned)
+    assert torch.equal(kept, expected)
+    assert zeros == n - expected.numel()
+    assert kept.numel() == 0 or kept.data_ptr() == owned.data_ptr()  # no second row
+
+
+def test_first_stage_level_is_stage_one_of_every_staged_sidco_run(samples):
+    """fit cuts the row at this level before the SIDCo runs: it must be the stage-1
+    threshold each run of more than one stage takes, for each family and zeros rule."""
+    values = samples["gpd"][:200_000].clone()
+    values[::9] = 0.0
+    for estimator in ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd"):
+        first = ESTIMATORS[estimator].first_stage
+        later = "exp" if first == "exp" else "gpd"
+        for zeros in ("exclude", "include"):
+            passes = RowPasses(values)
+            level = first_stage_level(passes, first, zeros)
+            for stages in (2, 3):
+                run = sidco(values, 100, first=first, later=later, stages=stages, zeros=zeros)
+                assert run.thresholds[0] == level, (estimator, zeros, stages)

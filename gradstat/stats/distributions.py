@@ -48,7 +48,7 @@ from scipy import optimize, special
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats import mle
-from gradstat.stats.passes import compress, compress_in_place
+from gradstat.stats.passes import compress, compress_in_place, drop_zeros_in_place
 
 METHODS: tuple[str, ...] = ("moments", "mle")
 
@@ -106,9 +106,7 @@ def split_values(values: torch.Tensor, out: torch.Tensor | None = None) -> Split
             magnitudes = compress_in_place(magnitudes, finite)
     zeros = 0
     if magnitudes.numel() and not float(magnitudes.amin()) > 0:
-        nonzero = magnitudes != 0
-        zeros = magnitudes.numel() - int(torch.count_nonzero(nonzero))  # no int64 copy
-        magnitudes = compress_in_place(magnitudes, nonzero)
+        magnitudes, zeros = drop_zeros_in_place(magnitudes)
     return SplitValues(flat, magnitudes, zeros, nonfinite)
 
 

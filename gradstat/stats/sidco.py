@@ -217,6 +217,14 @@ def sidco(
     return Stages(eta, selected, densities[:used], tuple(thresholds))
 
 
+def first_stage_level(passes: RowPasses, first: str, zeros: str = "exclude") -> float:
+    """Stage 1's threshold of every run of more than one stage whose target density is
+    under 0.25 (stage 1 then sits at 0.25, whatever the target): the ``first`` family's
+    moments fit, as :func:`sidco` takes it. Its exceedances are what stage 2 fits."""
+    sums = passes.sums(log=first == "gamma")
+    return QUANTILES[first](first_stage_moments(sums, zeros), FIRST_STAGE_DENSITY)
+
+
 def _level(eta: float, floor: float | None) -> float:
     """The level whose exceedances are the last stage's exceedances above ``eta``:
     {|x| > floor} and then > eta is {|x| > max(eta, floor)} (NaN stays NaN)."""

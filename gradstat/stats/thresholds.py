@@ -94,7 +94,7 @@ class Estimator:
     holds the passes over ``values``: :func:`estimate_threshold` makes them); ``dist`` names
     the distribution it fits (None: none); ``staged``: it takes SIDCo's stage count;
     ``inclusive``: it selects ``|x| >= threshold``; ``default``: ``fit`` runs it unless
-    told otherwise.
+    told otherwise; ``first_stage``: a SIDCo variant's stage-1 family (exp, gpd, gamma).
     """
 
     select: Callable[[torch.Tensor, int, Settings], ThresholdResult]
@@ -103,6 +103,7 @@ class Estimator:
     staged: bool = False
     inclusive: bool = False
     default: bool = True
+    first_stage: str | None = None
 
 
 def _sidco(first: str, later: str) -> Callable[[torch.Tensor, int, Settings], ThresholdResult]:
@@ -253,10 +254,18 @@ def _redsync_sidco(values: torch.Tensor, k: int, settings: Settings) -> Threshol
 ESTIMATORS: dict[str, Estimator] = {
     "topk": Estimator(_topk, "exact top-k (torch.topk)", inclusive=True),
     "hard": Estimator(_hard, "fixed threshold |g| >= lambda", inclusive=True, default=False),
-    "sidco-exp": Estimator(_sidco("exp", "exp"), "SIDCo-E: exponential stages", "exp", True),
-    "sidco-gpd": Estimator(_sidco("gpd", "gpd"), "SIDCo-P: GPD stages", "gpd", True),
+    "sidco-exp": Estimator(
+        _sidco("exp", "exp"), "SIDCo-E: exponential stages", "exp", True, first_stage="exp"
+    ),
+    "sidco-gpd": Estimator(
+        _sidco("gpd", "gpd"), "SIDCo-P: GPD stages", "gpd", True, first_stage="gpd"
+    ),
     "sidco-gamma-gpd": Estimator(
-        _sidco("gamma", "gpd"), "SIDCo-GP: gamma, then GPD stages", "gamma+gpd", True
+        _sidco("gamma", "gpd"),
+        "SIDCo-GP: gamma, then GPD stages",
+        "gamma+gpd",
+        True,
+        first_stage="gamma",
     ),
     "dgc": Estimator(_dgc, "DGC: top-k of a 1% sample", inclusive=True),
     "gaussiank": Estimator(_gaussiank, "Gaussian-k: normal quantile, 2 adjustments", "normal"),
