@@ -12,7 +12,12 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   against the read of those rows (time per row);
 * ``replay-topk`` and ``replay-dgc``: a replay of that compressor at ratio 0.001 with
   error feedback over every step and learner (``--analyses`` names others, e.g.
-  ``replay-sidco-gpd``).
+  ``replay-sidco-gpd``);
+* ``touch``: the first touch of learners x numel float32 values (a replay's error-feedback
+  memories) in a fresh process, the other floor a replay cannot go under: on this
+  virtual machine the host hands memory a process frees back to itself within seconds
+  (the balloon's free page reporting), and a fresh process's pages cost host faults,
+  about 1.8 s a GB (docs/large.md). Replay rows also print time / (read + touch).
 
 ``--repeats N`` runs each N times in fresh processes (median time, largest RSS); ``--busy``
 runs each analysis again while another CPU-bound process (a Python busy loop) runs, and
@@ -71,6 +76,14 @@ from gradstat.stats.row_kernels import load as load_row_loops
 
 tune_allocators()  # as the command line does
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if what == "touch":  # a replay's error-feedback memories: first touch in a fresh process
+    with open_capture(path) as cap:
+        size = len(cap.learners) * cap.numel
+    start = time.perf_counter()
+    memories = np.empty(size, dtype=np.float32)
+    memories.fill(0.0)
+    print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": 0}))
+    sys.exit(0)
 if what not in ("read", "read-one", "fit"):  # those never load numba
     load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports
 compute = Compute(device="cpu", jobs=1)
@@ -214,7 +227,8 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     header = (
         f"{'numel':>6} {'n':>3} {'analysis':>12} {'s/step':>8} {'x read':>7} "
-        f"{'peak RSS':>9} {'RSS target':>10}" + (f" {'busy/quiet':>10}" if args.busy else "")
+        f"{'peak RSS':>9} {'RSS target':>10} {'x read+touch':>12}"
+        + (f" {'busy/quiet':>10}" if args.busy else "")
     )
     print(header)
     for size in args.sizes.split(","):
@@ -227,6 +241,7 @@ def main() -> None:
             try:
                 read_all, _ = median_run(folder, "read", args.repeats)
                 read_one, _ = median_run(folder, "read-one", args.repeats)
+                touch, _ = median_run(folder, "touch", args.repeats)
                 k = max(1, round(RATIO * numel))
                 target = 600e6 + 3 * numel * 4 + 16 * learners * k
                 print(
@@ -234,11 +249,13 @@ def main() -> None:
                     f"{raw_vs_h5py(folder, numel):.2f}"
                 )
                 print(f"{size:>6} {learners:>3} {'read':>12} {read_all / args.steps:8.2f}")
+                print(f"{size:>6} {learners:>3} {'touch':>12} {touch:8.2f} (once)")
                 for what in analyses:
                     seconds, peak = median_run(folder, what, args.repeats)
                     floor = read_one if what == "fit" else read_all
                     per_step = seconds / args.steps  # fit: per row of learner 0
                     allowance = target + (learners * numel * 4 if "replay" in what else 0)
+                    with_touch = seconds / (read_all + touch) if "replay" in what else None
                     busy = ""
                     if args.busy:
                         loaded, _ = median_run(folder, what, args.repeats, busy=True)
@@ -246,7 +263,8 @@ def main() -> None:
                     print(
                         f"{size:>6} {learners:>3} {what:>12} {per_step:8.2f} "
                         f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB "
-                        f"{allowance / 1e6:8.0f}MB{busy}",
+                        f"{allowance / 1e6:8.0f}MB "
+                        f"{'' if with_touch is None else f'{with_touch:12.2f}':>12}{busy}",
                         flush=True,
                     )
             finally:
