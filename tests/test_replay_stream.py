@@ -217,4 +217,6 @@ def test_sparse_estimates_error_and_cosine_equal_the_dense_rows(density):
     assert _error_and_cosine(dense, reference) == pytest.approx((rel, cos), rel=1e-9)
     exact = SparseRow(d, torch.arange(d), reference.clone())
     rel, cos = _error_and_cosine(exact, reference)
-    assert 0.0 <= rel < 1e-15 and cos == pytest.approx(1.0, abs=1e-12)
+    # ||r||^2 - sum_U r_i^2: two float64 sums of the same 50,000 terms in different
+    # orders (a compiled loop, a BLAS dot), which differ by a few units of 1e-15 of it
+    assert 0.0 <= rel < 1e-13 and cos == pytest.approx(1.0, abs=1e-12)

@@ -136,8 +136,8 @@ def _sparse_error_sums(estimate: SparseRow, r: torch.Tensor) -> tuple[float, flo
     """(||r||^2, ||e||^2, e . r, ||e - r||^2) for an ``e`` that is zero outside its
     indices U, in float64: ||e - r||^2 = ||r||^2 - sum_U r_i^2 + sum_U (e_i - r_i)^2, one
     pass over ``r`` and the rest at U. The subtraction cancels only where U holds nearly
-    all of ||r||^2: the relative error is then off by about 1e-16 at most (and kept from
-    going below 0)."""
+    all of ||r||^2: the relative error is then off by the rounding of two float64 sums
+    of the same squares in different orders, a few 1e-15 (and kept from going below 0)."""
     if r.device.type == "cpu" and r.dtype == torch.float32:
         ref_sq = squared_norm(np.ascontiguousarray(r.numpy()))
     else:
