@@ -94,6 +94,30 @@ def _has_open(pid, name):
         return False
 
 
+def test_a_ctrl_c_lost_in_a_callback_is_raised_again(monkeypatch):
+    """Regression: SIGINT that lands in a weakref callback (importlib's module-lock
+    cleanup) was printed as "Exception ignored" and lost: the report ran on, exit 0."""
+    import weakref
+
+    from gradstat.cli.main import _keep_interrupts
+
+    monkeypatch.setattr(sys, "unraisablehook", _keep_interrupts)
+
+    class Held:
+        pass
+
+    def callback(_):
+        raise KeyboardInterrupt
+
+    held = Held()
+    reference = weakref.ref(held, callback)
+    with pytest.raises(KeyboardInterrupt):
+        del held  # the callback runs and its exception cannot propagate from here
+        for _ in range(1000):  # the main thread takes the interrupt sent again
+            time.sleep(0.001)
+    assert reference() is None
+
+
 @pytest.mark.parametrize("command", ["replay", pytest.param("report", marks=pytest.mark.slow)])
 def test_ctrl_c_is_one_error_line(tmp_path, command):
     """Regression: SIGINT ended replay and report with exit 130 and no message."""
