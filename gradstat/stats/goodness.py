@@ -8,6 +8,7 @@ sorted data; :func:`subsample` draws a uniform subset without replacement when a
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -22,15 +23,25 @@ def subsample(x: torch.Tensor, size: int | None, seed: int = 0) -> torch.Tensor:
     n = x.numel()
     if size is None or n <= size:
         return x
+    index = _positions(n, size, seed)
+    flat = x.reshape(-1)
+    if flat.device.type == "cpu":  # numpy's gather: 1M of 32M values in 4 ms, torch's 9 ms
+        return torch.from_numpy(flat.numpy()[index])
+    return flat[torch.from_numpy(index.astype(np.int64)).to(flat.device)]
+
+
+@functools.lru_cache(maxsize=1)
+def _positions(n: int, size: int, seed: int) -> np.ndarray:
+    """The ``size`` positions of ``n`` that :func:`subsample` keeps, ascending, read-only:
+    they depend on the count and the seed alone, so ``fit``'s rows of one length share
+    one draw (1M of 32M: 16 ms a row)."""
     rng = np.random.default_rng(seed)
     if n <= 4 * size:  # numpy's exact draw; the n-element index it builds is small here
         index = np.sort(rng.choice(n, size=size, replace=False))
     else:
         index = _bernoulli_draw(rng, n, size)
-    flat = x.reshape(-1)
-    if flat.device.type == "cpu":  # numpy's gather: 1M of 32M values in 4 ms, torch's 9 ms
-        return torch.from_numpy(flat.numpy()[index])
-    return flat[torch.from_numpy(index.astype(np.int64)).to(flat.device)]
+    index.flags.writeable = False
+    return index
 
 
 def _bernoulli_draw(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
