@@ -99,9 +99,9 @@ def test_a_ctrl_c_lost_in_a_callback_is_raised_again(monkeypatch):
     cleanup) was printed as "Exception ignored" and lost: the report ran on, exit 0."""
     import weakref
 
-    from gradstat.cli.main import _keep_interrupts
+    from gradstat.cli.interrupts import keep_interrupts
 
-    monkeypatch.setattr(sys, "unraisablehook", _keep_interrupts)
+    monkeypatch.setattr(sys, "unraisablehook", keep_interrupts)
 
     class Held:
         pass
@@ -116,6 +116,49 @@ def test_a_ctrl_c_lost_in_a_callback_is_raised_again(monkeypatch):
         for _ in range(1000):  # the main thread takes the interrupt sent again
             time.sleep(0.001)
     assert reference() is None
+
+
+def test_a_ctrl_c_in_importlibs_lock_callback_leaves_the_import_lock_free(monkeypatch):
+    """Ctrl-C raised just after importlib's module-lock callback took the global import
+    lock, before its ``finally``: the lock must not stay held (other threads' imports
+    would wait forever), and the interrupt is raised again."""
+    import _imp
+    import importlib._bootstrap as bootstrap
+    import types
+
+    from gradstat.cli.interrupts import keep_interrupts
+
+    lock = bootstrap._get_module_lock("gradstat_test_module")
+    callback = bootstrap._module_locks["gradstat_test_module"].__callback__
+
+    class InterruptedImp:  # _imp whose acquire_lock is interrupted as it returns
+        def acquire_lock(self):
+            _imp.acquire_lock()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bootstrap, "_imp", InterruptedImp())
+    try:
+        callback(None)
+    except KeyboardInterrupt as exc:
+        interrupt = exc
+    monkeypatch.undo()
+    held = _imp.lock_held()
+    unraisable = types.SimpleNamespace(
+        exc_type=KeyboardInterrupt,
+        exc_value=interrupt,
+        exc_traceback=interrupt.__traceback__,
+        object=callback,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        keep_interrupts(unraisable)
+        for _ in range(1000):
+            time.sleep(0.001)
+    try:
+        assert held and not _imp.lock_held()
+    finally:
+        while _imp.lock_held():  # never leave the test run's import lock taken
+            _imp.release_lock()
+    del lock
 
 
 @pytest.mark.parametrize("command", ["replay", pytest.param("report", marks=pytest.mark.slow)])

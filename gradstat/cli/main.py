@@ -6,10 +6,8 @@ to see tracebacks.
 
 from __future__ import annotations
 
-import _thread
 import os
 import sys
-import threading
 import warnings
 
 import typer
@@ -21,6 +19,7 @@ from gradstat.cli.command import Command, Group, unwrap
 from gradstat.cli.compare import compare_command
 from gradstat.cli.fit import fit_command
 from gradstat.cli.info import info_command
+from gradstat.cli.interrupts import keep_interrupts
 from gradstat.cli.merge import merge_command
 from gradstat.cli.output import err_console, warn
 from gradstat.cli.replay import recommend_command, replay_command
@@ -66,8 +65,6 @@ for _name, _function in COMMANDS.items():
 
 #: Exit code of Ctrl-C (128 + SIGINT), what typer returns when a command is interrupted.
 INTERRUPTED = 130
-#: Seconds after which a Ctrl-C that Python could not raise is sent again.
-RESEND_INTERRUPT_S = 0.01
 
 
 def _version(value: bool) -> None:
@@ -98,27 +95,11 @@ def _error(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def _keep_interrupts(unraisable) -> None:
-    """``sys.unraisablehook``: a Ctrl-C that arrived where Python cannot raise it (in a
-    weakref callback such as importlib's module-lock cleanup, or in a finalizer, which
-    print "Exception ignored" and go on) is raised again in the main thread, without a
-    traceback; anything else goes to Python's own hook. (A report interrupted during an
-    import printed that traceback, ran on and exited 0.) The interrupt is sent again a
-    moment later from another thread: sent from here, it would be taken inside this
-    hook, where it is lost again."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        resend = threading.Timer(RESEND_INTERRUPT_S, _thread.interrupt_main)
-        resend.daemon = True
-        resend.start()
-        return
-    sys.__unraisablehook__(unraisable)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gradstat`` console script."""
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
-    sys.unraisablehook = _keep_interrupts
+    sys.unraisablehook = keep_interrupts
     tune_allocators()
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
