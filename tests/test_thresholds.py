@@ -442,3 +442,31 @@ def test_first_stage_level_is_stage_one_of_every_staged_sidco_run(samples):
             for stages in (2, 3):
                 run = sidco(values, 100, first=first, later=later, stages=stages, zeros=zeros)
                 assert run.thresholds[0] == level, (estimator, zeros, stages)
+
+
+def test_compiled_row_sums_equal_float64_sums(monkeypatch):
+    """A long CPU row's sums come from the compiled loops (``row_sums``), not torch's
+    chunks: float64 sums of the same values, the exact maximum and counts; NaN or Inf is
+    the same error as elsewhere."""
+    monkeypatch.setattr(passes_module, "COMPILED_MIN_NUMEL", 1)
+
+    def chunked(*args, **kwargs):
+        raise AssertionError("torch's chunked sums were used")
+
+    monkeypatch.setattr(passes_module, "magnitude_sums", chunked)
+    rng = np.random.default_rng(8)
+    values = torch.from_numpy(rng.standard_t(3, 700_001).astype(np.float32))
+    values[::9] = 0.0
+    values[123] = -400.0  # the largest magnitude, negative
+    sums = RowPasses(values).sums()
+    x = values.numpy().astype(np.float64)
+    assert (sums.numel, sums.nonzeros) == (x.size, np.count_nonzero(x))
+    assert sums.signed_total == pytest.approx(x.sum(), rel=1e-12)
+    assert sums.total == pytest.approx(np.abs(x).sum(), rel=1e-12)
+    assert sums.squares == pytest.approx((x * x).sum(), rel=1e-12)
+    assert sums.maximum == 400.0
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = values.clone()
+        broken[5] = bad
+        with pytest.raises(DataError, match="NaN or Inf"):
+            RowPasses(broken).sums()

@@ -245,6 +245,54 @@ def sum_squares(x):
     return total
 
 
+@njit(**_OPTIONS)
+def magnitude_sums(x):
+    """(sum x, sum |x|, sum x^2, the bit pattern of max |x|, how many x_j == 0) of a
+    float32 row, the sums in float64 (each term exact), piece by piece while the piece is
+    in cache, one simple loop per quantity (so that each is vectorized). A NaN or Inf
+    reaches the sums."""
+    signed = total = squares = 0.0
+    maximum = np.int32(0)
+    zeros = 0
+    for lo in range(0, x.size, PIECE):
+        piece = x[lo : min(x.size, lo + PIECE)]
+        piece_signed, piece_total, piece_squares, piece_zeros = piece_sums(piece)
+        signed += piece_signed
+        total += piece_total
+        squares += piece_squares
+        zeros += piece_zeros
+        maximum = max(maximum, abs_max_bits(piece))
+    return signed, total, squares, maximum, zeros
+
+
+@njit(**_SUMS)
+def piece_sums(x):
+    """(sum x, sum |x|, sum x^2, how many x_j == 0), the sums in float64."""
+    signed = total = squares = 0.0
+    zeros = 0
+    for j in range(x.size):
+        v = np.float64(x[j])
+        signed += v
+        total += abs(v)
+        squares += v * v
+        zeros += np.int64(x[j] == 0)
+    return signed, total, squares, zeros
+
+
+@njit(**_OPTIONS)
+def abs_max_bits(x):
+    """The bit pattern of max |x_j| (float32): the largest of the patterns with the sign
+    bit cleared, whose integer order is the order of the magnitudes (an integer maximum
+    is vectorized, a float one that must respect NaN is not: 12 ms against 44 ms for
+    32M values; NaN patterns sort above Inf, and the sums then say NaN anyway)."""
+    bits = x.view(np.int32)
+    maximum = np.int32(0)
+    for j in range(x.size):
+        b = bits[j] & np.int32(0x7FFFFFFF)
+        maximum = b if b > maximum else maximum
+    return maximum
+
+
 @njit(**_SUMS)
 def error_sums(e, r):
     """(sum r^2, sum e^2, sum e r, sum (e - r)^2) in float64."""
