@@ -47,6 +47,7 @@ from gradstat.compressors.base import (
     index_dtype,
     sparse_payload,
 )
+from gradstat.compressors.estimated import EstimatedSparsifier
 from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD
@@ -139,12 +140,13 @@ class Memories:
             return g + m, (m,)
         if isinstance(self.kind, DGCMemory):
             u, v = self.u.load(learner), self.v.load(learner)
+            counted = None  # the new v's (zeros, float64 sum of squares), found on the way
             if u.device.type == "cpu":  # one pass, the same bits
-                momentum_add(u.numpy(), v.numpy(), g.numpy(), self.kind.momentum)
+                counted = momentum_add(u.numpy(), v.numpy(), g.numpy(), self.kind.momentum)
             else:
                 u.mul_(self.kind.momentum).add_(g)
                 v.add_(u)
-            return v, (u, v)
+            return v, (u, v, counted)
         return g, ()
 
     @property
@@ -170,7 +172,7 @@ class Memories:
             self.m.save(learner, m)
             self.norms.append(_norm(m))
         elif isinstance(self.kind, DGCMemory):
-            u, v = state
+            u, v, _ = state
             mask = sent != 0
             torch.sub(p, sent, out=v)
             v.masked_fill_(mask, 0.0)
@@ -181,17 +183,25 @@ class Memories:
         else:
             self.norms.append(0.0)
 
-    def mask_sent(self, learner: int, sent: torch.Tensor, state: tuple) -> None:
+    def mask_sent(
+        self, learner: int, sent: torch.Tensor, state: tuple, values: torch.Tensor
+    ) -> None:
         """DGC's update for a sparse payload: ``u`` and ``v`` zeroed at ``sent``, the
-        indices of the non-zero values sent. ``v`` is the corrected row itself, so
+        indices of the non-zero ``values`` sent. ``v`` is the corrected row itself, so
         ``v - sent`` differs from ``v`` only there, where factor masking zeroes it:
-        the same numbers as :meth:`update` with the dense ``sent``."""
-        u, v = state
+        the same numbers as :meth:`update` with the dense ``sent``. The new norm is
+        ||v||^2 less the squares sent, when :meth:`compensate` found ||v||^2 (float64:
+        within a few 1e-16 of a pass over the new ``v``, which it saves)."""
+        u, v, counted = state
         v.index_fill_(0, sent, 0.0)
         u.index_fill_(0, sent, 0.0)
         self.u.save(learner, u)
         self.v.save(learner, v)
-        self.norms.append(_norm(v))
+        if counted is None:
+            self.norms.append(_norm(v))
+        else:
+            squares = counted[1] - float(values.double().square().sum())
+            self.norms.append(math.sqrt(max(squares, 0.0)))
 
     def park(self, learner: int, p: torch.Tensor) -> None:
         """Keep the corrected row in the memory row until a later pass (plain EF only)."""
@@ -300,8 +310,13 @@ class LocalStream(StreamedScheme):
         non-zero values were sent. A dense ``sent``, its mask and two masked fills were
         half of a DGC step."""
         v, state = self.memories.compensate(i, g)
-        index, values = self._add_sparse(self.compressor.compress(v, i))
-        self.memories.mask_sent(i, index[values != 0], state)
+        counted = state[2]
+        if counted is not None and isinstance(self.compressor, EstimatedSparsifier):
+            payload = self.compressor.compress(v, i, nonzeros=v.numel() - counted[0])
+        else:
+            payload = self.compressor.compress(v, i)
+        index, values = self._add_sparse(payload)
+        self.memories.mask_sent(i, index[values != 0], state, values)
 
     def _add_sparse(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep a sparse payload's values for the aggregate (:meth:`finish`), note the

@@ -28,6 +28,7 @@ import math
 import torch
 
 from gradstat.compressors.base import LocalCompressor, Payload, sparse_decompress, sparse_payload
+from gradstat.stats.passes import RowPasses
 from gradstat.stats.sidco import AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 from gradstat.stats.topk_sets import indices_above
@@ -78,7 +79,12 @@ class EstimatedSparsifier(LocalCompressor):
             self.adaptive[learner] = AdaptiveStages(initial=ADAPTIVE_START)
         return self.adaptive[learner].stages
 
-    def compress(self, tensor: torch.Tensor, learner: int = 0) -> Payload:
+    def compress(
+        self, tensor: torch.Tensor, learner: int = 0, *, nonzeros: int | None = None
+    ) -> Payload:
+        """``nonzeros``: how many values of ``tensor`` are not zero, when the caller
+        already counted them (replay's DGC memories do, while forming the row)."""
+        shared = None if nonzeros is None else RowPasses(tensor, nonzeros=nonzeros)
         if self.estimator == "hard":
             if self.threshold is None:
                 self.threshold = estimate_threshold(tensor, self.ratio, "topk").threshold
@@ -92,6 +98,7 @@ class EstimatedSparsifier(LocalCompressor):
                 generator=self.generator,
                 zeros=self.zeros,
                 stage_fit=self.stage_fit,
+                shared=shared,
             )
         indices = indices_above(tensor.reshape(-1), result.threshold, result.inclusive)
         if not self.stages and learner in self.adaptive:

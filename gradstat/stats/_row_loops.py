@@ -369,6 +369,20 @@ def momentum_add(u, v, g, momentum):
 
 
 @njit(**_OPTIONS)
+def momentum_add_stats(u, v, g, momentum):
+    """:func:`momentum_add` piece by piece and, while each piece of the new v is in
+    cache, its zeros and float64 sum of squares; returns (zeros, squares)."""
+    zeros = 0
+    squares = 0.0
+    for lo in range(0, u.size, PIECE):
+        hi = min(u.size, lo + PIECE)
+        momentum_add(u[lo:hi], v[lo:hi], g[lo:hi], momentum)
+        zeros += zeros_in(v[lo:hi])
+        squares += sum_squares(v[lo:hi])
+    return zeros, squares
+
+
+@njit(**_OPTIONS)
 def count_at_least(x, threshold):
     """How many |x_j| >= threshold (float32; NaN never)."""
     total = 0

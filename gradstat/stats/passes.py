@@ -293,18 +293,25 @@ class RowPasses:
       results equal those of a scan of ``values`` itself. Kept pools hold at most
       ``POOL_SHARE`` of the row (the least recently used go first).
 
+    ``nonzeros``: the row's count of non-zero values, when the caller already has it.
+
     One instance per row; numpy's loops over pools on the CPU (a count of 8M values in
     2.5 ms, torch's chunked abs/compare/count in 8 ms), torch's elsewhere.
     """
 
     def __init__(
-        self, values: torch.Tensor, magnitudes: torch.Tensor | None = None, *, compiled: bool = True
+        self,
+        values: torch.Tensor,
+        magnitudes: torch.Tensor | None = None,
+        *,
+        compiled: bool = True,
+        nonzeros: int | None = None,
     ) -> None:
         self.values = values.reshape(-1)
         self._magnitudes = magnitudes
         self._given = magnitudes is not None  # the sums come from them (not from |x|)
         self._sums: MagnitudeSums | None = None
-        self._nonzeros: int | None = None
+        self._nonzeros = nonzeros  # given by a caller that counted them, else counted once
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
         self._mask = np.empty(0, dtype=bool)
