@@ -12,6 +12,7 @@ from gradstat.stats.row_kernels import (
     MeanOf,
     Room,
     add_checked,
+    add_squares,
     error_sums,
     indices_at_least,
     mean_row,
@@ -253,3 +254,14 @@ def test_momentum_add_equals_torch_bit_for_bit():
     momentum_add(u, v, g, 0.9)
     assert u.tobytes() == expected_u.numpy().tobytes()
     assert v.tobytes() == expected_v.numpy().tobytes()
+
+
+def test_add_squares_adds_as_numpy_and_sums_the_squares_in_float64():
+    """Error feedback's ``p = m + g`` with ||p||^2 in one pass over pieces: the sum bit
+    for bit numpy's float32 add, the squares float64's sum of the new values."""
+    rng = np.random.default_rng(12)
+    x, g = (rng.standard_normal((2, 3 * PIECE + 7)) * 1e3).astype(np.float32)
+    expected = x + g
+    squares = add_squares(x, g)
+    assert x.tobytes() == expected.tobytes()
+    assert squares == pytest.approx(float((expected.astype(np.float64) ** 2).sum()), rel=1e-13)

@@ -53,7 +53,7 @@ from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD
 from gradstat.compressors.registry import Scheme
 from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK, top_indices
-from gradstat.stats.row_kernels import add_checked, momentum_add, squared_norm
+from gradstat.stats.row_kernels import add_checked, add_squares, momentum_add, squared_norm
 from gradstat.stats.topk_sets import add_then_topk
 from gradstat.store import Capture, Scope
 
@@ -110,6 +110,23 @@ def _norm(row: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(flat, dtype=torch.float64))
 
 
+def _add_squares(p: torch.Tensor, g: torch.Tensor) -> float | None:
+    """``p += g`` in place and ||p||^2 (float64) in one pass on the CPU
+    (:func:`~gradstat.stats.row_kernels.add_squares`); elsewhere the add alone (None)."""
+    if p.device.type == "cpu" and p.dtype == torch.float32 and g.dtype == torch.float32:
+        return add_squares(p.numpy(), g.numpy())
+    p.add_(g)
+    return None
+
+
+def _sent_norm_change(p_at: torch.Tensor, m_at: torch.Tensor) -> float:
+    """How ||m||^2 differs from ||p||^2 where ``p`` became ``m`` at some indices only
+    (``p_at`` and ``m_at`` the values there): sum (m^2 - p^2), in float64. The result
+    is ||m||^2 to float64 rounding of ||p||^2 (a few 1e-16 of it)."""
+    p_at, m_at = p_at.double(), m_at.double()
+    return float(m_at.square().sum() - p_at.square().sum())
+
+
 class Memories:
     """The error-feedback memories of one scheme, one row per learner (see the module
     docstring): residual ``m``, DGC's ``u`` and ``v``, or none."""
@@ -158,7 +175,7 @@ class Memories:
         """Store a residual row formed in place (``plain_residual``); ``squared_norm``:
         its ||m||^2 when the caller found it on the way (else a pass over ``m``)."""
         self.m.save(learner, m)
-        self.norms.append(_norm(m) if squared_norm is None else math.sqrt(squared_norm))
+        self.norms.append(_norm(m) if squared_norm is None else math.sqrt(max(squared_norm, 0.0)))
 
     def update(self, learner: int, p: torch.Tensor, sent: torch.Tensor, state: tuple) -> None:
         """Keep what was not sent (``ResidualMemory.update`` / ``DGCMemory.update``)."""
@@ -292,15 +309,18 @@ class LocalStream(StreamedScheme):
         finds its candidates and the new memory's norm (``p`` outside the k sent) in one
         pass (:func:`add_then_topk`)."""
         p = self.memories.m.load(i)
-        squared_norm = None
         if isinstance(self.compressor, TopK):
             chosen, squared_norm = add_then_topk(p, g, self.compressor.k)
-            payload = sparse_payload(p, chosen)
-        else:
-            p.add_(g)
-            payload = self.compressor.compress(p, i)
-        index, values = self._add_sparse(payload)
+            index, values = self._add_sparse(sparse_payload(p, chosen))
+            p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
+            self.memories.keep(i, p, squared_norm)
+            return
+        squared_norm = _add_squares(p, g)
+        index, values = self._add_sparse(self.compressor.compress(p, i))
+        p_at = p[index]
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
+        if squared_norm is not None:  # ||m||^2 from ||p||^2 and the values changed
+            squared_norm += _sent_norm_change(p_at, p[index])
         self.memories.keep(i, p, squared_norm)
 
     def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
@@ -397,10 +417,13 @@ class SharedIndexStream(StreamedScheme):
     def learner(self, i: int, g: torch.Tensor) -> None:
         if self.memories.plain_residual:  # p = m + g in the memory row; m = p - sent there
             p = self.memories.m.load(i)
-            p.add_(g)
-            self.values += p[self.indices]
+            squared_norm = _add_squares(p, g)
+            p_at = p[self.indices]
+            self.values += p_at
             p[self.indices] = 0.0  # p - p where sent, p elsewhere: the same bits
-            self.memories.keep(i, p)
+            if squared_norm is not None:  # ||m||^2: ||p||^2 less the squares sent
+                squared_norm -= float(p_at.double().square().sum())
+            self.memories.keep(i, p, squared_norm)
             return
         p, state = self.memories.compensate(i, g)
         values = p[self.indices]

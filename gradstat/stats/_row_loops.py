@@ -325,6 +325,18 @@ def add_in_place(x, g):
         x[j] = x[j] + g[j]
 
 
+@njit(**_OPTIONS)
+def add_squares(x, g):
+    """x += g piece by piece and, while each piece is in cache, the float64 sum of
+    squares of the new x."""
+    squares = 0.0
+    for lo in range(0, x.size, PIECE):
+        hi = min(x.size, lo + PIECE)
+        add_in_place(x[lo:hi], g[lo:hi])
+        squares += sum_squares(x[lo:hi])
+    return squares
+
+
 @njit(**_SUMS)
 def squares_below(x, threshold):
     """sum x_j^2 (float64) over the values that are not :func:`candidates`

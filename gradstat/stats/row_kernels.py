@@ -291,6 +291,13 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
     return float(ref_sq), float(est_sq), float(dot), float(err)
 
 
+def add_squares(x: np.ndarray, g: np.ndarray) -> float:
+    """``x += g`` in place (float32, as numpy adds) and the new ``x``'s sum of squares
+    (float64), in one pass: error feedback's ``p = m + g`` and ||p||^2, from which the
+    new memory's norm follows without reading it again (15 ms per 32M values)."""
+    return float(_loops().add_squares(x, np.ascontiguousarray(g)))
+
+
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """``total += x`` (float32) in one pass that also tells whether every x is finite."""
     return _finite(_loops().add_checked(np.ascontiguousarray(x), total))
