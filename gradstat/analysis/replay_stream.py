@@ -307,7 +307,9 @@ class LocalStream(StreamedScheme):
         or subtracting the zeros elsewhere changes nothing); a replay of top-k on
         4 x 8M values spent half its time on those dense rows. Top-k forms ``p`` and
         finds its candidates and the new memory's norm (``p`` outside the k sent) in one
-        pass (:func:`add_then_topk`)."""
+        pass (:func:`add_then_topk`); the others form ``p`` with ||p||^2 in one pass
+        (:func:`_add_squares`), the norm following from it and the values changed at
+        the indices sent."""
         p = self.memories.m.load(i)
         if isinstance(self.compressor, TopK):
             chosen, squared_norm = add_then_topk(p, g, self.compressor.k)
