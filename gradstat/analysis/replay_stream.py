@@ -406,20 +406,37 @@ class SharedIndexStream(StreamedScheme):
     def begin(self, read_row: ReadRow) -> None:
         k = self.compressor.k
         self.info: dict[str, float] = {}
+        #: (leader, its corrected row, ||row||^2) when formed in its memory row
+        self._formed: tuple[int, torch.Tensor, float | None] | None = None
         if isinstance(self.compressor, RandomK):
             generator = self.compressor.generator
             self.indices = torch.randperm(self.d, generator=generator)[:k]
         else:
             leader = self.compressor.step_count % self.n
             self.compressor.step_count += 1
-            self.indices = top_indices(self.memories.peek(leader, read_row(leader)), k)
+            self.indices = top_indices(self._leader_row(leader, read_row(leader)), k)
             self.info = {"leader": leader}
         self.values = torch.zeros(k)
 
+    def _leader_row(self, leader: int, g: torch.Tensor) -> torch.Tensor:
+        """CLT-k's leader's corrected row, whose top-k every learner sends. With plain
+        error feedback it is formed in the leader's memory row, once, and kept for the
+        leader's turn (:meth:`learner`): a separate ``m + g`` was one more row (128 MB
+        at 32M values) in every step."""
+        if not self.memories.plain_residual:
+            return self.memories.peek(leader, g)
+        p = self.memories.m.load(leader)
+        self._formed = (leader, p, _add_squares(p, g))
+        return p
+
     def learner(self, i: int, g: torch.Tensor) -> None:
         if self.memories.plain_residual:  # p = m + g in the memory row; m = p - sent there
-            p = self.memories.m.load(i)
-            squared_norm = _add_squares(p, g)
+            if self._formed is not None and self._formed[0] == i:  # formed in begin
+                _, p, squared_norm = self._formed
+                self._formed = None
+            else:
+                p = self.memories.m.load(i)
+                squared_norm = _add_squares(p, g)
             p_at = p[self.indices]
             self.values += p_at
             p[self.indices] = 0.0  # p - p where sent, p elsewhere: the same bits
