@@ -119,12 +119,15 @@ def _add_squares(p: torch.Tensor, g: torch.Tensor) -> float | None:
     return None
 
 
-def _sent_norm_change(p_at: torch.Tensor, m_at: torch.Tensor) -> float:
-    """How ||m||^2 differs from ||p||^2 where ``p`` became ``m`` at some indices only
-    (``p_at`` and ``m_at`` the values there): sum (m^2 - p^2), in float64. The result
-    is ||m||^2 to float64 rounding of ||p||^2 (a few 1e-16 of it)."""
-    p_at, m_at = p_at.double(), m_at.double()
-    return float(m_at.square().sum() - p_at.square().sum())
+def _squares_left(squares: float, before: torch.Tensor, after: torch.Tensor | None = None) -> float:
+    """||m||^2 of a memory ``m`` that is the row ``p`` but at some indices, from ``squares``
+    = ||p||^2 found while forming ``p``: ``before`` and ``after`` are the values there
+    (``after`` None: zeroed). In float64, to its rounding of ||p||^2 (a few 1e-16 of it,
+    kept from going below 0); it saves a pass over the new memory."""
+    squares -= float(before.double().square().sum())
+    if after is not None:
+        squares += float(after.double().square().sum())
+    return max(squares, 0.0)
 
 
 class Memories:
@@ -175,7 +178,7 @@ class Memories:
         """Store a residual row formed in place (``plain_residual``); ``squared_norm``:
         its ||m||^2 when the caller found it on the way (else a pass over ``m``)."""
         self.m.save(learner, m)
-        self.norms.append(_norm(m) if squared_norm is None else math.sqrt(max(squared_norm, 0.0)))
+        self.norms.append(_norm(m) if squared_norm is None else math.sqrt(squared_norm))
 
     def update(self, learner: int, p: torch.Tensor, sent: torch.Tensor, state: tuple) -> None:
         """Keep what was not sent (``ResidualMemory.update`` / ``DGCMemory.update``)."""
@@ -217,8 +220,7 @@ class Memories:
         if counted is None:
             self.norms.append(_norm(v))
         else:
-            squares = counted[1] - float(values.double().square().sum())
-            self.norms.append(math.sqrt(max(squares, 0.0)))
+            self.norms.append(math.sqrt(_squares_left(counted[1], values)))
 
     def park(self, learner: int, p: torch.Tensor) -> None:
         """Keep the corrected row in the memory row until a later pass (plain EF only)."""
@@ -322,7 +324,7 @@ class LocalStream(StreamedScheme):
         p_at = p[index]
         p.index_add_(0, index, values, alpha=-1)  # indices are distinct: p[index] -= values
         if squared_norm is not None:  # ||m||^2 from ||p||^2 and the values changed
-            squared_norm += _sent_norm_change(p_at, p[index])
+            squared_norm = _squares_left(squared_norm, p_at, p[index])
         self.memories.keep(i, p, squared_norm)
 
     def _sparse_dgc_learner(self, i: int, g: torch.Tensor) -> None:
@@ -441,7 +443,7 @@ class SharedIndexStream(StreamedScheme):
             self.values += p_at
             p[self.indices] = 0.0  # p - p where sent, p elsewhere: the same bits
             if squared_norm is not None:  # ||m||^2: ||p||^2 less the squares sent
-                squared_norm -= float(p_at.double().square().sum())
+                squared_norm = _squares_left(squared_norm, p_at)
             self.memories.keep(i, p, squared_norm)
             return
         p, state = self.memories.compensate(i, g)

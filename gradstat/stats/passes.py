@@ -187,6 +187,13 @@ class MagnitudeSums:
     maximum: float = math.nan
 
 
+def _require_finite_sums(total: float, squares: float) -> None:
+    """The check every way of taking a row's sums ends with: a NaN or Inf value makes
+    its sums NaN or Inf, which is a :class:`DataError`."""
+    if not (math.isfinite(total) and math.isfinite(squares)):
+        raise DataError("the values contain NaN or Inf; drop them before estimating")
+
+
 def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
     """Sums of x, |x|, x^2 and (optionally) ln|x| over the non-zeros, max |x| and the
     counts, in one pass. Raises :class:`DataError` on NaN or Inf."""
@@ -202,8 +209,7 @@ def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
     n = int(torch.stack(counts).sum())
     total = float(torch.stack(sums).double().sum())
     square_sum = float(torch.stack(squares).double().sum())
-    if not (math.isfinite(total) and math.isfinite(square_sum)):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
+    _require_finite_sums(total, square_sum)
     signed_total = float(torch.stack(signed).double().sum())
     maximum = float(torch.stack(maxima).amax())
     log_sum = log_magnitude_sum(values, n) if log else math.nan
@@ -214,8 +220,7 @@ def row_sums(row: np.ndarray) -> MagnitudeSums:
     """:func:`magnitude_sums` (without the log sum) of a long float32 CPU row by the
     compiled loops: one pass, float64 sums (:func:`row_kernels.magnitude_sums`)."""
     signed, total, squares, maximum, zeros = row_kernels.magnitude_sums(row)
-    if not (math.isfinite(total) and math.isfinite(squares)):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
+    _require_finite_sums(total, squares)
     return MagnitudeSums(row.size, row.size - zeros, total, squares, math.nan, signed, maximum)
 
 
@@ -254,8 +259,7 @@ def pool_sums(magnitudes: np.ndarray, signed: np.ndarray) -> MagnitudeSums:
         total += float(np.add.reduce(part))
         squares += float(np.add.reduce(np.multiply(part, part, out=scratch[: part.size])))
         maximum = max(maximum, float(part.max()))
-    if not (math.isfinite(total) and math.isfinite(squares)):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
+    _require_finite_sums(total, squares)
     signed_total = sum(float(np.add.reduce(part)) for part in _pieces(signed))
     n = magnitudes.size
     return MagnitudeSums(signed.size, n, total, squares, math.nan, signed_total, maximum)
