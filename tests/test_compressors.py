@@ -15,8 +15,8 @@ from gradstat.compressors import (
     build_scheme,
     parse_compressors,
 )
-from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.estimated import EstimatedSparsifier
+from gradstat.compressors.legacy import pack_bits, unpack_bits
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import QSGD, Cast, SignSGD, TernGrad
 from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK

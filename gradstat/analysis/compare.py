@@ -32,7 +32,7 @@ import torch
 
 from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.base import LocalCompressor
+from gradstat.compressors.legacy import LocalCompressor
 from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store import Capture, open_capture

@@ -40,14 +40,14 @@ import torch
 from gradstat.analysis.ef_store import MemoryRows, RamRows, ScratchRows
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.topk_stream import Workspace
-from gradstat.compressors.base import (
+from gradstat.compressors.estimated import EstimatedSparsifier
+from gradstat.compressors.legacy import (
     LocalCompressor,
     Payload,
     Transfer,
     index_dtype,
     sparse_payload,
 )
-from gradstat.compressors.estimated import EstimatedSparsifier
 from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import SignSGD

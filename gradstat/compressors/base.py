@@ -1,27 +1,58 @@
-"""The compressor interface: what one step of all learners sends and receives.
+"""The compressor protocol: one class per compressor, in GRACE's shape.
 
 Modelled on GRACE (Xu et al. 2021, "GRACE: A Compressed Communication Framework for
-Distributed Machine Learning"): compressors, error-feedback memories
-(:mod:`gradstat.compressors.memory`) and the collectives they need are separate.
+Distributed Machine Learning"): a compressor encodes one learner's tensor
+(:meth:`Compressor.compress`), decodes a payload (:meth:`Compressor.decompress`) and
+combines the decoded payloads of every learner (:meth:`Compressor.aggregate`); its
+error-feedback memory (:mod:`gradstat.compressors.memory`) and the collective that moves
+the payloads are separate. A plain GRACE class (``compress`` and ``decompress``, maybe
+``aggregate``) runs everywhere a built-in does, with these defaults:
 
-A replay hands a compressor the error-corrected vectors of every learner of one step
-``p[n, d]`` (:meth:`Compressor.exchange`) and gets back an :class:`Exchange`: what each
-learner contributed (``sent``, for the memory update), the aggregate every learner ends
-up with (the estimate of the mean gradient), and the collectives with the exact bytes
-each learner puts into them. Compressors that act on each learner alone
-(:class:`LocalCompressor`) also offer GRACE's per-learner ``compress`` / ``decompress``
-with a :class:`Payload` of the tensors that would go on the wire; byte counts are those
-tensors' sizes. Compressors that need every learner at once (CLT-k, gTop-k, PowerSGD,
-random-k with a shared seed) implement ``exchange`` directly.
+* ``collective = "allgather"``: every learner's payload tensors are gathered, each is
+  decompressed and :meth:`~Compressor.aggregate` combines them (their sum); with
+  ``average = True`` (GRACE's flag) the sum is divided by the number of learners.
+  ``"allreduce"``: the payload tensors are summed element-wise, then decompressed once
+  (for payloads that add up: casts, the dense baseline).
+* Bytes on the wire are the payload tensors' sizes (:func:`nbytes`).
+* ``sparse``: ``True`` when ``tensors[0]`` of a payload holds the indices sent (the
+  elements selected and the build-up of an all-gather are counted from them);
+  ``False`` for dense payloads (every element sent, no build-up); ``None`` (the default)
+  measures both from the decompressed tensor's non-zeros.
+* :meth:`~Compressor.memory`: residual error feedback; :meth:`~Compressor.work`: the
+  cost model's count of one learner's work (a generic estimate from the payload).
+
+Compressors that need every learner at once (CLT-k's leader, gTop-k's tree, PowerSGD's
+two all-reduces, random-k's shared draw) and built-ins with a faster streamed form
+override the two exchange forms the drivers call:
+
+* :meth:`~Compressor.stream`: the replay form, a :class:`Stream` fed one learner's row at a
+  time (the replay never holds every learner's row);
+* :meth:`~Compressor.online`: the DDP communication hook's form, one learner's step with a
+  :class:`~gradstat.compressors.communicator.Communicator` (``torch.distributed``).
+
+Each learner has its own compressor object, in the replay as in training (the registry's
+``Scheme.for_learner``), so a compressor's state (random streams, adaptive stages) is the
+learner's own. /work/wt/PROTOCOL.md and docs/compressors.md describe what each driver
+does with the protocol.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from gradstat.compressors.communicator import Communicator
+    from gradstat.compressors.memory import Memory
+    from gradstat.compressors.work import Work
+
+#: A payload: the tensors one learner puts on the wire.
+Tensors = Sequence[torch.Tensor]
+#: ``read_row(i)``: learner i's gradient row of the step (for a stream that needs it early).
+ReadRow = Callable[[int], torch.Tensor]
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -59,123 +90,157 @@ class Transfer:
     nbytes: float
 
 
-@dataclass
-class Payload:
-    """What one learner sends: the wire tensors plus context every learner already knows."""
+@dataclass(frozen=True)
+class SparseRow:
+    """A row that is zero outside ``indices`` (distinct), with ``values`` there: the mean
+    of what the learners of a sparsifier sent, kept without a dense row of ``numel``
+    values (a dense aggregate is one more row per compressor, zeroed, added into,
+    divided and read again every step: 128 MB at 32M values)."""
 
-    tensors: tuple[torch.Tensor, ...]
     numel: int
-    selected: int
-    info: dict[str, float] = field(default_factory=dict)
+    indices: torch.Tensor
+    values: torch.Tensor
 
-    @property
-    def nbytes(self) -> int:
-        return sum(nbytes(t) for t in self.tensors)
+    def dense(self) -> torch.Tensor:
+        """The row as a dense tensor (the same numbers as a dense aggregate)."""
+        row = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
+        row[self.indices] = self.values
+        return row
 
 
 @dataclass
-class Exchange:
-    """The outcome of one step of all learners.
+class StepOutcome:
+    """What one replayed step of all learners produced.
 
-    ``sent[i]`` is learner i's contribution as a dense vector (memory keeps
-    ``p_i - sent_i``); ``estimate`` is the aggregate every learner holds afterwards (the
-    estimate of the mean gradient); ``selected[i]`` is how many elements learner i sent;
-    ``union`` is the number of non-zeros of the aggregate for sparse exchanges (build-up
-    of an all-gather), ``None`` for dense ones; ``gathered_bytes`` is what each learner
-    holds after an all-gather (every learner's payload), the bytes build-up costs.
+    ``estimate``: the aggregate every learner holds (dense, or a :class:`SparseRow`);
+    ``transfers``: the collectives with the bytes each learner puts in; ``selected[i]``:
+    how many elements learner i sent; ``memory_norm``: mean over learners of the memory's
+    norm after the step; ``union``: non-zeros of a sparse aggregate (build-up), ``None``
+    for dense ones; ``gathered_bytes``: what each learner holds after an all-gather;
+    ``info``: per-payload numbers averaged over learners (``threshold``, ``stages``);
+    ``multiplicity``: for all-gathered sparse sets, h(c), c = 1..n, how many coordinates
+    exactly c learners sent (:func:`gradstat.stats.topk_sets.buildup_curve`).
     """
 
-    sent: torch.Tensor
-    estimate: torch.Tensor
+    estimate: torch.Tensor | SparseRow
     transfers: tuple[Transfer, ...]
     selected: list[int]
+    memory_norm: float
     union: int | None = None
     gathered_bytes: float | None = None
     info: dict[str, float] = field(default_factory=dict)
+    multiplicity: list[int] | None = None
 
     @property
     def bytes_per_learner(self) -> float:
         return sum(t.nbytes for t in self.transfers)
 
 
-class Compressor(ABC):
-    """A compressor for one scope of all learners (see the module docstring).
+@dataclass
+class OnlineStep:
+    """One learner's outcome of one training step: what it contributed (``sent``, dense;
+    its memory keeps ``p - sent``), what everyone holds (``estimate``), the bytes it put
+    into each collective, how many elements it sent, and ``overhead_bytes`` beyond the
+    payload (all-gather padding and lengths, gTop-k's node counts)."""
 
-    ``collective`` names the collectives it needs: ``allreduce``, ``allgather``,
-    ``broadcast+allreduce`` (CLT-k) or ``reduce+broadcast`` (gTop-k). ``k`` is the target
-    number of elements per learner for sparsifiers, ``None`` for dense compressors.
+    sent: torch.Tensor
+    estimate: torch.Tensor
+    transfers: tuple[Transfer, ...]
+    selected: int
+    overhead_bytes: int = 0
+
+    @property
+    def payload_bytes(self) -> float:
+        return sum(t.nbytes for t in self.transfers)
+
+
+class Stream:
+    """One scheme's replay step, fed one learner's row at a time (learners 0..n-1).
+
+    ``begin(read_row)`` starts a step (``read_row(i)`` reads learner i's row of the
+    scope, for a method that needs a row before its turn, e.g. CLT-k's leader);
+    ``learner(i, g)`` feeds learner i's gradient row; ``finish()`` ends the step. The
+    stream owns the step's arithmetic; the memory (``Memory``) owns the rows kept.
     """
 
-    name: ClassVar[str]
-    collective: ClassVar[str]
+    def begin(self, read_row: ReadRow) -> None:
+        """Start a step."""
+
+    def learner(self, i: int, g: torch.Tensor) -> None:
+        """Feed learner i's gradient row."""
+        raise NotImplementedError
+
+    def finish(self) -> StepOutcome:
+        """End the step: the aggregate and what travelled."""
+        raise NotImplementedError
+
+
+class Compressor:
+    """A gradient compressor, one learner's view (see the module docstring).
+
+    Class attributes a subclass may set: ``name`` (its label), ``collective``
+    (``"allgather"`` or ``"allreduce"`` for the default exchange; built-ins with their own
+    exchange name theirs, e.g. ``"broadcast+allreduce"``), ``average``, ``sparse`` and
+    ``k`` (the target elements per learner of a sparsifier, ``None`` for dense ones).
+    """
+
+    name: str = ""
+    collective: str = "allgather"
+    average: bool = True
+    sparse: bool | None = None
     k: int | None = None
 
-    @abstractmethod
-    def exchange(self, corrected: torch.Tensor) -> Exchange:
-        """Compress every learner's corrected vector ``p[n, d]`` and aggregate."""
+    # --- GRACE's part: what a user's class writes --------------------------------------
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
+        """Encode one learner's flat vector ``tensor`` (of scope ``name``): the payload
+        tensors it sends and a context that :meth:`decompress` needs (and every learner
+        knows: shapes, sizes)."""
+        raise NotImplementedError(f"{type(self).__name__} has no compress method")
+
+    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
+        """The dense vector a payload stands for (with any learner's ``ctx``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no decompress method")
+
+    def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Combine the learners' decompressed vectors: their sum (GRACE's default; the
+        drivers divide by the number of learners when ``average``)."""
+        return sum(tensors[1:], tensors[0].clone())
+
+    # --- gradstat's part: defaults for a user's class ----------------------------------
+    def memory(self) -> Memory:
+        """A fresh error-feedback memory for this compressor: residual by default."""
+        from gradstat.compressors.memory import ResidualMemory
+
+        return ResidualMemory()
+
+    def describe(self, ctx: Any) -> Mapping[str, float]:
+        """Numbers of one payload a replay record shows (``threshold``, ``stages``)."""
+        return {}
 
     def settings(self) -> dict[str, float]:
         """The configuration a user would set to reproduce this compressor."""
         return {} if self.k is None else {"k": self.k}
 
+    def work(self, numel: int, memory: Memory) -> Work:
+        """One learner's work per step on a scope of ``numel`` elements with ``memory``,
+        for the cost model (:mod:`gradstat.compressors.work`): by default the memory's
+        passes plus a read of the vector and a write and read of a payload of
+        ``k`` (sparsifiers) or ``numel`` values."""
+        from gradstat.compressors.work import generic_work
 
-class LocalCompressor(Compressor):
-    """A compressor that encodes each learner alone (GRACE ``compress``/``decompress``).
+        return generic_work(self, memory, numel)
 
-    The aggregate is the mean of the decompressed payloads; all-gathered sparse payloads
-    report the union of their indices (``tensors[0]``) as build-up.
-    """
+    # --- the exchange forms the drivers call -------------------------------------------
+    def stream(self, scheme: Any, learners: int, numel: int) -> Stream:
+        """The replay form of ``scheme`` (this compressor, one object per learner, and its
+        memory) for ``learners`` rows of ``numel`` values: the generic GRACE step."""
+        from gradstat.compressors.streams import local_stream
 
-    sparse: ClassVar[bool] = False
+        return local_stream(scheme, learners, numel)
 
-    @abstractmethod
-    def compress(self, tensor: torch.Tensor, learner: int = 0) -> Payload:
-        """Encode one learner's flat vector into the tensors it would send."""
+    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
+        """One learner's step in training: compress its corrected vector ``p``, exchange
+        through ``comm`` with the collective, decompress and aggregate."""
+        from gradstat.compressors.online import local_online
 
-    @abstractmethod
-    def decompress(self, payload: Payload) -> torch.Tensor:
-        """The dense vector a payload stands for."""
-
-    def aggregate(self, sent: torch.Tensor) -> torch.Tensor:
-        """Combine the learners' decompressed vectors: the mean."""
-        return sent.mean(dim=0)
-
-    def exchange(self, corrected: torch.Tensor) -> Exchange:
-        payloads = [self.compress(row, learner) for learner, row in enumerate(corrected)]
-        sent = torch.stack([self.decompress(p) for p in payloads])
-        sizes = [p.nbytes for p in payloads]
-        mean_bytes = sum(sizes) / len(sizes)
-        union = gathered = None
-        if self.sparse:
-            union = int(torch.unique(torch.cat([p.tensors[0] for p in payloads])).numel())
-        if self.collective == "allgather":
-            gathered = float(sum(sizes))
-        info: dict[str, float] = {}
-        for key in payloads[0].info:
-            info[key] = sum(p.info[key] for p in payloads) / len(payloads)
-        return Exchange(
-            sent=sent,
-            estimate=self.aggregate(sent),
-            transfers=(Transfer(self.collective, mean_bytes),),
-            selected=[p.selected for p in payloads],
-            union=union,
-            gathered_bytes=gathered,
-            info=info,
-        )
-
-
-def sparse_payload(
-    tensor: torch.Tensor, indices: torch.Tensor, info: dict[str, float] | None = None
-) -> Payload:
-    """A sparse payload ``(indices, values)`` with int32 (or int64) indices."""
-    indices = indices.to(index_dtype(tensor.numel()))
-    values = tensor[indices.long()]
-    return Payload((indices, values), tensor.numel(), int(indices.numel()), info or {})
-
-
-def sparse_decompress(payload: Payload) -> torch.Tensor:
-    """Scatter a sparse payload's values into a dense zero vector."""
-    indices, values = payload.tensors
-    out = torch.zeros(payload.numel, dtype=values.dtype)
-    out[indices.long()] = values
-    return out
+        return local_online(self, p, name, comm)

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from gradstat.compressors.base import LocalCompressor, Payload, sparse_decompress, sparse_payload
+from gradstat.compressors.legacy import LocalCompressor, Payload, sparse_decompress, sparse_payload
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.sidco import AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold

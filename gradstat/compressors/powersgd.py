@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gradstat.compressors.base import Compressor, Exchange, Transfer
+from gradstat.compressors.legacy import Compressor, Exchange, Transfer
 
 
 class PowerSGD(Compressor):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from gradstat.compressors.base import LocalCompressor, Payload, pack_bits, unpack_bits
+from gradstat.compressors.legacy import LocalCompressor, Payload, pack_bits, unpack_bits
 
 
 class NoCompression(LocalCompressor):

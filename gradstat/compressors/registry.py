@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gradstat.compressors.base import Compressor, Exchange
 from gradstat.compressors.estimated import EstimatedSparsifier
+from gradstat.compressors.legacy import Compressor, Exchange
 from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import QSGD, Cast, NoCompression, SignSGD, TernGrad

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gradstat.compressors.base import (
+from gradstat.compressors.legacy import (
     Compressor,
     Exchange,
     LocalCompressor,

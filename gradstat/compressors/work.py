@@ -40,8 +40,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from gradstat.compressors.base import Compressor
 from gradstat.compressors.estimated import EstimatedSparsifier
+from gradstat.compressors.legacy import Compressor
 from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.quantize import QSGD, Cast, NoCompression, SignSGD, TernGrad

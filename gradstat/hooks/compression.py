@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.base import Transfer
+from gradstat.compressors.legacy import Transfer
 from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
 from gradstat.compressors.sparse import RandomK
 from gradstat.errors import UsageError

@@ -1,6 +1,6 @@
 """One learner's side of a compressor's exchange, with real ``torch.distributed`` calls.
 
-The replay (:meth:`gradstat.compressors.base.Compressor.exchange`) compresses every
+The replay (:meth:`gradstat.compressors.legacy.Compressor.exchange`) compresses every
 learner of a step at once; in training each learner holds only its own corrected vector
 ``p`` and talks to the others through collectives. :func:`online_exchange` runs the same
 compressor objects the replay builds (their ``compress`` / ``decompress`` / ``aggregate``,
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gradstat.compressors.base import (
+from gradstat.compressors.estimated import EstimatedSparsifier
+from gradstat.compressors.legacy import (
     Compressor,
     LocalCompressor,
     Payload,
@@ -43,7 +44,6 @@ from gradstat.compressors.base import (
     index_dtype,
     nbytes,
 )
-from gradstat.compressors.estimated import EstimatedSparsifier
 from gradstat.compressors.powersgd import PowerSGD
 from gradstat.compressors.sparse import CLTK, GTopK, RandomK, top_indices
 from gradstat.stats.thresholds import estimate_threshold
