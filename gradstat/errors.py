@@ -1,7 +1,8 @@
 """Exceptions that the command line turns into one ``Error:`` line.
 
 ``UsageError`` means the user asked for something impossible (exit code 2);
-``DataError`` means a capture or input file cannot be read or makes no sense (exit 1).
+``DataError`` means a capture or input file cannot be read or makes no sense (exit 1);
+``UserCodeError`` means a user's own compressor failed inside its code (exit 1).
 Library code raises these instead of printing, so notebooks get ordinary exceptions.
 """
 
@@ -20,6 +21,13 @@ class UsageError(GradstatError, ValueError):
 
 class DataError(GradstatError):
     """A capture or data file that is missing, unreadable, of another schema or damaged."""
+
+    exit_code = 1
+
+
+class UserCodeError(GradstatError):
+    """A user's own compressor failed inside its code (the message names the spec, the
+    method and the user's file and line)."""
 
     exit_code = 1
 

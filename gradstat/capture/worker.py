@@ -61,12 +61,11 @@ def _inner_hook(name: str, process_group):
 
 
 def _compression_hook(spec: str, ratio: float | None, seed: int):
-    """``--compressor NAME[:PARAM=VALUE]``: gradstat's hook for that compressor."""
+    """``--compressor SPEC`` (a registry name or the user's own, with its parameters):
+    gradstat's hook for that compressor."""
     from gradstat.hooks import compression_hook
 
-    name, *assignments = spec.split(":")
-    params = {key: float(value) for key, _, value in (a.partition("=") for a in assignments)}
-    return compression_hook(name, ratio=ratio, seed=seed, **params)
+    return compression_hook(spec, ratio=ratio, seed=seed)
 
 
 def train(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, reco
 from gradstat.capture.launch import CaptureOptions, recorded, run_capture
 from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT
 from gradstat.capture.workloads import SIZE_NAMES, SPECS, parameter_count
+from gradstat.cli.options import COMPRESSOR_NAMES, list_compressors
 from gradstat.cli.output import console, err_console, warn
 from gradstat.store.ranks import format_ranks, parse_ranks
 
@@ -115,8 +116,10 @@ def capture_command(
     compressor: str = typer.Option(
         None,
         "--compressor",
-        help="Train with this compressor as the DDP hook, NAME[:PARAM=VALUE] as in replay; "
-        "records what each learner sent too (docs/online.md).",
+        callback=list_compressors,
+        is_eager=True,
+        help="Train with this compressor as the DDP hook and record what each learner sent "
+        f"too (docs/online.md): {COMPRESSOR_NAMES}",
     ),
     ratio: float = typer.Option(None, "--ratio", help="Density k/d of a --compressor sparsifier."),
 ) -> None:

@@ -209,12 +209,46 @@ ClusterSize = Annotated[
         show_default=False,
     ),
 ]
+def list_compressors(value: str | None) -> str | None:
+    """``--compressors list``: print the registry's and installed packages' compressors
+    and exit (an eager callback: it runs before the capture argument is checked)."""
+    if value != "list":
+        return value
+    from rich.table import Table
+
+    from gradstat.cli.output import console
+    from gradstat.compressors.registry import REGISTRY
+    from gradstat.compressors.spec import GROUP, entry_points
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("compressor", "rate", "what"):
+        table.add_column(column)
+    for name, entry in REGISTRY.items():
+        table.add_row(name, "fixed" if entry.fixed_rate else "ratios", entry.summary)
+    for name, ep in sorted(entry_points().items()):
+        table.add_row(name, "", f"{ep.value} (an installed package's, {GROUP})")
+    console.print(table)
+    console.print(
+        "Your own: MODULE:CLASS or path/to/file.py:CLASS, each with optional :PARAM=VALUE "
+        "(docs/compressors.md).",
+        highlight=False,
+    )
+    raise typer.Exit()
+
+
+#: What the help of every option naming compressors says about the names.
+COMPRESSOR_NAMES = (
+    "NAME[:PARAM=VALUE] (docs/replay.md), or your own as MODULE:CLASS or FILE.py:CLASS "
+    "(docs/compressors.md); 'list' lists them."
+)
 Compressors = Annotated[
     str,
     typer.Option(
         "--compressors",
         metavar="LIST",
-        help="Comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+        callback=list_compressors,
+        is_eager=True,
+        help=f"Comma-separated compressors: {COMPRESSOR_NAMES}",
     ),
 ]
 ErrorBudget = Annotated[

@@ -27,6 +27,7 @@ from gradstat.cli.options import (
     DPI,
     LATENCY,
     RANK,
+    COMPRESSOR_NAMES,
     RATIOS,
     SEED,
     THREADS,
@@ -55,6 +56,7 @@ from gradstat.cli.options import (
     Steps,
     Threads,
     compute_options,
+    list_compressors,
 )
 from gradstat.cli.output import (
     Output,
@@ -88,7 +90,9 @@ Candidates = Annotated[
         "--compressors",
         metavar="LIST",
         show_default="every compressor but none",
-        help="Candidates, comma-separated NAME[:PARAM=VALUE] (docs/replay.md).",
+        callback=list_compressors,
+        is_eager=True,
+        help=f"Candidates, comma-separated: {COMPRESSOR_NAMES}",
     ),
 ]
 Target = Annotated[

@@ -205,7 +205,15 @@ def parse_compressors(
     for part in parts:
         name, *assignments = part.split(":")
         if name not in REGISTRY:
-            raise UsageError(f"unknown compressor {name!r}; known: {', '.join(sorted(REGISTRY))}")
+            from gradstat.compressors.spec import is_user_spec, user_spec
+
+            if is_user_spec(part, REGISTRY):  # MODULE:CLASS, FILE.py:CLASS, entry point
+                specs.append(user_spec(part))
+                continue
+            raise UsageError(
+                f"unknown compressor {name!r}; known: {', '.join(sorted(REGISTRY))}, "
+                "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md)"
+            )
         allowed = REGISTRY[name].params
         params = {k: v for k, v in (defaults or {}).items() if k in allowed}
         for assignment in assignments:

@@ -1,0 +1,355 @@
+"""Compressors of the user's own, named wherever a built-in is.
+
+Besides a registry name (:mod:`gradstat.compressors.registry`), a compressor is named as
+
+* ``MODULE:CLASS``: a class importable from the working directory or ``PYTHONPATH``
+  (``mypkg.compressors:TopK``);
+* ``path/to/file.py:CLASS``: a class in a Python file (its folder joins the import path,
+  so the file may import its neighbours);
+* ``NAME``: an entry point of the group ``gradstat.compressors`` that an installed
+  package declares (``[project.entry-points."gradstat.compressors"] mytopk =
+  "mypkg.compressors:TopK"``), listed by ``--compressors list``;
+
+each followed by optional ``:PARAM=VALUE`` constructor arguments (integers, floats,
+``true`` / ``false`` or text). A class whose constructor takes ``compress_ratio``
+(GRACE's name) or ``ratio`` is a sparsifier: each density of ``--ratios`` reaches it
+under that name; a constructor that takes ``seed`` gets ``--seed`` unless the spec sets
+it. The class's protocol and how it runs: :mod:`gradstat.compressors.user`.
+
+Mistakes in a spec (a file or module that does not import, no such class, a class
+without ``compress`` / ``decompress``, a parameter the constructor does not take) are
+:class:`~gradstat.errors.UsageError` (exit 2); a failure inside the user's code is a
+:class:`~gradstat.errors.UserCodeError` (exit 1). Both name the spec, and the user's file
+and line where there is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradstat.compressors.memory import NoMemory, ResidualMemory
+from gradstat.compressors.registry import CompressorSpec, Context, Entry
+from gradstat.compressors.user import Blame, UserCompressor, shown_path, user_frame
+from gradstat.errors import UsageError
+
+#: The entry-point group installed packages declare their compressors in.
+GROUP = "gradstat.compressors"
+#: Constructor parameters that take a sparsifier's density, in order of preference.
+RATIO_NAMES = ("compress_ratio", "ratio")
+#: The methods every compressor class must have.
+REQUIRED = ("compress", "decompress")
+DOCS = "docs/compressors.md"
+
+Value = int | float | bool | str
+
+
+def entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """Installed packages' compressors: entry-point name -> entry point."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
+
+
+def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
+    """Whether ``part`` names a user's compressor rather than a registry one."""
+    head, _, rest = part.partition(":")
+    if head in builtin:
+        return False
+    second = rest.split(":", 1)[0]
+    return _is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
+
+
+def _is_file(head: str) -> bool:
+    return head.endswith(".py") or "/" in head or os.sep in head
+
+
+def parse_value(text: str) -> Value:
+    """A constructor argument: int, float, ``true``/``false``, else the text itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def format_value(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def split_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
+    """``(source, params)`` of ``SOURCE[:PARAM=VALUE...]``; the source is ``MODULE:CLASS``,
+    ``FILE.py:CLASS`` or an entry point's name."""
+    head, *pieces = part.split(":")
+    if pieces and "=" not in pieces[0]:
+        head = f"{head}:{pieces.pop(0)}"
+    params: dict[str, Value] = {}
+    for piece in pieces:
+        key, eq, value = piece.partition("=")
+        if not eq or not key.isidentifier():
+            raise UsageError(f"{part}: {piece!r} is not PARAM=VALUE")
+        if key in params:
+            raise UsageError(f"{part}: {key} is given twice")
+        params[key] = parse_value(value)
+    return head, tuple(params.items())
+
+
+def _import_file(source: str, path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"{source}: no such file {path}")
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    name = f"gradstat_user_{re.sub(r'[^0-9A-Za-z_]', '_', resolved.stem)}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = str(resolved.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # the file may import its neighbours
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{source}: {path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        del sys.modules[name]
+        raise _import_error(source, exc, {str(resolved)}) from exc
+    return module
+
+
+def _import_module(source: str, dotted: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # MODULE:CLASS from the working directory, as ``python -m``
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (dotted == exc.name or dotted.startswith(exc.name + ".")):
+            raise UsageError(
+                f"{source}: no module named {exc.name!r} in the working directory or on "
+                "PYTHONPATH"
+            ) from None
+        raise _import_error(source, exc, set()) from exc
+    except BaseException as exc:
+        raise _import_error(source, exc, set()) from exc
+
+
+def _import_error(source: str, exc: BaseException, files: set[str]) -> UsageError:
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{shown_path(exc.filename)}:{exc.lineno}"
+        return UsageError(f"{source}: does not import: SyntaxError: {exc.msg} (at {where})")
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc
+    where = user_frame(exc, files)
+    at = f" (at {where})" if where else ""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return UsageError(f"{source}: does not import: {text}{at}")
+
+
+def _load_class(source: str) -> type:
+    """The class ``source`` names (``MODULE:CLASS``, ``FILE.py:CLASS`` or an entry point)."""
+    target = source
+    if ":" not in source:
+        found = entry_points().get(source)
+        if found is None:
+            raise UsageError(f"unknown compressor {source!r}")
+        target = found.value
+        if ":" not in target:
+            raise UsageError(f"{source}: entry point {target!r} names no MODULE:CLASS")
+    where, _, qualname = target.rpartition(":")
+    if _is_file(where):
+        module = _import_file(source, Path(where))
+    else:
+        module = _import_module(source, where)
+    found: Any = module
+    for attribute in qualname.split("."):
+        found = getattr(found, attribute, None)
+        if found is None:
+            classes = sorted(
+                n
+                for n, v in vars(module).items()
+                if inspect.isclass(v) and callable(getattr(v, "compress", None))
+            )
+            hint = f" (it has: {', '.join(classes)})" if classes else ""
+            raise UsageError(f"{source}: {shown_path(where)} has no class {qualname!r}{hint}")
+    if not inspect.isclass(found):
+        raise UsageError(f"{source}: {qualname} is a {type(found).__name__}, not a class")
+    for method in REQUIRED:
+        if not callable(getattr(found, method, None)):
+            raise UsageError(
+                f"{source}: {qualname} has no {method} method (a compressor needs "
+                f"compress(tensor, name) and decompress(tensors, ctx); {DOCS})"
+            )
+        if getattr(getattr(found, method), "__isabstractmethod__", False):
+            raise UsageError(f"{source}: {qualname}.{method} is abstract (GRACE's base class)")
+    return found
+
+
+@functools.cache
+def load_class(source: str, cwd: str) -> type:
+    """:func:`_load_class`, once per process and working directory."""
+    return _load_class(source)
+
+
+@dataclass(frozen=True)
+class UserClass:
+    """A user's class and what its constructor takes."""
+
+    source: str
+    cls: type
+    signature: inspect.Signature
+
+    @property
+    def ratio_name(self) -> str | None:
+        """The parameter the density goes to, ``None`` for a fixed-rate compressor."""
+        names = self.signature.parameters
+        return next((n for n in RATIO_NAMES if n in names), None)
+
+    @property
+    def takes_seed(self) -> bool:
+        return "seed" in self.signature.parameters
+
+    @property
+    def summary(self) -> str:
+        doc = inspect.getdoc(self.cls) or ""
+        return doc.split("\n\n")[0].replace("\n", " ") or self.cls.__name__
+
+
+def user_class(source: str) -> UserClass:
+    """The class ``source`` names with its constructor's signature."""
+    cls = load_class(source, os.getcwd())
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):
+        signature = inspect.Signature()
+    return UserClass(source, cls, signature)
+
+
+def _check_params(part: str, found: UserClass, params: Mapping[str, Value]) -> None:
+    taken = [
+        name
+        for name, p in found.signature.parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    name = found.cls.__name__
+    for key in params:
+        if key in RATIO_NAMES and found.ratio_name == key:
+            raise UsageError(f"{part}: give {name}'s density with --ratios, not {key}=")
+    fixed = {found.ratio_name: 0.5} if found.ratio_name else {}
+    if found.takes_seed:
+        fixed.setdefault("seed", 0)
+    try:
+        found.signature.bind(**{**fixed, **params})
+    except TypeError as exc:
+        message = str(exc)
+        missing = re.search(r"missing a required argument: '(\w+)'", message)
+        if missing:
+            raise UsageError(
+                f"{part}: {name} needs {missing.group(1)} (give {part}:{missing.group(1)}=VALUE)"
+            ) from None
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
+        known = ", ".join(t for t in taken if t not in RATIO_NAMES) or "none"
+        what = f"no parameter {unexpected.group(1)!r}" if unexpected else message
+        raise UsageError(f"{part}: {name} takes {what} (its parameters: {known})") from None
+
+
+def build_user(
+    label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed
+) -> UserCompressor:
+    """An instance of the user's class at density ``ratio`` (``None``: fixed rate)."""
+    found = user_class(source)
+    kwargs = dict(params)
+    if found.ratio_name is not None and ratio is not None:
+        kwargs[found.ratio_name] = ratio
+    if found.takes_seed:
+        kwargs.setdefault("seed", seed)
+    blame = Blame(label, found.cls)
+    obj = blame.call("__init__", found.cls, **kwargs)
+    return UserCompressor(obj, blame, k=k, numel=numel, seed=seed)
+
+
+def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
+    """``(source, params)`` of a user's spec, imported and checked (errors: exit 2)."""
+    source, params = split_spec(part)
+    found = user_class(source)
+    _check_params(part, found, dict(params))
+    for key, value in params:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{part}: {key} must be finite")
+    return source, params
+
+
+def _entry(spec: UserSpec) -> Entry:
+    found = user_class(spec.source)
+
+    def build(ctx: Context) -> UserCompressor:
+        ratio = ctx.ratio if found.ratio_name is not None else None
+        return build_user(
+            spec.label,
+            spec.source,
+            dict(spec.params),
+            ratio=ratio,
+            k=ctx.k,
+            numel=ctx.numel,
+            seed=ctx.seed,
+        )
+
+    def memory(params: Mapping[str, float]) -> NoMemory | ResidualMemory:
+        # a class with its own memory applies it inside UserCompressor
+        return NoMemory() if getattr(found.cls, "memory", None) is not None else ResidualMemory()
+
+    return Entry(build, memory, found.ratio_name is None, found.summary)
+
+
+@dataclass(frozen=True)
+class UserSpec(CompressorSpec):
+    """A user's compressor: ``name`` is its source (``MODULE:CLASS``, ``FILE.py:CLASS``
+    or an entry point), ``params`` its constructor arguments. Checked when made (the
+    class imports, has the methods, takes the parameters), also after travelling to
+    another process."""
+
+    params: tuple[tuple[str, Value], ...] = ()
+
+    def __post_init__(self) -> None:
+        part = ":".join([self.name, *(f"{k}={format_value(v)}" for k, v in self.params)])
+        check_user_spec(part)
+
+    @property
+    def source(self) -> str:
+        return self.name
+
+    @property
+    def entry(self) -> Entry:
+        return _entry(self)
+
+    @property
+    def fixed_rate(self) -> bool:
+        return user_class(self.source).ratio_name is None
+
+    @property
+    def label(self) -> str:
+        """The spec as written: its source and every parameter given."""
+        return ":".join([self.name, *(f"{k}={format_value(v)}" for k, v in self.params)])
+
+
+def user_spec(part: str) -> UserSpec:
+    """The :class:`UserSpec` of ``SOURCE[:PARAM=VALUE...]`` (errors: exit 2)."""
+    source, params = split_spec(part)
+    return UserSpec(source, params)

@@ -1,0 +1,282 @@
+"""A user's compressor class (GRACE's shape) behind gradstat's compressor interface.
+
+A user's class needs two methods, GRACE's (Xu et al. 2021, ``grace_dl.torch.Compressor``):
+``compress(tensor, name) -> (tensors, ctx)`` (the tensors go on the wire, ``ctx`` stays
+with the learner) and ``decompress(tensors, ctx) -> tensor``. Optional, as in GRACE:
+``aggregate(list_of_decompressed)`` (default: their sum), ``average`` (default True: the
+aggregate is divided by the number of learners) and ``memory``, a GRACE memory
+(``compensate(tensor, name)`` / ``update(tensor, name, compressor, tensors, ctx)``,
+e.g. GRACE's ``ResidualMemory``) or a class making one; without it gradstat's residual
+error feedback runs (``m = p - decompress(compress(p))``). gradstat's own attribute
+``collective`` is ``"allgather"`` (default: every learner decodes every payload) or
+``"allreduce"`` (payloads add up, as for casts: the summed tensors are decoded once).
+
+:class:`UserCompressor` runs such an object: bytes on the wire are the payload tensors'
+sizes; each call of ``compress`` draws from torch's and numpy's global generators seeded
+from the run's seed, the step and the learner (their state outside is kept); a failure
+inside the user's code is a :class:`~gradstat.errors.UserCodeError` naming the spec, the
+method and the user's file and line.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gradstat.compressors.base import Exchange, LocalCompressor, Payload
+from gradstat.errors import UserCodeError
+
+#: The name a compressor's tensor is given in ``compress(tensor, name)`` (the scope).
+SCOPE_NAME = "model"
+COLLECTIVES = ("allgather", "allreduce")
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as the user would write it: relative to the working directory when inside."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _defined_in(obj: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(obj)
+    except TypeError:
+        return None
+
+
+def user_frame(exc: BaseException, files: set[str]) -> str | None:
+    """``file:line`` of the last traceback frame in one of the user's ``files`` (else the
+    last frame outside gradstat, torch and the standard library), ``None`` if neither."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if os.path.realpath(f.filename) in files]
+    if not mine:
+        gradstat_dir = str(Path(__file__).resolve().parents[1])
+        stdlib = os.path.dirname(os.__file__)
+        mine = [
+            f
+            for f in frames
+            if not f.filename.startswith((gradstat_dir, stdlib, os.path.dirname(torch.__file__)))
+            and not f.filename.startswith("<")
+        ]
+    if not mine:
+        return None
+    return f"{shown_path(mine[-1].filename)}:{mine[-1].lineno}"
+
+
+def definition(function: Any) -> str | None:
+    """``file:line`` where a function or class is defined, ``None`` if unknown."""
+    try:
+        lines = inspect.getsourcelines(function)[1]
+        return f"{shown_path(inspect.getsourcefile(function) or '?')}:{lines}"
+    except (OSError, TypeError):
+        return None
+
+
+class Blame:
+    """Turns exceptions raised inside a user's code into one line naming them.
+
+    ``label`` is the spec as the user wrote it; ``cls`` the user's class (its file and
+    those of its bases outside gradstat count as the user's files).
+    """
+
+    def __init__(self, label: str, cls: type) -> None:
+        self.label = label
+        self.cls = cls
+        self.files = {
+            os.path.realpath(f) for f in (_defined_in(c) for c in cls.__mro__) if f is not None
+        }
+
+    def error(self, method: str, message: str, where: str | None) -> UserCodeError:
+        at = f" (at {where})" if where else ""
+        return UserCodeError(f"{self.label}: {method} {message}{at}")
+
+    def call(self, method: str, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)``; an exception becomes a :class:`UserCodeError`."""
+        try:
+            return function(*args, **kwargs)
+        except UserCodeError:
+            raise
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise self.error(method, f"raised {text}", user_frame(exc, self.files)) from exc
+
+    def wrong(self, method: str, function: Any, message: str) -> UserCodeError:
+        """An error about what ``method`` returned, at its definition."""
+        return self.error(method, message, definition(function))
+
+
+def seed_for(seed: int, step: int, learner: int) -> int:
+    """The seed of one learner's draws at one step (numpy's SeedSequence of the three)."""
+    return int(np.random.SeedSequence([seed, step, learner]).generate_state(1, np.uint32)[0])
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """torch's and numpy's global CPU generators seeded with ``seed`` inside, restored after."""
+    state = np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(state)
+
+
+def _describe(tensors: Any) -> str:
+    if isinstance(tensors, (list, tuple)):
+        return "(" + ", ".join(_describe(t) for t in tensors) + ")"
+    if isinstance(tensors, torch.Tensor):
+        return f"{str(tensors.dtype).removeprefix('torch.')}{list(tensors.shape)}"
+    return type(tensors).__name__
+
+
+@dataclass
+class UserPayload(Payload):
+    """A user payload: the wire tensors and the ``ctx`` the learner kept."""
+
+    ctx: Any = None
+
+
+class UserCompressor(LocalCompressor):
+    """A user's compressor object (see the module docstring) as a gradstat compressor.
+
+    ``k`` is the target count of a sparsifier (``None`` for fixed-rate ones), used for
+    the quality column; ``selected`` is the non-zero count of each decompressed vector.
+    """
+
+    name = "user"
+
+    def __init__(self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int) -> None:
+        self.obj = obj
+        self.blame = blame
+        self.k = k
+        self.numel = numel
+        self.seed = seed
+        collective = getattr(obj, "collective", "allgather")
+        if collective not in COLLECTIVES:
+            raise blame.wrong(
+                "collective",
+                type(obj),
+                f"is {collective!r}; use one of {', '.join(COLLECTIVES)}",
+            )
+        self.collective = collective
+        self.average = bool(getattr(obj, "average", True))
+        self._calls: dict[int, int] = {}
+        self._last_ctx: Any = None
+        self._memories: dict[int, Any] = {}
+        self._memory = getattr(obj, "memory", None)
+
+    @property
+    def own_memory(self) -> bool:
+        """Whether the class brings its own (GRACE-shaped) error-feedback memory."""
+        return self._memory is not None
+
+    def _learner_memory(self, learner: int) -> Any:
+        memory = self._memories.get(learner)
+        if memory is None:
+            made = self._memory
+            if inspect.isclass(made) or (callable(made) and not hasattr(made, "compensate")):
+                made = self.blame.call("memory", made)
+            else:
+                made = copy.deepcopy(made)
+            for method in ("compensate", "update"):
+                if not callable(getattr(made, method, None)):
+                    raise self.blame.wrong(
+                        "memory", type(self.obj), f"has no {method} method (GRACE's Memory)"
+                    )
+            memory = self._memories[learner] = made
+        return memory
+
+    def compress(self, tensor: torch.Tensor, learner: int = 0) -> UserPayload:
+        step = self._calls.get(learner, 0)
+        self._calls[learner] = step + 1
+        obj, blame = self.obj, self.blame
+        memory = self._learner_memory(learner) if self.own_memory else None
+        with seeded(seed_for(self.seed, step, learner)):
+            if memory is not None:
+                tensor = blame.call("memory.compensate", memory.compensate, tensor, SCOPE_NAME)
+            result = blame.call("compress", obj.compress, tensor, SCOPE_NAME)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise blame.wrong(
+                "compress", obj.compress, f"returned {_describe(result)}; return (tensors, ctx)"
+            )
+        tensors, ctx = result
+        if isinstance(tensors, torch.Tensor):
+            tensors = (tensors,)
+        if not isinstance(tensors, (tuple, list)) or not all(
+            isinstance(t, torch.Tensor) for t in tensors
+        ):
+            raise blame.wrong(
+                "compress",
+                obj.compress,
+                f"returned tensors {_describe(tensors)}; the tensors must be a list of tensors",
+            )
+        if memory is not None:
+            blame.call(
+                "memory.update", memory.update, tensor, SCOPE_NAME, obj, list(tensors), ctx
+            )
+        self._last_ctx = ctx
+        return UserPayload(tuple(tensors), self.numel, 0, {}, ctx)
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        """The user's ``decompress``; a payload that travelled (no ctx) takes this
+        learner's last ctx, as GRACE's communicators do."""
+        ctx = payload.ctx if isinstance(payload, UserPayload) else self._last_ctx
+        obj, blame = self.obj, self.blame
+        try:
+            dense = obj.decompress(list(payload.tensors), ctx)
+        except Exception as exc:
+            where = user_frame(exc, blame.files)
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise blame.error(
+                "decompress",
+                f"cannot read the payload {_describe(payload.tensors)} of compress: {text}",
+                where,
+            ) from exc
+        if not isinstance(dense, torch.Tensor) or dense.numel() != self.numel:
+            got = _describe(dense)
+            raise blame.wrong(
+                "decompress", obj.decompress, f"returned {got}; expected {self.numel} values"
+            )
+        dense = dense.reshape(-1).to(torch.float32)
+        payload.selected = int(torch.count_nonzero(dense)) if self.k is not None else self.numel
+        return dense
+
+    def aggregate(self, sent: torch.Tensor) -> torch.Tensor:
+        """The user's ``aggregate`` of the decompressed rows (default: their sum), divided
+        by the number of learners when ``average`` (GRACE's communicators)."""
+        function = getattr(self.obj, "aggregate", None)
+        if function is None:
+            total = sent.sum(dim=0)
+        else:
+            total = self.blame.call("aggregate", function, list(sent))
+            if not isinstance(total, torch.Tensor) or total.numel() != self.numel:
+                raise self.blame.wrong(
+                    "aggregate", function, f"returned {_describe(total)}; expected a tensor"
+                )
+            total = total.reshape(-1).to(torch.float32)
+        return total / sent.shape[0] if self.average else total
+
+    def exchange(self, corrected: torch.Tensor) -> Exchange:
+        """One step of every learner; a sparsifier's build-up is the count of elements
+        any learner sent (non-zero in its decompressed vector)."""
+        outcome = super().exchange(corrected)
+        if self.k is not None:
+            outcome.union = int(torch.count_nonzero((outcome.sent != 0).any(dim=0)))
+        return outcome
+
+    def settings(self) -> dict[str, float]:
+        return {} if self.k is None else {"k": self.k}
