@@ -39,11 +39,21 @@ class TopK:
         return dense.view(shape)
 
 
+class NoFeedback:
+    """A memory in GRACE's shape (``compensate`` / ``update``) that keeps nothing."""
+
+    def compensate(self, tensor, name):
+        return tensor
+
+    def update(self, tensor, name, compressor, tensors, ctx):
+        pass
+
+
 class Quantize:
     """Stochastic uniform quantizer: ``bits`` per value (in int8) and one float32 scale.
 
-    Unbiased (stochastic rounding), so it needs no error feedback: ``memory`` is a
-    GRACE-shaped memory that keeps nothing.
+    Unbiased (stochastic rounding), so it needs no error feedback: its ``memory`` keeps
+    nothing (without one, gradstat's residual error feedback runs).
     """
 
     def __init__(self, bits: int = 4) -> None:
@@ -51,12 +61,7 @@ class Quantize:
             raise ValueError(f"bits must be in 2..8, got {bits}")
         self.levels = 2 ** (bits - 1) - 1
 
-    class memory:  # noqa: N801 - GRACE's Memory shape; a class makes one per learner
-        def compensate(self, tensor, name):
-            return tensor
-
-        def update(self, tensor, name, compressor, tensors, ctx):
-            pass
+    memory = NoFeedback  # a class: gradstat makes one per learner
 
     def compress(self, tensor: torch.Tensor, name: str):
         flat = tensor.flatten()

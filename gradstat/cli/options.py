@@ -209,6 +209,8 @@ ClusterSize = Annotated[
         show_default=False,
     ),
 ]
+
+
 def list_compressors(value: str | None) -> str | None:
     """``--compressors list``: print the registry's and installed packages' compressors
     and exit (an eager callback: it runs before the capture argument is checked)."""

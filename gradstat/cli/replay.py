@@ -24,10 +24,10 @@ from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
     BETA,
+    COMPRESSOR_NAMES,
     DPI,
     LATENCY,
     RANK,
-    COMPRESSOR_NAMES,
     RATIOS,
     SEED,
     THREADS,

@@ -143,8 +143,7 @@ def _import_module(source: str, dotted: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name is not None and (dotted == exc.name or dotted.startswith(exc.name + ".")):
             raise UsageError(
-                f"{source}: no module named {exc.name!r} in the working directory or on "
-                "PYTHONPATH"
+                f"{source}: no module named {exc.name!r} in the working directory or on PYTHONPATH"
             ) from None
         raise _import_error(source, exc, set()) from exc
     except BaseException as exc:
@@ -174,10 +173,8 @@ def _load_class(source: str) -> type:
         if ":" not in target:
             raise UsageError(f"{source}: entry point {target!r} names no MODULE:CLASS")
     where, _, qualname = target.rpartition(":")
-    if _is_file(where):
-        module = _import_file(source, Path(where))
-    else:
-        module = _import_module(source, where)
+    from_file = _is_file(where)
+    module = _import_file(source, Path(where)) if from_file else _import_module(source, where)
     found: Any = module
     for attribute in qualname.split("."):
         found = getattr(found, attribute, None)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradstat.compressors.base import Exchange, LocalCompressor, Payload
+from gradstat.compressors.legacy import Exchange, LocalCompressor, Payload
 from gradstat.errors import UserCodeError
 
 #: The name a compressor's tensor is given in ``compress(tensor, name)`` (the scope).
@@ -225,9 +225,7 @@ class UserCompressor(LocalCompressor):
                 f"returned tensors {_describe(tensors)}; the tensors must be a list of tensors",
             )
         if memory is not None:
-            blame.call(
-                "memory.update", memory.update, tensor, SCOPE_NAME, obj, list(tensors), ctx
-            )
+            blame.call("memory.update", memory.update, tensor, SCOPE_NAME, obj, list(tensors), ctx)
         self._last_ctx = ctx
         return UserPayload(tuple(tensors), self.numel, 0, {}, ctx)
 

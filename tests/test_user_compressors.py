@@ -1,0 +1,385 @@
+"""The user's own compressors (MODULE:CLASS, FILE.py:CLASS, entry points, GRACE classes)
+against a plain error-feedback recursion, and their mistakes as one named line."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradstat.store import open_capture
+from tests.helpers import assert_clean_error, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "compressors.py"
+RATIO = 0.05
+
+
+def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
+    """Top-k with residual error feedback, step by step, in numpy: GRACE's
+    ``k = max(1, int(d * ratio))``; per step the relative error of the mean of what the
+    learners sent against the mean gradient, and the bytes (int64 index + float32 value)."""
+    n, steps, d = grads.shape
+    k = max(1, int(d * ratio))
+    memory = np.zeros((n, d), dtype=np.float32)
+    out = []
+    for s in range(steps):
+        p = grads[:, s] + memory
+        sent = np.zeros_like(p)
+        for i in range(n):
+            chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
+            sent[i, chosen] = p[i, chosen]
+        memory = p - sent
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        estimate = sent.astype(np.float64).mean(axis=0)
+        rel = float(((estimate - mean) ** 2).sum() / (mean**2).sum())
+        out.append({"step": s, "k": k, "rel_error": rel, "bytes": 12 * k})
+    return out
+
+
+def quantize_reference(grads: np.ndarray, bits: int, seed: int = 0) -> list[float]:
+    """The example's stochastic quantizer without memory: learner i's uniform draws at
+    step s come from torch's generator seeded with numpy's SeedSequence([seed, s, i])."""
+    n, steps, d = grads.shape
+    levels = 2 ** (bits - 1) - 1
+    out = []
+    for s in range(steps):
+        decoded = np.zeros((n, d))
+        for i in range(n):
+            g = grads[i, s]
+            state = np.random.SeedSequence([seed, s, i]).generate_state(1, np.uint32)[0]
+            torch.manual_seed(int(state))
+            noise = torch.rand(d).numpy()
+            scale = np.float32(np.abs(g).max() / np.float32(levels))
+            scaled = g / scale
+            low = np.floor(scaled)
+            codes = low + (noise < scaled - low)
+            decoded[i] = codes.astype(np.float32) * scale
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        out.append(float(((decoded.mean(axis=0) - mean) ** 2).sum() / (mean**2).sum()))
+    return out
+
+
+def replay_records(capsys, capture, compressors: str, *extra: str) -> list[dict]:
+    result = run_cli(
+        capsys, "replay", capture, "--compressors", compressors, "--ratios", str(RATIO), "--json",
+        *extra,
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    return json.loads(result.stdout)["records"]
+
+
+def assert_matches_reference(records: list[dict], grads: np.ndarray) -> None:
+    reference = ef_topk(grads, RATIO)
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
+    d = grads.shape[2]
+    for record, expected in zip(records, reference, strict=True):
+        assert record["bytes_per_learner"] == expected["bytes"]
+        assert record["density"] == pytest.approx(expected["k"] / d)
+        assert record["rel_error"] == pytest.approx(expected["rel_error"], rel=1e-5)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- a file, a module, an entry point, GRACE's classes ------------------------------------
+
+
+def test_file_compressor_replays_as_the_error_feedback_recursion(synthetic_capture, capsys):
+    path, grads = synthetic_capture
+    records = replay_records(capsys, path, f"{EXAMPLE}:TopK", "--jobs", "1")
+    assert {r["compressor"] for r in records} == {f"{EXAMPLE}:TopK"}
+    assert_matches_reference(records, grads)
+
+
+def test_module_compressor_from_the_working_directory_in_worker_processes(
+    synthetic_capture, capsys, tmp_path, monkeypatch
+):
+    path, grads = synthetic_capture
+    write(tmp_path / "work" / "mine.py", EXAMPLE.read_text())
+    monkeypatch.chdir(tmp_path / "work")
+    specs = "mine:TopK,mine:Quantize:bits=6"
+    one = replay_records(capsys, path, specs, "--jobs", "1")
+    two = replay_records(capsys, path, specs, "--jobs", "2")
+    drop = ("compress_seconds",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in one] == [
+        {k: v for k, v in r.items() if k not in drop} for r in two
+    ]
+    assert_matches_reference([r for r in one if r["compressor"] == "mine:TopK"], grads)
+    quantized = [r for r in one if r["compressor"] == "mine:Quantize:bits=6"]
+    d = grads.shape[2]
+    assert {r["bytes_per_learner"] for r in quantized} == {d + 4}  # int8 codes, one scale
+    for record, expected in zip(quantized, quantize_reference(grads, bits=6), strict=True):
+        assert record["rel_error"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_random_draws_follow_the_seed(synthetic_capture, capsys):
+    path, _ = synthetic_capture
+    spec = f"{EXAMPLE}:Quantize:bits=2"
+    first = replay_records(capsys, path, spec, "--jobs", "1", "--seed", "3")
+    again = replay_records(capsys, path, spec, "--jobs", "1", "--seed", "3")
+    other = replay_records(capsys, path, spec, "--jobs", "1", "--seed", "4")
+    errors = [[r["rel_error"] for r in run] for run in (first, again, other)]
+    assert errors[0] == errors[1]
+    assert errors[0] != errors[2]
+
+
+GRACE_BASE = '''
+    """A stand-in for grace_dl.torch: GRACE's abstract Memory, Compressor, Communicator."""
+    from abc import ABC, abstractmethod
+
+
+    class Memory(ABC):
+        @abstractmethod
+        def compensate(self, tensor, name):
+            raise NotImplementedError
+
+        def update(self, tensor, name, compressor, tensor_compressed, ctx):
+            pass
+
+
+    class Compressor(ABC):
+        def __init__(self, average=True, tensors_size_are_same=True):
+            self.average = average
+            self.tensors_size_are_same = tensors_size_are_same
+
+        @abstractmethod
+        def compress(self, tensor, name):
+            raise NotImplementedError
+
+        @abstractmethod
+        def decompress(self, tensors, ctx):
+            raise NotImplementedError
+
+        def aggregate(self, tensors):
+            return sum(tensors)
+'''
+GRACE_TOPK = """
+    import torch
+
+    from grace_dl.torch import Compressor
+
+
+    class TopKCompressor(Compressor):
+        def __init__(self, compress_ratio):
+            super().__init__()
+            self.compress_ratio = compress_ratio
+
+        def compress(self, tensor, name):
+            flat = tensor.flatten()
+            k = max(1, int(flat.numel() * self.compress_ratio))
+            _, indices = torch.topk(flat.abs(), k, sorted=False)
+            return (torch.gather(flat, 0, indices), indices), (flat.numel(), tensor.size())
+
+        def decompress(self, tensors, ctx):
+            values, indices = tensors
+            numel, shape = ctx
+            out = torch.zeros(numel, dtype=values.dtype)
+            out.scatter_(0, indices, values)
+            return out.view(shape)
+"""
+GRACE_RESIDUAL = """
+    from grace_dl.torch import Memory
+
+
+    class ResidualMemory(Memory):
+        def __init__(self, beta=1.0, gamma=1.0):
+            self.residuals = {}
+            self.beta = beta
+            self.gamma = gamma
+
+        def compensate(self, tensor, name):
+            if name in self.residuals:
+                tensor = self.beta * self.residuals[name] + self.gamma * tensor
+            return tensor
+
+        def update(self, tensor, name, compressor, tensor_compressed, ctx):
+            self.residuals[name] = tensor - compressor.decompress(tensor_compressed, ctx)
+"""
+
+
+@pytest.fixture
+def grace(tmp_path, monkeypatch):
+    """A small ``grace_dl`` on the import path with GRACE's API (its top-k and residual
+    memory), and a user's file composing them."""
+    site = tmp_path / "site"
+    write(site / "grace_dl" / "__init__.py", "")
+    write(site / "grace_dl" / "torch" / "__init__.py", GRACE_BASE)
+    write(site / "grace_dl" / "torch" / "compressor" / "__init__.py", "")
+    write(site / "grace_dl" / "torch" / "compressor" / "topk.py", GRACE_TOPK)
+    write(site / "grace_dl" / "torch" / "memory" / "__init__.py", "")
+    write(site / "grace_dl" / "torch" / "memory" / "residual.py", GRACE_RESIDUAL)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
+    mine = write(
+        tmp_path / "mine.py",
+        """
+        from grace_dl.torch.compressor.topk import TopKCompressor
+        from grace_dl.torch.memory.residual import ResidualMemory
+
+
+        class TopKWithGraceMemory(TopKCompressor):
+            memory = ResidualMemory
+        """,
+    )
+    return mine
+
+
+def test_grace_classes_run_unchanged(synthetic_capture, capsys, grace):
+    path, grads = synthetic_capture
+    specs = f"grace_dl.torch.compressor.topk:TopKCompressor,{grace}:TopKWithGraceMemory"
+    records = replay_records(capsys, path, specs, "--jobs", "1")
+    for spec in specs.split(","):
+        assert_matches_reference([r for r in records if r["compressor"] == spec], grads)
+
+
+def test_entry_points_are_listed_and_replay(synthetic_capture, capsys, tmp_path, monkeypatch):
+    path, grads = synthetic_capture
+    site = tmp_path / "site"
+    write(site / "epkg.py", EXAMPLE.read_text())
+    info = site / "epkg-0.1.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: epkg\nVersion: 0.1\n")
+    write(info / "entry_points.txt", "[gradstat.compressors]\nepkg-topk = epkg:TopK\n")
+    monkeypatch.syspath_prepend(str(site))
+    listed = run_cli(capsys, "replay", "--compressors", "list")
+    assert listed.code == 0
+    assert "epkg-topk" in listed.stdout and "epkg:TopK" in listed.stdout
+    assert "topk" in listed.stdout and "MODULE:CLASS" in listed.stdout
+    assert_matches_reference(replay_records(capsys, path, "epkg-topk", "--jobs", "1"), grads)
+
+
+# --- their mistakes, named -------------------------------------------------------------
+
+GOOD = """
+import torch
+
+
+class Mine:
+    def __init__(self, compress_ratio):
+        self.compress_ratio = compress_ratio
+
+    def compress(self, tensor, name):
+        k = max(1, int(tensor.numel() * self.compress_ratio))
+        _, indices = torch.topk(tensor.abs(), k)
+        return [indices, tensor[indices]], tensor.numel()
+
+    def decompress(self, tensors, ctx):
+        indices, values = tensors
+        return torch.zeros(ctx).index_put_((indices,), values)
+"""
+
+
+def _broken(good: str, old: str, new: str) -> str:
+    assert old in good
+    return good.replace(old, new)
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+CASES = {
+    # name: (file text or None, spec suffix, exit code, what the line must say, line of)
+    "missing file": (None, "nothere.py:Mine", 2, "no such file", None),
+    "syntax": (_broken(GOOD, "def compress(self", "def compress(self,,"), "", 2,
+               "SyntaxError", "def compress"),
+    "import raises": (_broken(GOOD, "import torch", "import torch\nSETUP = 1 / 0"), "", 2,
+                      "does not import: ZeroDivisionError", "SETUP"),
+    "missing dependency": (_broken(GOOD, "import torch", "import torch\nimport nosuchdep"), "",
+                           2, "No module named 'nosuchdep'", "nosuchdep"),
+    "no such module": (None, "nosuchmodule_xyz:Mine", 2, "no module named", None),
+    "no class": (GOOD, "bad.py:Other", 2, "has no class 'Other' (it has: Mine)", None),
+    "no compress": (_broken(GOOD, "def compress(", "def kompress("), "", 2,
+                    "has no compress method", None),
+    "unknown parameter": (GOOD, "bad.py:Mine:bits=3", 2, "no parameter 'bits'", None),
+    "init raises": (_broken(GOOD, "self.compress_ratio = compress_ratio",
+                            "raise RuntimeError('no GPU here')"), "", 1,
+                    "__init__ raised RuntimeError: no GPU here", "no GPU here"),
+    "compress raises": (_broken(GOOD, "k = max(", "k = 1 // 0 + max("), "", 1,
+                        "compress raised ZeroDivisionError", "k = 1 // 0"),
+    "compress returns one thing": (_broken(GOOD, "return [indices, tensor[indices]], "
+                                           "tensor.numel()", "return indices"), "", 1,
+                                   "compress returned int64[29]; return (tensors, ctx)",
+                                   "def compress"),
+    "decompress cannot read": (_broken(GOOD, "indices, values = tensors",
+                                       "values, indices = tensors"), "", 1,
+                               "decompress cannot read the payload (int64[29], float32[29])",
+                               "index_put_"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_mistake_is_one_line_naming_spec_method_and_line(
+    case, synthetic_capture, capsys, tmp_path, monkeypatch
+):
+    path, _ = synthetic_capture
+    text, suffix, code, says, line_of = CASES[case]
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        write(tmp_path / "bad.py", text)
+    spec = suffix or "bad.py:Mine"
+    result = run_cli(
+        capsys, "replay", path, "--compressors", spec, "--ratios", str(RATIO), "--jobs", "1"
+    )
+    assert_clean_error(result, code)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    message = " ".join(result.stderr.split())
+    assert lines[0].startswith("Error: ") and f"{spec}:" in message, result.stderr
+    assert says in message, result.stderr
+    if line_of is not None:
+        assert f"bad.py:{_line(text, line_of)}" in message, result.stderr
+    assert "gradstat/" not in message and "unexpected" not in message
+
+
+def test_a_failure_in_a_worker_process_is_named_the_same():
+    """Errors travel from --jobs workers as (type, message): the user's failure comes
+    back as the same class, with its exit code and line."""
+    from gradstat.errors import UserCodeError
+    from gradstat.parallel.units import raise_error
+
+    message = "bad.py:Mine: compress raised ZeroDivisionError: integer division (at bad.py:10)"
+    with pytest.raises(UserCodeError, match=r"^bad\.py:Mine: compress raised") as caught:
+        raise_error({"type": "UserCodeError", "message": message})
+    assert str(caught.value) == message and caught.value.exit_code == 1
+
+
+# --- training with it, and compare ------------------------------------------------------
+
+
+def test_trains_through_capture_and_compares(real_capture, tmp_path, capsys, monkeypatch):
+    """``capture --compressor FILE.py:TopK`` with real gloo learners (the digits run of
+    ``real_capture``, compressed): the recorded sent rows are the recursion's, the bytes
+    12k, and ``compare`` takes the run beside the dense one."""
+    monkeypatch.chdir(ROOT)
+    spec = "examples/compressors.py:TopK"
+    out = tmp_path / "topk"
+    result = run_cli(
+        capsys, "capture", "--workload", "digits", "--steps", "10", "--nproc-per-node", "3",
+        "--compressor", spec, "--ratio", str(RATIO), "--out", out,
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    with open_capture(out) as cap:
+        assert cap.compressor["name"] == spec
+        n, d = cap.world_size, cap.numel
+        k = max(1, int(d * RATIO))
+        memory = np.zeros((n, d), dtype=np.float32)
+        for i, step in enumerate(cap.steps):
+            p = cap.read_step(step).numpy() + memory
+            sent = cap.read_step(step, dataset="sent").numpy()
+            assert (np.count_nonzero(sent, axis=1) == k).all()
+            top = np.sort(np.abs(p), axis=1)[:, -k]
+            np.testing.assert_array_equal(sent, np.where(np.abs(p) >= top[:, None], p, 0))
+            memory = p - sent
+            assert (cap.sent_bytes[:, i] == 12 * k).all()
+    compared = run_cli(capsys, "compare", real_capture, out, "--json")
+    assert compared.code == 0, compared.stderr
+    (row,) = json.loads(compared.stdout)["summary"][1:]
+    assert row["measured_rel_error"] == pytest.approx(row["replayed_rel_error"], rel=1e-5)
+    assert row["measured_bytes"] == 12 * k
