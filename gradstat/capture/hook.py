@@ -1,4 +1,5 @@
-"""``GradientCapture``: a DDP communication hook that records local gradients.
+"""``GradientCapture``: records local gradients under DDP (a communication hook) or
+FSDP2 (a custom reduce-scatter on every ``fully_shard`` unit, gradstat/capture/fsdp.py).
 
 It wraps the user's own hook (default: PyTorch's plain all-reduce) the way
 ``torch.distributed.algorithms.ddp_comm_hooks`` hooks are written: a small hook function
@@ -28,6 +29,12 @@ warning says what to do, once.
 
 With ``record_ranks`` only a sample of learners records; the others register the wrapped
 hook alone (no copy, no buffers, no writer thread, no rank file).
+
+Under FSDP2 pass the model that ``fully_shard`` was applied to (its root and any nested
+units): each unit's reduce-scatter input, the unit's unsharded local gradients, is
+unpacked into the same flat row. Accumulate with ``model.set_requires_gradient_sync(
+False)`` on all but the last micro-batch; a unit that reduce-scatters twice before
+``step`` restarts the row as above.
 """
 
 import json
@@ -46,6 +53,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from gradstat import __version__
+from gradstat.capture import fsdp
 from gradstat.capture.budget import API_SUGGESTION, CapturePlan, budget_problem, free_bytes
 from gradstat.capture.budget import recorded_rows as count_rows
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
@@ -94,7 +102,9 @@ class GradientCapture:
     """Record each learner's local gradient to ``out_dir/rank-NNNNN.h5`` during training.
 
     Args:
-        model: the DistributedDataParallel model (the hook is registered on it).
+        model: the DistributedDataParallel model (the hook is registered on it), or a
+            model with ``fully_shard`` applied (FSDP2: every unit's reduce-scatter is
+            wrapped, see gradstat/capture/fsdp.py; ``hook`` does not apply).
         out_dir: the capture folder; rank 0 also writes ``capture.h5`` there.
         every: record every ``every``-th step, starting at ``start``.
         layers: regex of parameter names to record (default: all trainable ones).
@@ -116,7 +126,7 @@ class GradientCapture:
 
     def __init__(
         self,
-        model: DistributedDataParallel,
+        model: DistributedDataParallel | torch.nn.Module,
         out_dir: str | Path,
         *,
         every: int = 1,
@@ -147,12 +157,18 @@ class GradientCapture:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.recorded_ranks = parse_ranks(record_ranks, self.world_size)
+        self._units = self._fsdp_units(model, hook, hook_state)
         self.layers, params = self._select_parameters(model, layers)
         self.numel = self.layers[-1].stop
         self._slots = {
             param: (layer.offset, layer.numel)
             for param, layer in zip(params, self.layers, strict=True)
         }
+        self._layouts = (
+            fsdp.unit_layouts(model, {id(p): offset for p, (offset, _) in self._slots.items()})
+            if self._units
+            else []
+        )
         self._device = params[0].device
         self._storage_dtype = torch_dtype(dtype)
         self._pool: list[torch.Tensor] = []
@@ -161,6 +177,10 @@ class GradientCapture:
         self._pending: torch.Tensor | None = None
         self._copied = 0
         self._buckets_seen: set[int] = set()
+        self._units_seen: set[int] = set()
+        self._unit_events: list[torch.cuda.Event] = []
+        self._row_broken = False
+        self._warned_partial_unit = False
         self._warned_second_backward = False
         self._closed = False
         self.writer: BackgroundWriter | None = None
@@ -171,12 +191,16 @@ class GradientCapture:
             meta = {**(meta or {}), **compression_meta(hook_state)}
 
         # hook first, files after: a model that cannot take the hook leaves nothing behind
-        self._check_no_comm_hook(model)
         records = self.rank in self.recorded_ranks
-        if records:
-            model.register_comm_hook(self, _capture_hook)
-        else:  # the wrapped hook alone, as without us
-            model.register_comm_hook(self._inner_state(), self.hook)
+        if self._units:
+            if records:
+                self._install_fsdp()
+        else:
+            self._check_no_comm_hook(model)
+            if records:
+                model.register_comm_hook(self, _capture_hook)
+            else:  # the wrapped hook alone, as without us
+                model.register_comm_hook(self._inner_state(), self.hook)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             if total_steps is not None:
@@ -222,6 +246,42 @@ class GradientCapture:
 
     # --- set-up -----------------------------------------------------------------------
     @staticmethod
+    def _fsdp_units(model: torch.nn.Module, hook: Any, hook_state: Any) -> list:
+        """The model's ``fully_shard`` units; [] for DDP; an error for anything else."""
+        if isinstance(model, DistributedDataParallel):
+            return []
+        units = fsdp.fsdp_units(model)
+        if not units:
+            raise UsageError(
+                f"GradientCapture records DistributedDataParallel or fully_shard (FSDP2) "
+                f"models; this is a {type(model).__name__} with neither"
+            )
+        fsdp.check_fsdp_support()
+        if hook is not None or hook_state is not None:
+            raise UsageError(
+                "hook= and hook_state= wrap a DDP communication hook; under FSDP2 gradstat "
+                "wraps each unit's reduce-scatter (set yours with set_custom_reduce_scatter "
+                "before GradientCapture, and it runs after the recording)"
+            )
+        if any(fsdp.is_wrapped(unit) for unit in units):
+            raise UsageError("this FSDP model already records into a GradientCapture")
+        return units
+
+    def _install_fsdp(self) -> None:
+        for unit, layout in self._layouts:
+            if layout.shard == 1 and layout.replicate > 1:
+                raise UsageError(
+                    f"FSDP unit {layout.name} is replicated over {layout.replicate} learners "
+                    "without sharding (a mesh whose shard dim has size 1): its local "
+                    "gradient never reaches a reduce-scatter; record it under DDP instead"
+                )
+            fsdp.install(
+                unit,
+                lambda flat, world, layout=layout: self._record_unit(layout, flat, world),
+                layout.shard,
+            )
+
+    @staticmethod
     def _check_no_comm_hook(model: DistributedDataParallel) -> None:
         """DDP takes one communication hook; gradstat's must wrap any other."""
         registered = [getattr(h, "__qualname__", repr(h)) for h, _ in model._comm_hooks]
@@ -236,9 +296,10 @@ class GradientCapture:
 
     @staticmethod
     def _select_parameters(
-        model: DistributedDataParallel, pattern: str | None
+        model: DistributedDataParallel | torch.nn.Module, pattern: str | None
     ) -> tuple[list[Layer], list]:
-        named = select_named_parameters(model.module, pattern)
+        module = model.module if isinstance(model, DistributedDataParallel) else model
+        named = select_named_parameters(module, pattern)
         return layer_table([(name, tuple(p.shape)) for name, p in named]), [p for _, p in named]
 
     def _metadata(
@@ -256,6 +317,7 @@ class GradientCapture:
         }
         return {
             "workload": "custom",
+            "data_parallel": "fsdp2" if self._units else "ddp",
             "backend": dist.get_backend(self.process_group),
             "every": every,
             "start": start,
@@ -331,16 +393,62 @@ class GradientCapture:
                 )
                 self._copied += numel
 
+    def _record_unit(self, layout: fsdp.UnitLayout, flat: torch.Tensor, world: int) -> None:
+        """An FSDP unit's reduce-scatter input (1-D, ``world`` chunks): into the row."""
+        if not self.recording:
+            return
+        if self._pending is None:
+            self._pending = self._acquire()
+            self._copied = 0
+        elif id(layout) in self._units_seen:  # a new backward: restart the row
+            self._warn_second_backward()
+            self._copied = 0
+            self._units_seen.clear()
+            self._unit_events.clear()
+            self._row_broken = False
+        self._units_seen.add(id(layout))
+        if flat.numel() != layout.input_numel(world):
+            self._warn_partial_unit(layout)
+            self._row_broken = True
+            return
+        if layout.scale != 1.0:  # FSDP divided the input before the collective
+            flat = flat.to(torch.float32) * layout.scale
+        cuda = self._device.type == "cuda"
+        layout.copy_into(self._pending, flat, world, non_blocking=cuda)
+        self._copied += layout.recorded_numel
+        if cuda:  # the copies run on FSDP's reduce-scatter stream
+            event = torch.cuda.Event()
+            event.record()
+            self._unit_events.append(event)
+
+    def _warn_partial_unit(self, layout: fsdp.UnitLayout) -> None:
+        if self._warned_partial_unit:
+            return
+        self._warned_partial_unit = True
+        warnings.warn(
+            f"gradstat (rank {self.rank}): FSDP unit {layout.name} reduce-scattered only "
+            "some of its parameters (others got no gradient in this backward); such steps "
+            "are not recorded",
+            GradstatWarning,
+            stacklevel=4,
+        )
+
     def _warn_second_backward(self) -> None:
         if self._warned_second_backward:
             return
         self._warned_second_backward = True
+        how = (
+            "run all but the last backward after model.set_requires_gradient_sync(False) "
+            "(without it FSDP reduce-scatters every micro-batch)"
+            if self._units
+            else "run all but the last backward inside ddp.no_sync() (without it DDP "
+            "all-reduces every micro-batch)"
+        )
         warnings.warn(
             f"gradstat (rank {self.rank}): a second backward pass before capture.step(). "
-            "For gradient accumulation, run all but the last backward inside "
-            "ddp.no_sync() (without it DDP all-reduces every micro-batch); if you skipped "
-            "an optimizer step, still call capture.step() once per step. The row now "
-            "holds the last backward's gradients.",
+            f"For gradient accumulation, {how}; if you skipped an optimizer step, still "
+            "call capture.step() once per step. The row now holds the last backward's "
+            "gradients.",
             GradstatWarning,
             stacklevel=4,
         )
@@ -350,11 +458,14 @@ class GradientCapture:
         if self._pending is not None:
             ready = None
             if self._device.type == "cuda":
+                stream = torch.cuda.current_stream()
+                for event in self._unit_events:  # FSDP's copies, on its own streams
+                    stream.wait_event(event)
                 ready = torch.cuda.Event()
                 ready.record()
             row_step = self._iteration if step is None else int(step)
             row_loss = float("nan") if loss is None else float(loss)
-            if self._copied == self.numel and self.writer is not None:
+            if self._copied == self.numel and not self._row_broken and self.writer is not None:
                 row = PendingRow(row_step, row_loss, self._pending, ready)
                 if self._records_sent:
                     row.sent, row.sent_bytes = self._sent_row()
@@ -363,6 +474,9 @@ class GradientCapture:
                 self._release(self._pending)
             self._pending = None
             self._buckets_seen.clear()
+            self._units_seen.clear()
+            self._unit_events.clear()
+            self._row_broken = False
         self._iteration += 1
 
     def _sent_row(self) -> tuple[torch.Tensor, float]:

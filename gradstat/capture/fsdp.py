@@ -1,0 +1,281 @@
+"""FSDP2 (``fully_shard``): where the capture finds each learner's local gradient.
+
+Under FSDP2 a learner's full local gradient exists only until its unit's
+reduce-scatter. Each FSDP unit (the root and every nested ``fully_shard`` module) gets
+a custom reduce-scatter (``FSDPModule.set_custom_reduce_scatter``, public API) that
+hands the unit's reduce-scatter input to the capture and then runs the reduce-scatter
+the user had set (default: FSDP's own). That input is the ``(world_size, -1)``
+``chunk_cat`` of the unit's unsharded local gradients, in the unit's parameter order:
+each gradient padded on dim 0 to a multiple of ``world_size`` and cut into
+``world_size`` chunks (a gradient sharded on dim k > 0 is first cut on dim k and the
+pieces stacked on dim 0, so it needs no padding). :class:`UnitLayout` knows where each
+parameter's chunks sit and copies them into the flat row (docs/capture.md, "FSDP").
+
+With a reduce-scatter group of one learner FSDP skips the reduce-scatter and copies the
+input to the output; the capture then reads that output in the unit's all-reduce hook
+(``FSDPModule.set_all_reduce_hook``), which runs right after.
+
+Which parameters a unit holds, in which order, and the comm and hook a user set, FSDP
+keeps in its unit state (``_get_fsdp_state()._fsdp_param_groups``); this module is the
+one place that reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from gradstat.errors import UsageError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+try:  # FSDP2 (public API)
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # pragma: no cover - torch without FSDP2
+    FSDPModule = None  # type: ignore[assignment,misc]
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError:  # pragma: no cover - torch without custom comms
+    ReduceScatter = object  # type: ignore[assignment,misc]
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that ``fully_shard`` was applied to (root first)."""
+    if FSDPModule is None:
+        return []
+    return [module for module in model.modules() if isinstance(module, FSDPModule)]
+
+
+def check_fsdp_support() -> None:
+    """One clear error where this torch cannot install a custom reduce-scatter."""
+    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+        raise UsageError(
+            f"capture under FSDP2 needs torch >= 2.11 (FSDPModule.set_custom_reduce_scatter); "
+            f"this is torch {torch.__version__}"
+        )
+
+
+def _param_group(unit: nn.Module):
+    """The unit's one FSDP parameter group (None when it manages no parameter)."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch releases with one group per unit
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [] if group is None else [group]
+    if len(groups) > 1:
+        raise UsageError(
+            f"FSDP unit {type(unit).__name__} has {len(groups)} parameter groups "
+            "(a shard_placement_fn that puts parameters on different meshes); gradstat "
+            "records one mesh per unit: return the same mesh for every parameter"
+        )
+    return groups[0] if groups else None
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One parameter of a unit: where its gradient sits in the reduce-scatter input
+    (columns ``column .. column + chunk`` of every one of its ``world_size`` rows) and in
+    the capture row (``offset .. offset + numel``; ``offset`` None when not recorded)."""
+
+    shape: tuple[int, ...]
+    shard_dim: int
+    offset: int | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def chunk(self, world_size: int) -> int:
+        """Values of this parameter in one row of the ``(world_size, -1)`` input."""
+        if self.shard_dim == 0:
+            rows = -(-self.shape[0] // world_size) if self.shape else 1
+            return rows * math.prod(self.shape[1:])
+        return self.numel // world_size
+
+
+class UnitLayout:
+    """Where one FSDP unit's parameters sit in its reduce-scatter input and in the row.
+
+    ``shard`` and ``replicate`` are the learners of the unit's mesh that shard and that
+    replicate it (HSDP: both > 1); ``scale`` undoes FSDP's division of the input before
+    the reduce-scatter (1 unless the reduction runs in float16, see
+    :func:`predivide_factor`).
+    """
+
+    def __init__(
+        self, name: str, slots: list[ParamSlot], shard: int, replicate: int, scale: float
+    ) -> None:
+        self.name = name
+        self.slots = slots
+        self.shard, self.replicate, self.scale = shard, replicate, scale
+
+    def input_numel(self, world_size: int) -> int:
+        return world_size * sum(slot.chunk(world_size) for slot in self.slots)
+
+    @property
+    def recorded_numel(self) -> int:
+        return sum(slot.numel for slot in self.slots if slot.offset is not None)
+
+    def copy_into(
+        self, row: torch.Tensor, flat: torch.Tensor, world_size: int, non_blocking: bool
+    ) -> None:
+        """Copy each recorded parameter's gradient from ``flat`` (the reduce-scatter input,
+        1-D) into its slice of ``row`` (undoing the padding and the chunking)."""
+        rows = flat.view(world_size, -1)
+        column = 0
+        for slot in self.slots:
+            chunk = slot.chunk(world_size)
+            if slot.offset is not None and slot.numel:
+                block = rows[:, column : column + chunk]
+                dest = row[slot.offset : slot.offset + slot.numel]
+                if slot.shard_dim == 0:  # the padded gradient, row after row
+                    full, rest = divmod(slot.numel, chunk)
+                    if full:
+                        dest[: full * chunk].view(full, chunk).copy_(
+                            block[:full], non_blocking=non_blocking
+                        )
+                    if rest:
+                        dest[full * chunk :].copy_(block[full, :rest], non_blocking=non_blocking)
+                else:  # world_size pieces of dim k, stacked on dim 0
+                    k, shape = slot.shard_dim, slot.shape
+                    piece = (*shape[:k], shape[k] // world_size, *shape[k + 1 :])
+                    source = block.reshape(world_size, *piece).movedim(0, k)
+                    target = dest.view(shape).unflatten(k, (world_size, shape[k] // world_size))
+                    target.copy_(source, non_blocking=non_blocking)
+            column += chunk
+
+
+def unit_layouts(model: nn.Module, offsets: dict[int, int]) -> list[tuple[nn.Module, UnitLayout]]:
+    """Each unit of ``model`` that manages parameters, with its layout; ``offsets`` maps
+    ``id(param)`` of each recorded parameter to its offset in the row."""
+    names = {id(module): name or "(root)" for name, module in model.named_modules()}
+    layouts = []
+    for unit in fsdp_units(model):
+        group = _param_group(unit)
+        if group is None or not group.fsdp_params:
+            continue
+        name = names[id(unit)]
+        params = [fsdp_param.sharded_param for fsdp_param in group.fsdp_params]
+        slots = [ParamSlot(tuple(p.shape), _shard_dim(p, name), offsets.get(id(p))) for p in params]
+        shard, replicate = shard_group_size(params[0])
+        scale = predivide_factor(group, reduce_dtype_of(group), shard * replicate)
+        if shard == 1:  # no reduce-scatter: FSDP copies the input divided by its factor
+            scale *= getattr(group, "gradient_divide_factor", None) or 1.0
+        layouts.append((unit, UnitLayout(name, slots, shard, replicate, scale)))
+    return layouts
+
+
+def _shard_dim(param: torch.Tensor, unit: str) -> int:
+    """The dim FSDP shards ``param`` on, from its DTensor placements (one ``Shard``)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    placements = getattr(param, "placements", ())
+    shards = [p for p in placements if isinstance(p, Shard)]
+    others = [p for p in placements if not isinstance(p, Shard | Replicate)]
+    if len(shards) != 1 or others or type(shards[0]) is not Shard:
+        raise UsageError(
+            f"FSDP unit {unit}: a parameter is placed {tuple(placements)}; gradstat records "
+            "parameters that FSDP shards on one dim (no tensor parallelism)"
+        )
+    return shards[0].dim
+
+
+def shard_group_size(param: torch.Tensor) -> tuple[int, int]:
+    """``(shard learners, replicate learners)`` of a unit's DTensor parameter."""
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    shard = replicate = 1
+    for dim, placement in enumerate(param.placements):
+        if isinstance(placement, Shard):
+            shard *= mesh.size(dim)
+        else:
+            replicate *= mesh.size(dim)
+    return shard, replicate
+
+
+def predivide_factor(group: Any, reduce_dtype: torch.dtype | None, data_parallel: int) -> float:
+    """The factor FSDP divides the reduce-scatter input by before the collective.
+
+    Only reductions in dtypes other than float32 / bfloat16 (float16) divide before:
+    by the largest power of two ``p`` with ``p * p < N`` that divides ``N`` (``N`` the
+    gradient divide factor, default the data-parallel size), as torch's
+    ``_get_gradient_divide_factors`` does; 1 otherwise.
+    """
+    if reduce_dtype is None or reduce_dtype in (torch.float32, torch.bfloat16):
+        return 1.0
+    factor = getattr(group, "gradient_divide_factor", None) or float(data_parallel)
+    pre = 1
+    while factor % pre == 0 and factor / pre > pre:
+        pre *= 2
+    return float(pre)
+
+
+def reduce_dtype_of(group: Any) -> torch.dtype | None:
+    policy = getattr(group, "mp_policy", None)
+    return getattr(policy, "reduce_dtype", None)
+
+
+class CaptureReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
+    """A unit's reduce-scatter: hand the input to ``record``, then run ``inner``."""
+
+    def __init__(
+        self,
+        inner: Any,
+        record: Callable[[torch.Tensor, int], None],
+    ) -> None:
+        self.inner = inner
+        self.record = record
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.inner.allocate(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ):
+        self.record(input_tensor, group.size())
+        return self.inner(
+            output_tensor=output_tensor,
+            input_tensor=input_tensor,
+            group=group,
+            op=op,
+            async_op=async_op,
+        )
+
+
+def install(unit: nn.Module, record: Callable[[torch.Tensor, int], None], world_size: int) -> None:
+    """Route ``unit``'s local gradient to ``record(flat_input, world_size)``.
+
+    ``world_size`` is the unit's reduce-scatter group size; with 1 the all-reduce hook
+    records (FSDP runs no reduce-scatter then), wrapping any hook the user set.
+    """
+    group = _param_group(unit)
+    if world_size > 1:
+        unit.set_custom_reduce_scatter(CaptureReduceScatter(group._reduce_scatter_comm, record))
+        return
+    inner = group._all_reduce_hook
+
+    def hook(reduce_output: torch.Tensor) -> None:
+        record(reduce_output, 1)
+        if inner is not None:
+            inner(reduce_output)
+
+    unit.set_all_reduce_hook(hook)
+
+
+def is_wrapped(unit: nn.Module) -> bool:
+    """Whether ``unit`` already records into a capture (one capture per model)."""
+    group = _param_group(unit)
+    return group is not None and isinstance(group._reduce_scatter_comm, CaptureReduceScatter)

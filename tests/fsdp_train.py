@@ -1,0 +1,156 @@
+"""A user's FSDP2 training script with GradientCapture, run by tests/test_fsdp.py.
+
+For each case named in ``--cases`` it trains a small model with ``fully_shard`` (nested
+units of uneven sizes, an embedding, a parameter smaller than the world) for a few
+steps under a capture, and beside it an unsharded replica: before every step the
+replica takes the FSDP model's full parameters, runs this rank's same micro-batches and
+keeps its local gradient. ``<out>/<case>/ref-rankN.npy`` holds those gradients (steps x
+numel, in ``named_parameters()`` order, rounded as the case records them), for the test
+to compare with the capture in ``<out>/<case>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
+
+from gradstat import GradientCapture
+from gradstat.capture.worker import exit_without_teardown
+
+VOCAB, WIDTH, HIDDEN, OUT = 37, 6, 13, 12
+STEPS, BATCH, LENGTH = 2, 3, 4
+
+
+class Net(nn.Module):
+    """Embedding -> two nested units -> norm -> head; dim-0 sizes uneven for 2 and 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.block1 = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.Tanh())
+        self.block2 = nn.Linear(HIDDEN, OUT)
+        self.norm = nn.LayerNorm(OUT)
+        self.gain = nn.Parameter(torch.ones(2))  # fewer rows than learners
+        self.head = nn.Linear(OUT, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.block2(self.block1(self.emb(tokens))))
+        x = x * self.gain.sum()
+        return self.head(x)
+
+
+# case -> settings: micro-batches per step, MixedPrecisionPolicy reduce dtype, storage
+# dtype, the capture's record_ranks and layers, a 2-D (HSDP) mesh, Shard(1) placements
+CASES = {
+    "plain": {},
+    "accumulate": {"micro": 3},
+    "bf16-reduce": {"reduce": torch.bfloat16},
+    "fp16-reduce": {"reduce": torch.float16},
+    "bf16-store": {"dtype": "bfloat16", "record_ranks": "0", "layers": "block|emb"},
+    "shard-dim1": {"dim1": True},
+    "hsdp": {"hsdp": True, "micro": 2},
+    # accumulation without set_requires_gradient_sync(False): every micro-batch is
+    # reduce-scattered, the row restarts and holds the last one (and a warning says so)
+    "always-sync": {"micro": 2, "always_sync": True},
+}
+
+
+def batch(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
+    tokens = torch.randint(0, VOCAB, (BATCH, LENGTH + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def loss_of(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(tokens).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def run_case(name: str, out: Path) -> None:
+    settings = CASES[name]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    micro = settings.get("micro", 1)
+    torch.manual_seed(0)
+    model = Net()
+    replica = copy.deepcopy(model)
+    mesh = (
+        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        if settings.get("hsdp")
+        else init_device_mesh("cpu", (world,))
+    )
+    options: dict = {"mesh": mesh}
+    if "reduce" in settings:
+        options["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=settings["reduce"])
+    if settings.get("dim1"):
+
+        def dim1(p: torch.Tensor) -> Shard | None:  # where dim 1 splits evenly (6 and 12)
+            return Shard(1) if p.ndim == 2 and p.shape[1] % world == 0 else None
+
+        options["shard_placement_fn"] = dim1
+    fully_shard(model.block1, **options)
+    fully_shard(model.block2, **options)
+    fully_shard(model, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    dtype = settings.get("dtype", "float32")
+    capture = GradientCapture(
+        model,
+        out / name,
+        dtype=dtype,
+        record_ranks=settings.get("record_ranks"),
+        layers=settings.get("layers"),
+    )
+    names = [layer.name for layer in capture.layers]
+    references = []
+    for step in range(STEPS):
+        with torch.no_grad():  # the replica takes the FSDP model's parameters (collective)
+            full = {n: p.full_tensor() for n, p in model.named_parameters()}
+            for n, p in replica.named_parameters():
+                p.copy_(full[n])
+        replica.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
+        for m in range(micro):
+            tokens, targets = batch(rank, step, m)
+            last = m == micro - 1
+            model.set_requires_gradient_sync(last or settings.get("always_sync", False))
+            if settings.get("always_sync"):
+                replica.zero_grad(set_to_none=True)
+            loss = loss_of(model, tokens, targets)
+            loss.backward()
+            loss_of(replica, tokens, targets).backward()
+        optimizer.step()
+        capture.step(step, loss.item())
+        grads = dict(replica.named_parameters())
+        row = torch.cat([grads[n].grad.reshape(-1) for n in names])
+        if "reduce" in settings:  # FSDP reduces in that dtype: the input is rounded to it
+            row = row.to(settings["reduce"]).float()
+        if dtype == "bfloat16":
+            row = row.to(torch.bfloat16).float()
+        references.append(row.numpy())
+    capture.close()
+    np.save(out / name / f"ref-rank{rank}.npy", np.stack(references))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", default=",".join(CASES))
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    dist.init_process_group("gloo")
+    for name in args.cases.split(","):
+        run_case(name, args.out)
+    dist.destroy_process_group()
+    exit_without_teardown()
+
+
+if __name__ == "__main__":
+    main()

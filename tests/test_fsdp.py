@@ -1,0 +1,102 @@
+"""Capture under FSDP2 (``fully_shard``): rows equal an unsharded replica's local
+gradients (tests/fsdp_train.py), on 1, 2, 3 and 4 (HSDP 2 x 2) gloo learners, and every
+analysis runs on an FSDP capture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradstat import open_capture
+from tests.helpers import TESTS, run_cli, torchrun
+
+SCRIPT = TESTS / "fsdp_train.py"
+ALL = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync"
+# fp16: FSDP divides by 2 before the reduce-scatter; undone, values below fp16's
+# normal range lose their last bits (6e-8, the smallest subnormal)
+TOLERANCE = {"fp16-reduce": 6e-8}
+
+
+def _train(out: Path, nproc: int, cases: str) -> Path:
+    result = torchrun(SCRIPT, "--out", str(out), "--cases", cases, nproc=nproc, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (out / "stderr.txt").write_text(result.stderr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    return _train(tmp_path_factory.mktemp("fsdp2"), 2, ALL)
+
+
+def _assert_rows_are_local_gradients(folder: Path, world: int, learners: list[int]) -> None:
+    atol = TOLERANCE.get(folder.name, 0.0)
+    with open_capture(folder) as cap:
+        assert cap.status == "complete"
+        assert cap.world_size == world
+        assert list(cap.learners) == learners
+        assert list(cap.steps) == [0, 1]
+        for row, (_step, grads) in enumerate(cap.iter_steps()):
+            for index, learner in enumerate(learners):
+                reference = np.load(folder / f"ref-rank{learner}.npy")[row]
+                assert reference.shape == (cap.numel,)
+                np.testing.assert_allclose(grads[index].numpy(), reference, rtol=0, atol=atol)
+            if len(learners) > 1:
+                assert not np.allclose(grads[0].numpy(), grads[1].numpy()), "learners differ"
+
+
+@pytest.mark.parametrize("case", ALL.split(","))
+def test_two_learners_record_their_local_gradients(two_ranks, case):
+    learners = [0] if case == "bf16-store" else [0, 1]
+    _assert_rows_are_local_gradients(two_ranks / case, 2, learners)
+
+
+def test_layers_and_storage_dtype_and_record_ranks(two_ranks):
+    with open_capture(two_ranks / "bf16-store") as cap:
+        assert cap.dtype == "bfloat16"
+        names = [layer.name for layer in cap.layers]
+        assert names == [
+            "emb.weight",
+            "block1.0.weight",
+            "block1.0.bias",
+            "block2.weight",
+            "block2.bias",
+        ]
+    assert not (two_ranks / "bf16-store" / "rank-00001.h5").exists()
+
+
+def test_accumulation_without_disabling_sync_warns_and_keeps_the_last_backward(two_ranks):
+    stderr = (two_ranks / "stderr.txt").read_text()
+    assert "set_requires_gradient_sync(False)" in stderr
+
+
+def test_three_learners(tmp_path):
+    out = _train(tmp_path, 3, "plain,accumulate,bf16-reduce")
+    for case in ("plain", "accumulate", "bf16-reduce"):
+        _assert_rows_are_local_gradients(out / case, 3, [0, 1, 2])
+
+
+def test_hsdp_on_a_two_by_two_mesh_and_one_learner(tmp_path):
+    _assert_rows_are_local_gradients(_train(tmp_path / "4", 4, "hsdp") / "hsdp", 4, [0, 1, 2, 3])
+    out = _train(tmp_path / "1", 1, "plain,bf16-reduce")
+    for case in ("plain", "bf16-reduce"):
+        _assert_rows_are_local_gradients(out / case, 1, [0])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("info",),
+        ("fit", "--ratio", "0.1"),
+        ("similarity", "--ratio", "0.1"),
+        ("buildup", "--ratio", "0.1"),
+        ("overlap", "--ratio", "0.1"),
+        ("replay", "--ratio", "0.1", "--compressors", "topk,dgc"),
+    ],
+)
+def test_every_analysis_runs_on_an_fsdp_capture(capsys, two_ranks, command):
+    result = run_cli(capsys, command[0], two_ranks / "plain", *command[1:], "--json")
+    assert result.code == 0, result.stdout + result.stderr
+    assert result.stdout.strip().startswith("{")
