@@ -22,7 +22,7 @@ from gradstat.store.compression import COMPRESSIONS
 from gradstat.store.dtypes import bfloat16_bits_to_float32
 from gradstat.store.ranks import format_ranks, parse_ranks
 from gradstat.store.schema import layer_table, rank_file_name
-from gradstat.store.writer import RankFileWriter, write_capture
+from gradstat.store.writer import RankFileWriter, finalize_root, write_capture, write_root
 from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
 
@@ -295,3 +295,40 @@ def test_gradient_capture_warns_when_the_capture_would_not_fit(tmp_path, single_
         # d(sum of outputs)/d(bias) is 3 per output and step (never zeroed): exact in bfloat16
         for step, bias_grad in ((0, 3.0), (1, 6.0)):
             np.testing.assert_array_equal(cap.read_step(step)[0, -10:].numpy(), bias_grad)
+
+
+@pytest.mark.parametrize(
+    ("rows", "numel", "dtype"), [(3, 200_000, "float32"), (20, 300_000, "bfloat16")]
+)
+def test_expected_size_counts_the_sent_rows_of_a_compressor(tmp_path, rows, numel, dtype):
+    # issue 29: --compressor records /sent beside /grad; the estimate once left it out
+    # and a capture "expected 10.9 MiB" wrote 22 MB
+    layers = layer_table([("a", (numel,))])
+    write_root(tmp_path, layers, 2, dtype, {"workload": "arrays", "backend": "none"}, [0, 1])
+    values = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+    for rank in range(2):
+        with RankFileWriter(tmp_path / rank_file_name(rank), rank, numel, dtype, sent=True) as w:
+            for step in range(rows):
+                w.append(step, 0.0, values, values, 100.0)
+    finalize_root(tmp_path)
+    actual = sum(p.stat().st_size for p in tmp_path.glob("*.h5"))
+    plan = CapturePlan(rows=rows, learners=2, numel=numel, dtype=dtype, layers=1, sent=True)
+    without = CapturePlan(rows=rows, learners=2, numel=numel, dtype=dtype, layers=1)
+    assert plan.data_bytes == 2 * without.data_bytes
+    assert actual <= plan.expected_bytes <= actual + 0.02 * plan.data_bytes + (400 << 10)
+    assert without.expected_bytes < actual
+
+
+def test_capture_with_a_compressor_refuses_what_its_sent_rows_would_exceed(tmp_path, capsys):
+    options = CaptureOptions(workload="digits", steps=10, compressor="topk", ratio=0.01)
+    plan = options.plan()
+    assert plan.sent and plan.data_bytes == 10 * 2 * 38282 * 4 * 2
+    gradients_only = CaptureOptions(workload="digits", steps=10).plan().expected_bytes
+    limit = (gradients_only + plan.expected_bytes) // 2  # fits /grad alone, not with /sent
+    out = tmp_path / "run"
+    args = ["--workload", "digits", "--steps", "10", "--max-bytes", str(limit), "--out", out]
+    result = run_cli(capsys, "capture", *args, "--compressor", "topk", "--ratio", "0.01")
+    assert_clean_error(result, 2)
+    assert "x 2 (gradient and sent)" in result.stderr
+    assert "more than the limit" in result.stderr
+    assert not out.exists()

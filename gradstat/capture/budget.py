@@ -1,7 +1,9 @@
 """The disk budget: how many bytes a capture will write, checked before training starts.
 
 A capture stores ``rows x learners x numel`` values (recorded steps, recorded learners,
-recorded parameters), each ``bytes_per_value`` bytes, plus HDF5 metadata. Measured with
+recorded parameters), each ``bytes_per_value`` bytes, plus HDF5 metadata; training with
+a compressor (``--compressor``) stores as many again, what each learner sent (``/sent``,
+same shape and storage) and its payload bytes (``/sent_bytes``, 8 B a row). Measured with
 h5py 3.16 / HDF5 2.0: about 88 KiB per file (24 KiB of headers, and the space the writer
 sets aside for metadata in blocks of ``META_BLOCK_BYTES``, 1-1000 rows) and, per row,
 under 1 KiB for the step, the loss and one chunk-index entry per <= 1 MiB chunk; the
@@ -51,20 +53,28 @@ class CapturePlan:
     dtype: str
     layers: int = 1
     root: bool = True  # whether capture.h5 is written here (rank 0's machine)
+    sent: bool = False  # a compression hook's /sent rows beside /grad (docs/online.md)
 
     @property
     def row_bytes(self) -> int:
-        return self.numel * bytes_per_value(self.dtype)
+        """One learner's values of one step: the gradient row (and the sent row)."""
+        return self.datasets * self.numel * bytes_per_value(self.dtype)
+
+    @property
+    def datasets(self) -> int:
+        """Full-length rows stored per learner and step: /grad (and /sent)."""
+        return 2 if self.sent else 1
 
     @property
     def data_bytes(self) -> int:
-        """The gradient values alone: rows x learners x numel x bytes per value."""
+        """The values alone: rows x learners x numel x bytes per value (x 2 with /sent)."""
         return self.rows * self.learners * self.row_bytes
 
     @property
     def overhead_bytes(self) -> int:
-        chunks_per_row = -(-self.row_bytes // MAX_CHUNK_BYTES)
-        per_row = ROW_OVERHEAD_BYTES + chunks_per_row * CHUNK_OVERHEAD_BYTES
+        one_row = self.numel * bytes_per_value(self.dtype)
+        chunks_per_row = self.datasets * -(-one_row // MAX_CHUNK_BYTES)
+        per_row = ROW_OVERHEAD_BYTES * self.datasets + chunks_per_row * CHUNK_OVERHEAD_BYTES
         files = self.learners * (FILE_OVERHEAD_BYTES + self.rows * per_row)
         root = FILE_OVERHEAD_BYTES + self.layers * LAYER_OVERHEAD_BYTES if self.root else 0
         return files + root
@@ -75,10 +85,11 @@ class CapturePlan:
 
     def describe(self) -> str:
         """E.g. ``1.2 GiB (100 rows x 4 learners x 137,000 values x 4 B + 0.3 MiB metadata)``."""
+        sent = " x 2 (gradient and sent)" if self.sent else ""
         return (
             f"{format_bytes(self.expected_bytes)} ({self.rows} rows x {self.learners} "
             f"learners x {self.numel:,} values x {bytes_per_value(self.dtype)} B "
-            f"({self.dtype}) + {format_bytes(self.overhead_bytes)} HDF5 metadata)"
+            f"({self.dtype}){sent} + {format_bytes(self.overhead_bytes)} HDF5 metadata)"
         )
 
 

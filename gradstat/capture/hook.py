@@ -239,6 +239,7 @@ class GradientCapture:
             numel=self.numel,
             dtype=dtype,
             layers=len(self.layers),
+            sent=self._records_sent,
         )
         problem = budget_problem(plan, free_bytes(self.out_dir), max_bytes, API_SUGGESTION)
         if problem is not None:

@@ -174,6 +174,7 @@ class CaptureOptions:
             dtype=self.dtype,
             layers=len(named),
             root=self.node_rank == 0,
+            sent=self.compressor is not None,
         )
 
     def _check_compressor(self) -> None:

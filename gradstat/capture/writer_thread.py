@@ -86,7 +86,7 @@ class BackgroundWriter:
     ) -> None:
         self.path = Path(path)
         self.rows_written = 0
-        self.bytes_written = 0
+        self.bytes_written = 0  # values of /grad (and /sent) written
         self.error: BaseException | None = None
         self._release = release
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
@@ -142,13 +142,18 @@ class BackgroundWriter:
                 if not self.failed and self._file is not None:
                     if row.ready is not None:
                         row.ready.synchronize()
-                    self._ensure_space(row.buffer.numel() * row.buffer.element_size())
+                    row_bytes = sum(
+                        t.numel() * t.element_size()
+                        for t in (row.buffer, row.sent)
+                        if t is not None
+                    )
+                    self._ensure_space(row_bytes)
                     sent = None if row.sent is None else buffer_to_disk(row.sent)
                     self._file.append(
                         row.step, row.loss, buffer_to_disk(row.buffer), sent, row.sent_bytes
                     )
                     self.rows_written += 1
-                    self.bytes_written += row.buffer.numel() * row.buffer.element_size()
+                    self.bytes_written += row_bytes
             except Exception as exc:  # disk full, permission, quota: stop, never crash
                 self._fail(exc, row.step)
             finally:
