@@ -38,6 +38,7 @@ step "recommend: the fastest compressor within an error budget, extrapolated to 
   --compressors "$CANDIDATES" --ratios 0.01,0.001 --out "$OUT/recommendation.json"
 
 step "report: every analysis on one page, with the recommendation above (same settings)"
+# --target-file: price compression with the profile the recommendation measured
 "$GRADSTAT" report "$RUN" -o "$OUT/report.html" --error-budget 0.5 --cluster-size 64 \
-  --compressors "$CANDIDATES"
+  --compressors "$CANDIDATES" --target-file "$OUT/recommendation.json"
 printf '\nfigures in %s, the report is %s\n' "$FIG" "$OUT/report.html"

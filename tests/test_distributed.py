@@ -24,6 +24,8 @@ from tests.helpers import TESTS, run_cli, torchrun
 MEASURED = {
     "compress_seconds",
     "measured_compress_seconds",
+    "compress_spread",
+    "measured_compress_spread",
     "seconds",
     "speedup",
     "explanation",

@@ -31,7 +31,7 @@ from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summar
 from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
-from gradstat.compressors.targets import Target, builtin_target
+from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.compressors.work import compressor_work, seconds
 from gradstat.errors import UsageError
 from gradstat.store import Capture
@@ -82,8 +82,9 @@ class Recommendation:
             t = self.target
             lines.append(
                 f"target: {t.name} ({t.description}); compression time = work model x "
-                f"profile: memory {t.bandwidth / 1e9:.3g} GB/s, top-k "
-                f"{t.topk_rate / 1e9:.3g} G elements/s, launch {t.launch * 1e6:.3g} us"
+                f"profile: memory {t.bandwidth / 1e9:.3g} GB/s"
+                f"{spread_text(t, 'bandwidth')}, top-k {t.topk_rate / 1e9:.3g} G "
+                f"elements/s{spread_text(t, 'topk_rate')}, launch {t.launch * 1e6:.3g} us"
             )
         for label, model in (self.buildup or {}).items():
             if self.cost_learners > self.learners and math.isfinite(model.at_cluster):
@@ -201,6 +202,7 @@ _KEYS = (
     "comm_seconds",
     "compress_seconds",
     "measured_compress_seconds",
+    "measured_compress_spread",
     "buildup_at_cluster",
     "seconds",
     "speedup",
@@ -313,6 +315,7 @@ def target_times(
             models[_name({"compressor": row.compressor, "ratio": row.ratio})] = model
         buildup.append(model.at_cluster if model is not None else math.nan)
     ranking["measured_compress_seconds"] = ranking["compress_seconds"]
+    ranking["measured_compress_spread"] = ranking.pop("compress_spread")
     ranking["compress_seconds"] = compress
     ranking["buildup_at_cluster"] = buildup
     ranking["seconds"] = ranking["comm_seconds"] + ranking["compress_seconds"]

@@ -72,6 +72,30 @@ def _status_text(summary: dict) -> str:
     return status
 
 
+def _compressor_text(summary: dict) -> str:
+    """The gradient compressor training ran (``capture --compressor``): its name, ratio
+    and settings, and that /sent holds what each learner sent."""
+    compressor = summary.get("compressor")
+    if compressor is None:
+        return "no gradient compressor (plain all-reduce)"
+    text = compressor["name"]
+    if compressor["ratio"] is not None:
+        text += f" at ratio {compressor['ratio']:g}"
+    settings = ", ".join(f"{k}={v}" for k, v in compressor["settings"].items())
+    if settings:
+        text += f" ({settings})"
+    if "sent" in summary.get("datasets", []):
+        text += "; /sent holds what each learner sent"
+    return text
+
+
+def _filter_text(compression: str) -> str:
+    """HDF5's storage compression of the rows (lossless; not gradient compression)."""
+    if compression in (None, "none"):
+        return "none (rows stored uncompressed)"
+    return f"{compression} (lossless storage compression of the rows)"
+
+
 def _print_tables(summary: dict, learners: str) -> None:
     steps = summary["steps"]
     status = _status_text(summary)
@@ -86,7 +110,8 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("learners", f"{learners} ({summary['backend']})"),
         ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
-        ("compression", summary["compression"]),
+        ("trained with", _compressor_text(summary)),
+        ("HDF5 filter", _filter_text(summary["compression"])),
         ("layers", str(len(summary["layers"]))),
         ("size", _size(summary["bytes"])),
         ("verified", summary["verification"]),

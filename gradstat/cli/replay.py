@@ -117,9 +117,14 @@ OVER_BUDGET_SHOWN = 5
 
 def _display(summary: pd.DataFrame) -> pd.DataFrame:
     """Times in ms, whole bytes, ``-`` as the ratio of fixed-rate compressors, yes/no."""
+    compress_ms = [f"{v * 1e3:.4g}" for v in summary["compress_seconds"]]
+    if "compress_spread" in summary:  # a replay's measured times: with their spread
+        cells = [f"+-{50 * v:.0f}%" for v in summary["compress_spread"]]
+        compress_ms = [f"{t} {c:>5}" for t, c in zip(compress_ms, cells, strict=True)]
+        compress_ms = [c.rjust(max(map(len, compress_ms))) for c in compress_ms]
     shown = summary.assign(
         comm_ms=summary["comm_seconds"] * 1e3,
-        compress_ms=summary["compress_seconds"] * 1e3,
+        compress_ms=compress_ms,
         ms=summary["seconds"] * 1e3,
         bytes_per_learner=summary["bytes_per_learner"].round().astype(int),
         ratio=[("-" if math.isnan(r) else f"{r:g}") for r in summary["ratio"]],
@@ -200,9 +205,12 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
                     "compress_ms": "compress ms",
                     "speedup": "speed-up",
                 },
-                f"Means over steps on {link_text(link)}. q = selected / k; B = union / k; "
+                f"Means over steps on {link_text(link)}. q = selected / k; B = union / k "
+                "of the indices sent, measured on the corrected vectors g + m (error "
+                "feedback), so it exceeds `gradstat buildup`'s on the raw gradients; "
                 "bytes sent per learner per step; comm = predicted communication; "
-                "compress = time per learner here; speed-up = dense fp32 all-reduce "
+                "compress = time per learner here, median over the steps after the first "
+                "(+- half its interquartile range); speed-up = dense fp32 all-reduce "
                 f"({dense:.3g} ms) / (comm + compress).",
             )
         )
@@ -219,7 +227,10 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
                     "memory_norm": "memory",
                 },
                 "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
-                "dense momentum update); memory = error-feedback norm after the last step.",
+                "dense momentum update); memory = error-feedback norm after the last step. "
+                "Relative errors above 1 are normal with error feedback: what a step sends "
+                "includes residuals of earlier steps, which the mean gradient of that step "
+                "does not.",
             )
         )
     return Result(
@@ -274,7 +285,10 @@ def recommend_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    profile = resolve_target(None if target_file and target == "cpu-here" else target, target_file)
+    with torch_threads(threads):  # cpu-here: measured on the threads compression runs on
+        profile = resolve_target(
+            None if target_file and target == "cpu-here" else target, target_file
+        )
     if out is not None and not out.parent.exists():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     params = RecommendParams(

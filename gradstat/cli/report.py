@@ -29,8 +29,11 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
+from gradstat.cli.replay import Target, TargetFile
 from gradstat.compressors.cost import Link
+from gradstat.compressors.targets import resolve_target
 from gradstat.errors import UsageError
+from gradstat.parallel.threads import torch_threads
 from gradstat.store import open_capture
 
 HtmlOut = Annotated[
@@ -55,6 +58,8 @@ def report_command(
     bandwidth: Bandwidth = BANDWIDTH,
     latency: Latency = LATENCY,
     cluster_size: ClusterSize = None,
+    target: Target = "cpu-here",
+    target_file: TargetFile = None,
     dpi: Dpi = REPORT_DPI,
     device: Device = "auto",
     memory: Memory = None,
@@ -68,6 +73,10 @@ def report_command(
     the replay comparison and the recommendation, each with a paragraph on what it
     shows.
 
+    Compression is priced with one hardware profile for the whole page; pass the
+    --out file of `gradstat recommend` as --target-file to quote that recommendation's
+    numbers exactly.
+
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
     if out.suffix.lower() not in (".html", ".htm"):
@@ -77,6 +86,11 @@ def report_command(
     # matplotlib and seaborn load here, not on every gradstat command
     from gradstat.report.build import ReportSettings, build_report
 
+    with torch_threads(defaults.THREADS):  # the threads the report's replay runs on
+        profile = resolve_target(
+            None if target_file and target == "cpu-here" else target, target_file
+        )
+
     settings = ReportSettings(
         ratios,
         compressors,
@@ -85,6 +99,8 @@ def report_command(
         cluster_size,
         dpi=dpi,
         compute=compute_options(device, memory, jobs),
+        target=profile,
+        target_file=str(target_file) if target_file else None,
     )
     with open_capture(capture) as cap:
         note_sample(cap)

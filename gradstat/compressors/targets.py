@@ -27,23 +27,30 @@ multi-block ``topk`` for large inputs; Shanbhag et al. 2018, "Efficient Top-K Qu
 Processing on Massively Parallel Hardware", find radix select near memory bandwidth),
 sort and ``randperm`` as an LSD radix sort of 32-bit keys with 32-bit values (4 passes,
 each reading and writing 8 bytes per element, CUB's ``DeviceRadixSort``). ``cpu-here``
-is measured when first used, on one torch thread (replay's default ``--threads 1``);
-``gpu-here`` likewise on the analysis machine's CUDA GPU, with the same operations
-(``benchmarks/gpu_check.sh`` prints it beside the derived profile of that GPU).
-``--target-file`` reads the same fields from JSON (:func:`load_target`).
+is measured when first used, on the torch threads compression runs with (replay's
+``--threads``, default 1); ``gpu-here`` likewise on the analysis machine's CUDA GPU, with
+the same operations (``benchmarks/gpu_check.sh`` prints it beside the derived profile of
+that GPU). A measured rate is the median of :data:`REPEATS` timed calls after
+:data:`WARMUP` untimed ones, with its spread (interquartile range / median) kept in
+``spread`` and a warning when it exceeds :data:`NOISY_SPREAD`: one measurement of a busy
+machine must not decide a recommendation. ``--target-file`` reads the same fields from
+JSON (:func:`load_target`), also the ``target`` of a ``gradstat recommend --out``
+document, so a report can price compression with the very profile a recommendation used.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 
-from gradstat.errors import UsageError
+from gradstat.errors import GradstatWarning, UsageError
 
 #: Fraction of the datasheet memory bandwidth streaming kernels reach (assumed).
 STREAM_EFFICIENCY = 0.85
@@ -53,6 +60,16 @@ RADIX_SELECT_BYTES = 5 * 4
 RADIX_SORT_BYTES = 4 * 2 * 8
 #: Seconds per CUDA kernel launch (assumed; typically 3-10 us end to end).
 GPU_LAUNCH = 5e-6
+#: Timed calls per measured operation, after WARMUP untimed ones; the median decides.
+REPEATS = 9
+WARMUP = 2
+#: A measured rate whose interquartile range exceeds this fraction of its median is
+#: reported as noisy (a busy machine): its recommendation may not repeat.
+NOISY_SPREAD = 0.5
+#: Bytes allocated and freed once before measuring: with glibc this lifts the dynamic
+#: mmap threshold above the measured outputs, so every run times them from the same
+#: (heap) allocator state instead of fresh mmap'd, page-faulting memory in some runs.
+ALLOCATOR_WARMUP = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,8 @@ class Target:
     matmul_bandwidth: float
     launch: float
     sources: dict[str, str] = field(default_factory=dict)
+    #: Measured profiles: each rate's spread, interquartile range / median of its calls.
+    spread: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -155,37 +174,63 @@ BUILTIN: dict[str, Target] = {
 TARGET_NAMES = ("cpu-here", "gpu-here", *BUILTIN)
 
 
-def _best_seconds(run, repeats: int = 7) -> float:
-    """The smallest CPU time of this thread over ``repeats`` calls after one warm-up.
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one operation: the ``median`` of the timed calls and their ``spread``
+    (interquartile range / median)."""
 
-    Thread CPU time, not wall time: on a shared machine a descheduled thread's wall time
-    measures the other jobs (torch runs its operators on the calling thread when it has
-    one thread; with more, the figure is the calling thread's share).
-    """
+    median: float
+    spread: float
+
+
+def _summarize(times: list[float]) -> Timing:
+    median = max(statistics.median(times), 1e-9)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return Timing(median, (q3 - q1) / median)
+
+
+def _cpu_call(run) -> float:
+    """Thread CPU time of one call, not wall time: on a shared machine a descheduled
+    thread's wall time measures the other jobs (torch runs its operators on the calling
+    thread when it has one thread; with more, the figure is the calling thread's share)."""
+    start = time.thread_time()
     run()
-    best = math.inf
-    for _ in range(repeats):
-        start = time.thread_time()
-        run()
-        best = min(best, time.thread_time() - start)
-    return max(best, 1e-9)
+    return time.thread_time() - start
 
 
-def _best_seconds_cuda(run, repeats: int = 7) -> float:
-    """The smallest GPU time between two CUDA events around ``run`` (kernels queued on
-    the current stream), over ``repeats`` calls after one warm-up."""
+def _cuda_call(run) -> float:
+    """GPU time between two CUDA events around one call (kernels on the current stream)."""
+    begin = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    begin.record()
     run()
-    torch.cuda.synchronize()
-    best = math.inf
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3
+
+
+def time_operations(runs: dict, call=_cpu_call, repeats: int = REPEATS) -> dict[str, Timing]:
+    """The :class:`Timing` of every operation of ``runs`` (name -> callable): each is
+    called :data:`WARMUP` times untimed, then ``repeats`` rounds time one call of every
+    operation in turn, so a burst of other work on the machine hits a few calls of each
+    operation (which the median discards), not every call of one."""
+    for run in runs.values():
+        for _ in range(WARMUP):
+            run()
+    if call is _cuda_call:
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        begin = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        begin.record()
-        run()
-        end.record()
-        end.synchronize()
-        best = min(best, begin.elapsed_time(end) / 1e3)
-    return max(best, 1e-9)
+        for name, run in runs.items():
+            times[name].append(call(run))
+    return {name: _summarize(values) for name, values in times.items()}
+
+
+def spread_text(target: Target, rate: str) -> str:
+    """``" (+-12 % over 9 calls)"`` for a measured rate, ``""`` for a stated one."""
+    if rate not in target.spread:
+        return ""
+    return f" (+-{50 * target.spread[rate]:.0f} % over {REPEATS} calls)"
 
 
 def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Target:
@@ -205,32 +250,40 @@ def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Tar
     gpu = device.type == "cuda"
     numel = numel or (1 << 26 if gpu else 1 << 20)
     square, tall_side = (4096, 8192) if gpu else (512, 1024)
-    seconds = _best_seconds_cuda if gpu else _best_seconds
     generator = torch.Generator(device=device).manual_seed(0)
+    if not gpu:
+        torch.empty(ALLOCATOR_WARMUP, dtype=torch.uint8)  # allocated and freed at once
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, device=device)
 
     a, b = randn(numel), randn(numel)
-    add = seconds(lambda: a + b)
     small_k, large_k = numel // 1000, numel // 10
-    t_small = seconds(lambda: torch.topk(a, small_k, sorted=False))
-    t_large = seconds(lambda: torch.topk(a, large_k, sorted=False))
-    per_selected = max((t_large - t_small) / (large_k - small_k), 0.0)
-    topk_rate = numel / max(t_small - small_k * per_selected, 1e-9)
-    sort = seconds(lambda: torch.sort(a[: numel // 4]))
-    perm = seconds(lambda: torch.randperm(numel, generator=generator, device=device))
-    compare = seconds(lambda: a > 0.5)
     mask = a > 2.05
-    compact = seconds(lambda: torch.nonzero(mask))
-    random = seconds(lambda: torch.rand(numel, generator=generator, device=device))
     m = randn(square, square)
-    matmul = seconds(lambda: m @ m)
     tall = randn(1, tall_side, tall_side)
     q = randn(tall_side, 4)
-    thin = seconds(lambda: (tall @ q, tall.transpose(1, 2) @ q))
     one = torch.ones(1, device=device)
-    launch = seconds(lambda: [torch.add(one, one) for _ in range(100)]) / 100
+    timings = time_operations(
+        {
+            "bandwidth": lambda: a + b,
+            "topk_rate": lambda: torch.topk(a, small_k, sorted=False),
+            "topk_per_selected": lambda: torch.topk(a, large_k, sorted=False),
+            "sort_rate": lambda: torch.sort(a[: numel // 4]),
+            "randperm_rate": lambda: torch.randperm(numel, generator=generator, device=device),
+            "compare_rate": lambda: a > 0.5,
+            "compact_rate": lambda: torch.nonzero(mask),
+            "random_rate": lambda: torch.rand(numel, generator=generator, device=device),
+            "flops": lambda: m @ m,
+            "matmul_bandwidth": lambda: (tall @ q, tall.transpose(1, 2) @ q),
+            "launch": lambda: [torch.add(one, one) for _ in range(100)],
+        },
+        _cuda_call if gpu else _cpu_call,
+    )
+    t = {name: timing.median for name, timing in timings.items()}
+    t_small, t_large = t["topk_rate"], t["topk_per_selected"]
+    per_selected = max((t_large - t_small) / (large_k - small_k), 0.0)
+    topk_rate = numel / max(t_small - small_k * per_selected, 1e-9)
     if gpu:
         name = "gpu-here"
         description = f"this machine's {torch.cuda.get_device_name(device)}"
@@ -239,20 +292,22 @@ def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Tar
         threads = torch.get_num_threads()
         name, description = "cpu-here", f"this machine's CPU, {threads} torch thread(s)"
         how = f"measured now on {threads} torch thread(s)"
-    return Target(
+    how += f", median of {REPEATS} calls"
+    target = Target(
         name=name,
         description=description,
-        bandwidth=12 * numel / add,
+        bandwidth=12 * numel / t["bandwidth"],
         topk_rate=topk_rate,
         topk_per_selected=per_selected,
-        sort_rate=(numel // 4) / sort,
-        randperm_rate=numel / perm,
-        compare_rate=numel / compare,
-        compact_rate=numel / compact,
-        random_rate=numel / random,
-        flops=2 * square**3 / matmul,
-        matmul_bandwidth=2 * 4 * tall_side * tall_side / thin,
-        launch=launch,
+        sort_rate=(numel // 4) / t["sort_rate"],
+        randperm_rate=numel / t["randperm_rate"],
+        compare_rate=numel / t["compare_rate"],
+        compact_rate=numel / t["compact_rate"],
+        random_rate=numel / t["random_rate"],
+        flops=2 * square**3 / t["flops"],
+        matmul_bandwidth=2 * 4 * tall_side * tall_side / t["matmul_bandwidth"],
+        launch=t["launch"] / 100,
+        spread={rate: round(timing.spread, 4) for rate, timing in timings.items()},
         sources={
             "bandwidth": f"{how}: a + b of {numel:,} float32 (12 B per element)",
             "topk_rate": f"{how}: torch.topk of {numel:,} at densities 0.001 and 0.1",
@@ -266,6 +321,23 @@ def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Tar
             "launch": f"{how}: torch.add on 1-element tensors",
         },
     )
+    _warn_noisy(target)
+    return target
+
+
+def _warn_noisy(target: Target) -> None:
+    noisy = {k: v for k, v in target.spread.items() if v > NOISY_SPREAD}
+    if noisy:
+        worst = max(noisy, key=noisy.get)
+        warnings.warn(
+            f"{target.name}: {len(noisy)} measured rate(s) vary by more than "
+            f"+-{50 * NOISY_SPREAD:.0f} % between calls (worst {worst}"
+            f"{spread_text(target, worst)}): the machine is busy, so compression times "
+            "and the recommendation may change between runs; pass --target-file with a "
+            "profile measured on a quiet machine to fix them",
+            GradstatWarning,
+            stacklevel=3,
+        )
 
 
 _MEASURED: dict[tuple[str, int], Target] = {}
@@ -292,10 +364,11 @@ def builtin_target(name: str) -> Target:
 
 
 def load_target(path: str | Path) -> Target:
-    """A profile from a JSON object with the fields of :class:`Target`.
+    """A profile from a JSON object with the fields of :class:`Target`, or from a
+    ``gradstat recommend --out`` document (its ``target``: the profile it priced with).
 
-    ``name``, ``description`` and ``sources`` are optional; every rate is required, in
-    SI units (bytes/s, elements/s, FLOP/s, seconds).
+    ``name``, ``description``, ``sources`` and ``spread`` are optional; every rate is
+    required, in SI units (bytes/s, elements/s, FLOP/s, seconds).
     """
     path = Path(path)
     try:
@@ -304,6 +377,8 @@ def load_target(path: str | Path) -> Target:
         raise UsageError(f"--target-file {path}: cannot read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--target-file {path}: not JSON ({exc})") from None
+    if isinstance(document, dict) and isinstance(document.get("target"), dict):
+        document = document["target"]  # a recommendation: the profile it used
     if not isinstance(document, dict):
         raise UsageError(f"--target-file {path}: expected a JSON object")
     rates = [f.name for f in fields(Target) if f.type == "float"]
@@ -323,6 +398,7 @@ def load_target(path: str | Path) -> Target:
         description=str(document.get("description", f"from {path}")),
         sources={str(k): str(v) for k, v in dict(document.get("sources", {})).items()}
         or {"all": f"user profile {path}"},
+        spread={str(k): float(v) for k, v in dict(document.get("spread", {})).items()},
         **values,
     )
 

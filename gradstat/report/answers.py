@@ -13,6 +13,10 @@ import pandas as pd
 
 #: Estimators that hit k by construction (a sort), left out of "closest to k".
 EXACT = {"topk"}
+#: Estimators that fall back to an exact top-k when their estimate selects too many
+#: (DGC: over 1.3 k sampled candidates), so q = 1 there is the fallback, not an estimate:
+#: ranked apart, with a sentence saying so where their median q is exactly 1.
+FALLBACK = {"dgc"}
 
 
 def _ratio_text(ratio: float) -> str:
@@ -31,20 +35,31 @@ def best_fit(ranking: pd.DataFrame) -> str:
     return text + ")."
 
 
-def closest_estimators(quality: pd.DataFrame) -> list[str]:
+def closest_estimators(quality: pd.DataFrame, notes: bool = True) -> list[str]:
     """Per ratio, the estimator whose median q = selected / k is closest to 1 (on a log
-    scale, so q = 2 and q = 0.5 are equally far), with its range over records."""
-    rows = quality[~quality["estimator"].isin(EXACT) & ~quality["estimator"].str.startswith("fit:")]
+    scale, so q = 2 and q = 0.5 are equally far), with its range over records, among the
+    estimators that estimate (exact top-k and DGC's exact fallback aside); then, where
+    DGC's median q is exactly 1 (with ``notes``), that it fell back to exact top-k."""
+    kinds = quality["estimator"]
+    estimating = ~kinds.isin(EXACT | FALLBACK) & ~kinds.str.startswith("fit:")
     lines = []
-    for ratio, group in rows.groupby("ratio", sort=False):
+    for ratio, group in quality[estimating].groupby("ratio", sort=False):
         distance = np.abs(np.log(group["q median"].clip(lower=1e-12)))
         best = group.loc[distance.idxmin()]
         stages = "" if best["stages"] in ("1", 1) else f", {best['stages']} stages"
         lines.append(
             f"At ratio {_ratio_text(ratio)}, {best['estimator']}{stages} comes closest to k "
-            f"(exact top-k aside): median q {best['q median']:.3g} "
+            f"among the estimators that estimate: median q {best['q median']:.3g} "
             f"(range {best['q min']:.3g} to {best['q max']:.3g})."
         )
+    fallback = quality[kinds.isin(FALLBACK)] if notes else quality.iloc[:0]
+    for row in fallback.to_dict(orient="records"):
+        if row["q median"] == 1:
+            lines.append(
+                f"At ratio {_ratio_text(row['ratio'])}, {row['estimator']}'s median q of 1 is "
+                "its exact top-k fallback (its sampled threshold selected over 1.3 k), not "
+                "an estimate."
+            )
     return lines
 
 

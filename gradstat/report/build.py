@@ -33,7 +33,9 @@ from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
+from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.errors import GradstatError
+from gradstat.parallel.threads import torch_threads
 from gradstat.plots.capture import plot_loss
 from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
@@ -61,6 +63,11 @@ class ReportSettings:
     fit_steps: int = 5
     dpi: int = defaults.REPORT_DPI
     compute: Compute = field(default_factory=Compute)
+    #: The hardware compression is priced on; None: ``cpu-here``, measured once on the
+    #: replay's threads (pass a ``recommend --out`` file's profile to quote its numbers).
+    target: Target | None = None
+    #: Where ``target`` came from (``--target-file``), for the equivalent command.
+    target_file: str | None = None
 
 
 @dataclass
@@ -94,9 +101,27 @@ class ReportContext:
         return run, run.run(self.progress("replay"))
 
     @cached_property
+    def target(self) -> Target:
+        """The profile every compression time of the page is priced with (one, so a
+        configuration has one time everywhere on the page)."""
+        if self.settings.target is not None:
+            return self.settings.target
+        with torch_threads(defaults.THREADS):
+            return builtin_target("cpu-here")
+
+    @cached_property
     def recommendation(self) -> Recommendation:
         run, records = self.replay
-        return choose(run, records, error_budget=self.settings.error_budget)
+        return choose(run, records, error_budget=self.settings.error_budget, target=self.target)
+
+    @cached_property
+    def priced(self) -> pd.DataFrame:
+        """The replay's summary in replay order, with the recommendation's times (the
+        work model on :attr:`target` at the cluster size) beside the measured ones."""
+        run, records = self.replay
+        keys = ["scope", "compressor", "ratio"]
+        order = summarize_replay(records, self.settings.link, run.cost_learners)[keys]
+        return order.merge(self.recommendation.ranking, on=keys, how="left")
 
     @property
     def cost_learners(self) -> int:
@@ -206,7 +231,7 @@ def _fit(ctx: ReportContext) -> Part:
             ("distributions ranked by KS", _human(ranking)),
             ("threshold estimators: q = selected / k", _human(quality)),
         ],
-        [answers.best_fit(ranking), *answers.closest_estimators(quality)[-1:]],
+        [answers.best_fit(ranking), *answers.closest_estimators(quality, notes=False)[-1:]],
     )
 
 
@@ -288,10 +313,13 @@ def _overlap(ctx: ReportContext) -> Part:
 
 def _replay(ctx: ReportContext) -> Part:
     records, n = ctx.replay[1], ctx.cost_learners
-    summary = summarize_replay(records, ctx.settings.link, n)
+    summary = ctx.priced
     reading = (
         f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps; times are predicted for {n} learners on the modelled link. "
+        f"recorded steps; times are predicted for {n} learners on the modelled link, "
+        f"compression on {ctx.target.name} from the work model (the times of the "
+        "recommendation below); the replay's own compression time here, the median over "
+        "the warm steps (the first step excluded), is listed beside it with its spread. "
         + " ".join(answers.replay_answer(summary))
         + " Relative errors above 1 are normal with error feedback: what is sent at a step "
         "includes residuals of earlier steps. Replay is open-loop: it follows the "
@@ -307,6 +335,9 @@ def _replay(ctx: ReportContext) -> Part:
         "bytes_per_learner",
         "comm_seconds",
         "compress_seconds",
+        "seconds",
+        "measured_compress_seconds",
+        "measured_compress_spread",
         "rel_error",
         "cosine",
     ]
@@ -380,6 +411,8 @@ HEADERS = {
     "bytes_per_learner": "bytes per learner",
     "comm_seconds": "comm (ms)",
     "compress_seconds": "compress (ms)",
+    "measured_compress_seconds": "compress here (ms)",
+    "measured_compress_spread": "spread here",
     "seconds": "time per step (ms)",
     "rel_error": "relative error",
     "cosine": "cosine",
@@ -394,6 +427,8 @@ def _human(table: pd.DataFrame) -> pd.DataFrame:
     for column in table.columns:
         if str(column).endswith("seconds") or column == "seconds":
             table[column] = table[column] * 1e3
+        if str(column).endswith("_spread"):  # interquartile range / median
+            table[column] = [f"+-{50 * v:.0f} %" for v in table[column]]
     names = {c: HEADERS.get(c, c) for c in table.columns}
     names |= {c: f"threshold error at {c[5:]}" for c in table.columns if str(c).startswith("qerr@")}
     return table.rename(columns=names)
@@ -419,6 +454,15 @@ def equivalent_command(ctx: ReportContext) -> str:
         f"--compressors {s.compressors} --ratios {defaults.ratios_text(s.ratios)} "
         f"--cluster-size {ctx.cost_learners} --bandwidth {s.link.bandwidth * 8 / 1e9:g}Gbit/s "
         f"--latency {s.link.latency * 1e6:g}us"
+        + (f" --target-file {s.target_file}" if s.target_file else f" --target {ctx.target.name}")
+    )
+
+
+def _target_text(target: Target) -> str:
+    return (
+        f"{target.name} ({target.description}: memory {target.bandwidth / 1e9:.3g} GB/s"
+        f"{spread_text(target, 'bandwidth')}, top-k {target.topk_rate / 1e9:.3g} G "
+        f"elements/s{spread_text(target, 'topk_rate')})"
     )
 
 
@@ -431,8 +475,9 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
         "link": f"{link} (alpha-beta model of a ring all-reduce / all-gather)",
         "cluster size": f"{ctx.cost_learners} learners for the cost model; errors and "
         f"build-up measured with the capture's {cap.learners_text()}",
-        "target hardware": f"communication: the link above; compression timed on the "
-        f"machine that made this report ({machine})",
+        "target hardware": f"communication: the link above; compression: the work model "
+        f"on {_target_text(ctx.target)}; replay's own compression times measured on "
+        f"{machine}",
         "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
         f"error budget {s.error_budget:g}; fits on {s.fit_steps} evenly spaced steps",
         "same recommendation as": equivalent_command(ctx),
