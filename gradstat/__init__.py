@@ -5,19 +5,28 @@ them for gradient compression (distribution fits, index similarity, build-up, re
 command line (typer, rich) or plotting (matplotlib, seaborn).
 """
 
+from importlib import import_module
+
 from gradstat.errors import DataError, GradstatError, UsageError
-from gradstat.store import Capture, open_capture
 
 __version__ = "0.1.0"
 
+#: Names loaded on first use: the store pulls in h5py and torch, the capture hook
+#: torch.distributed, none of which ``gradstat --version`` or ``--help`` needs.
+_LAZY = {
+    "Capture": "gradstat.store",
+    "open_capture": "gradstat.store",
+    "GradientCapture": "gradstat.capture.hook",
+}
+
 
 def __getattr__(name: str):
-    # The capture hook pulls in torch.distributed; load it only when asked for.
-    if name == "GradientCapture":
-        from gradstat.capture.hook import GradientCapture
-
-        return GradientCapture
-    raise AttributeError(f"module 'gradstat' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradstat' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

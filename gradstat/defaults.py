@@ -16,6 +16,17 @@ LATENCY = "5us"
 #: Resolution of ``--plot`` figures and of the report's embedded figures.
 DPI = 150
 REPORT_DPI = 110
+#: Threshold estimators ``gradstat fit`` runs (``hard`` needs a threshold;
+#: ``redsync-sidco`` is a reference behaviour, run on request).
+FIT_ESTIMATORS = (
+    "topk",
+    "sidco-exp",
+    "sidco-gpd",
+    "sidco-gamma-gpd",
+    "dgc",
+    "gaussiank",
+    "redsync",
+)
 #: Compressors ``gradstat replay`` runs.
 REPLAYED = "topk,dgc,sidco-gpd,clt-k,powersgd"
 #: Compressors of the report's replay and recommendation: the replayed ones and the two
@@ -26,6 +37,8 @@ RANK = 4
 BETA = 1.0
 SEED = 0
 THREADS = 1
+#: Relative gap between predicted and measured error that counts as divergence (compare).
+DIVERGENCE_TOLERANCE = 0.25
 
 
 def ratios_text(ratios) -> str:

@@ -34,11 +34,9 @@ from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.selection import k_for
 from gradstat.compressors.legacy import LocalCompressor
 from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
+from gradstat.defaults import DIVERGENCE_TOLERANCE
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store import Capture, open_capture
-
-#: Relative gap between predicted and measured error that counts as divergence.
-DIVERGENCE_TOLERANCE = 0.25
 
 
 @dataclass

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes, recorded_rows
-from gradstat.capture.launch import CaptureOptions, recorded, run_capture
 from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT
-from gradstat.capture.workloads import SIZE_NAMES, SPECS, parameter_count
 from gradstat.cli.options import COMPRESSOR_NAMES, list_compressors
 from gradstat.cli.output import console, err_console, warn
 from gradstat.store.ranks import format_ranks, parse_ranks
+
+if TYPE_CHECKING:  # the launcher and the workloads import torch: loaded when run
+    from gradstat.capture.budget import CapturePlan
 
 
 def _list_workloads(value: bool) -> None:
     """Print the built-in workloads (parameters at their default size) and exit."""
     if not value:
         return
+    from gradstat.capture.workloads import SIZE_NAMES, SPECS, parameter_count
+
     console.print(
         f"{'workload':<9}{'parameters':>11}  {'size':<6} {'data':<25}model", highlight=False
     )
@@ -131,6 +134,9 @@ def capture_command(
 
     Example: gradstat capture --workload digits --nproc-per-node 4 --steps 100 --every 5
     """
+    from gradstat.capture.budget import format_bytes, parse_bytes, recorded_rows
+    from gradstat.capture.launch import CaptureOptions, recorded, run_capture
+
     options = CaptureOptions(
         workload=workload,
         steps=steps,

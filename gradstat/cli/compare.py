@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from gradstat.analysis.compare import DIVERGENCE_TOLERANCE, compare
 from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot
 from gradstat.cli.output import Output, Result, View, show
+from gradstat.defaults import DIVERGENCE_TOLERANCE
 
 Runs = Annotated[
     list[Path],
@@ -69,6 +69,8 @@ def compare_command(
 
     Example: gradstat compare captures/lm captures/lm-topk --plot compare.png
     """
+    from gradstat.analysis.compare import compare
+
     result = compare([str(r) for r in runs], tolerance)
     summary = result.summary
     views = [

@@ -3,18 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
-from gradstat.analysis.fit import (
-    DEFAULT_ESTIMATORS,
-    Fit,
-    magnitude_sample,
-    quality_summary,
-    rank_distributions,
-)
 from gradstat.cli.options import (
     DPI,
     RATIOS,
@@ -39,9 +31,11 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show, warn
+from gradstat.defaults import FIT_ESTIMATORS as DEFAULT_ESTIMATORS
 from gradstat.errors import UsageError
-from gradstat.report.answers import best_fit, closest_estimators
-from gradstat.store import open_capture
+
+if TYPE_CHECKING:  # the analysis imports torch and scipy: loaded when the command runs
+    import pandas as pd
 
 Dist = Annotated[
     str,
@@ -116,6 +110,9 @@ def fit_command(
     AIC/BIC, tail-quantile error) and compares threshold estimators (SIDCo-E/P/GP with
     M stages, DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k.
     """
+    from gradstat.analysis.fit import Fit, magnitude_sample
+    from gradstat.store import open_capture
+
     with open_capture(capture) as cap:
         note_sample(cap)
         analysis = Fit(
@@ -154,6 +151,9 @@ def fit_command(
 
 def fit_result(records: pd.DataFrame, method: str) -> Result:
     """The ranking of distributions and the estimators' q, per-row fits as detail."""
+    from gradstat.analysis.fit import quality_summary, rank_distributions
+    from gradstat.report.answers import best_fit, closest_estimators
+
     ranking, quality = rank_distributions(records), quality_summary(records)
     estimators = quality[~quality["estimator"].str.startswith("fit:")]
     summary = [
@@ -189,6 +189,8 @@ def fit_result(records: pd.DataFrame, method: str) -> Result:
 
 def _q_by_ratio(quality: pd.DataFrame) -> pd.DataFrame:
     """One row per (estimator, stages), the median q at each ratio in a column."""
+    import pandas as pd
+
     if quality.empty:
         return pd.DataFrame(columns=["estimator", "stages"])
     wide = quality.pivot_table(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import pandas as pd
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -12,8 +11,6 @@ from rich.table import Table
 from gradstat.cli.options import Capture, Csv, Json
 from gradstat.cli.output import console, to_json, write_csv
 from gradstat.errors import DataError
-from gradstat.store import open_capture
-from gradstat.store.verify import span_text
 
 Verify = Annotated[
     bool,
@@ -39,6 +36,8 @@ def info_command(
     file) is shown with status "damaged" and the steps at fault, then exits 1; --verify
     also reads every row and checks its checksum. --csv writes the layer table.
     """
+    from gradstat.store.reader import open_capture  # h5py: only once a capture is read
+
     with open_capture(capture, allow_damaged=True) as cap:
         if verify:
             cap.verify_rows()
@@ -46,6 +45,8 @@ def info_command(
         learners = cap.learners_text()
         damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
+        import pandas as pd
+
         write_csv(pd.DataFrame(summary["layers"]), csv)
     if as_json:
         print(to_json(summary))
@@ -56,6 +57,8 @@ def info_command(
 
 
 def _status_text(summary: dict) -> str:
+    from gradstat.store.verify import span_text
+
     steps = summary["steps"]
     status = summary["status"]
     if status == "damaged":

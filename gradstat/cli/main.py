@@ -6,28 +6,88 @@ to see tracebacks.
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import warnings
+from importlib import import_module
+from importlib.util import find_spec
 
+import click
 import typer
 from rich.markup import escape
 
 from gradstat import __version__
-from gradstat.cli.capture import capture_command
 from gradstat.cli.command import Command, Group, unwrap
-from gradstat.cli.compare import compare_command
-from gradstat.cli.fit import fit_command
-from gradstat.cli.info import info_command
 from gradstat.cli.interrupts import keep_interrupts
-from gradstat.cli.merge import merge_command
 from gradstat.cli.output import err_console, warn
-from gradstat.cli.replay import recommend_command, replay_command
-from gradstat.cli.report import report_command
-from gradstat.cli.similarity import buildup_command, overlap_command, similarity_command
 from gradstat.errors import GradstatError
-from gradstat.parallel.allocator import tune_allocators
-from gradstat.parallel.distributed import run_command
+
+# in the order of the work: record, inspect, analyse, replay, decide, report
+COMMANDS = {
+    "capture": "gradstat.cli.capture:capture_command",
+    "info": "gradstat.cli.info:info_command",
+    "merge": "gradstat.cli.merge:merge_command",
+    "fit": "gradstat.cli.fit:fit_command",
+    "similarity": "gradstat.cli.similarity:similarity_command",
+    "buildup": "gradstat.cli.similarity:buildup_command",
+    "overlap": "gradstat.cli.similarity:overlap_command",
+    "replay": "gradstat.cli.replay:replay_command",
+    "recommend": "gradstat.cli.replay:recommend_command",
+    "compare": "gradstat.cli.compare:compare_command",
+    "report": "gradstat.cli.report:report_command",
+}
+
+
+def _docstring(target: str) -> str:
+    """The docstring of ``module:function``, read from the module's source without
+    importing it (so ``gradstat --help`` lists every command without loading torch)."""
+    module, function = target.split(":")
+    spec = find_spec(module)
+    tree = ast.parse(spec.loader.get_source(module))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return unwrap(ast.get_docstring(node) or "")
+    raise LookupError(f"{target}: no such function")  # a bad COMMANDS entry
+
+
+def load_command(name: str) -> click.Command:
+    """The click command ``name``: its module imported now, with what it computes with."""
+    module, function = COMMANDS[name].split(":")
+    callback = getattr(import_module(module), function)
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    help_ = unwrap(callback.__doc__)
+    sub.command(name, cls=Command, help=help_, short_help=help_.split("\n\n")[0])(callback)
+    return typer.main.get_command(sub)
+
+
+class Commands(Group):
+    """The ``gradstat`` group: a command is listed from its docstring, and loaded (its
+    module and the libraries that module needs) only when it runs or shows its help."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            help_ = _docstring(COMMANDS[cmd_name])  # a summary for the list in --help
+            self.commands[cmd_name] = click.Command(
+                cmd_name, help=help_, short_help=help_.split("\n\n")[0]
+            )
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else None
+        if name in COMMANDS and not isinstance(self.commands.get(name), Command):
+            from gradstat.parallel.allocator import tune_allocators
+
+            tune_allocators()  # before the command's first large array
+            self.commands[name] = load_command(name)
+        elif name not in COMMANDS:  # a typo: "Did you mean" needs every name
+            for known in COMMANDS:
+                self.get_command(ctx, known)
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     name="gradstat",
@@ -41,26 +101,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
-    cls=Group,
+    cls=Commands,
 )
-
-# in the order of the work: record, inspect, analyse, replay, decide, report
-COMMANDS = {
-    "capture": capture_command,
-    "info": info_command,
-    "merge": merge_command,
-    "fit": fit_command,
-    "similarity": similarity_command,
-    "buildup": buildup_command,
-    "overlap": overlap_command,
-    "replay": replay_command,
-    "recommend": recommend_command,
-    "compare": compare_command,
-    "report": report_command,
-}
-for _name, _function in COMMANDS.items():
-    _help = unwrap(_function.__doc__)
-    app.command(_name, cls=Command, help=_help, short_help=_help.split("\n\n")[0])(_function)
 
 
 #: Exit code of Ctrl-C (128 + SIGINT), what typer returns when a command is interrupted.
@@ -95,21 +137,35 @@ def _error(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _run(command):
+    """``command()``, or under torchrun on rank 0 with the other ranks computing its units
+    (torch.distributed loads only then, or when a script already started a group)."""
+    from gradstat.parallel.environment import launched_by_torchrun
+
+    if launched_by_torchrun() or "torch.distributed" in sys.modules:
+        from gradstat.parallel.distributed import run_command
+
+        return run_command(command)
+    return command()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gradstat`` console script."""
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
     sys.unraisablehook = keep_interrupts
-    tune_allocators()
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
-        result = run_command(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
+        result = _run(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         _error("interrupted", INTERRUPTED)
     except typer.TyperException as exc:
-        _error(exc.format_message(), exc.exit_code)
+        message = exc.format_message()
+        if not message:  # no arguments: the help is shown, with exit code 2 and no Error
+            sys.exit(exc.exit_code)
+        _error(message, exc.exit_code)
     except GradstatError as exc:
         if debug:
             raise

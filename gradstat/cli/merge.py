@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 
 from gradstat.cli.output import console
-from gradstat.store.merge import merge_parts
 
 Dest = Annotated[
     Path,
@@ -41,6 +40,8 @@ def merge_command(dest: Dest, parts: Parts, move: Move = False) -> None:
     hard-linked (no data copied; --move moves them), capture.h5 is copied, and the
     result is checked like any capture.
     """
+    from gradstat.store.merge import merge_parts  # h5py: only once a capture is read
+
     with merge_parts(dest, parts, move=move) as cap:
         steps, learners, status = len(cap.steps), cap.learners_text(), cap.status
     where = escape(str(dest))

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gradstat import defaults
-from gradstat.analysis.compute import Compute, parse_bytes
-from gradstat.analysis.selection import parse_ratios
 from gradstat.cli.paths import csv_path, plot_path
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
 from gradstat.defaults import ratios_text
+
+if TYPE_CHECKING:  # the analyses import torch: --help and --version never load them
+    from gradstat.analysis.compute import Compute
 
 # Defaults come from gradstat.defaults (the report shares them); as option text here.
 RATIOS = ratios_text(defaults.RATIOS)
@@ -33,6 +34,8 @@ class RatioList(tuple):
 
 
 def _ratios(text: str | RatioList) -> RatioList:
+    from gradstat.analysis.selection import parse_ratios
+
     return text if isinstance(text, RatioList) else RatioList(parse_ratios(str(text)))
 
 
@@ -176,6 +179,8 @@ def compute_options(
 ) -> Compute:
     """The ``Compute`` of the ``--device``, ``--memory`` and ``--jobs`` options, checked
     before any work starts (``--device cuda`` without a GPU is a usage error)."""
+    from gradstat.analysis.compute import Compute, parse_bytes
+
     bytes_ = None if memory is None else parse_bytes(memory)
     compute = Compute(device=device, jobs=jobs, memory=bytes_)
     compute.torch_device()

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import numpy as np
-import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -37,7 +36,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gradstat.errors import UsageError
-from gradstat.formatting import format_cell
+
+if TYPE_CHECKING:  # numpy and pandas load with the first table: --help needs neither
+    import pandas as pd
 
 console = Console()
 err_console = Console(stderr=True)
@@ -129,23 +130,29 @@ def show(result: Result, output: Output) -> None:
 
 
 def _plain(value):
-    """Make a value JSON-ready: numpy scalars to Python, NaN/Inf to null."""
+    """Make a value JSON-ready: numpy scalars to Python, NaN/Inf to null.
+
+    numpy and pandas values exist only once their module is loaded, so the checks look
+    them up in ``sys.modules`` instead of importing them for a document of plain values.
+    """
+    np, pd = sys.modules.get("numpy"), sys.modules.get("pandas")
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
+    if isinstance(value, (list, tuple)) or (np is not None and isinstance(value, np.ndarray)):
         return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
+    if np is not None and isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if value is pd.NA or value is pd.NaT:
+    if pd is not None and (value is pd.NA or value is pd.NaT):
         return None
     return value
 
 
 def to_json(document) -> str:
     """One JSON document; DataFrames become lists of records."""
-    if isinstance(document, pd.DataFrame):
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(document, pd.DataFrame):
         document = document.to_dict(orient="records")
     return json.dumps(_plain(document), indent=2)
 
@@ -169,6 +176,10 @@ def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
     Number cells never wrap or shrink: a header wraps at its spaces instead, so tables
     designed for 80 columns never cut a number.
     """
+    import pandas as pd
+
+    from gradstat.formatting import format_cell
+
     table = Table(
         title=escape(title) if title else title,
         title_justify="left",

@@ -4,7 +4,25 @@ See :func:`run_units` (the runner), :mod:`~gradstat.parallel.threads` (the threa
 policy) and :mod:`~gradstat.parallel.distributed` (torchrun).
 """
 
-from gradstat.parallel.runner import planned_workers, run_units
-from gradstat.parallel.threads import available_cpus, default_jobs
+from importlib import import_module
 
-__all__ = ["available_cpus", "default_jobs", "planned_workers", "run_units"]
+#: Each name's module, imported on first use (both import torch; the command line's
+#: start-up reads :mod:`~gradstat.parallel.environment` and needs neither).
+_HOMES = {
+    "planned_workers": "gradstat.parallel.runner",
+    "run_units": "gradstat.parallel.runner",
+    "available_cpus": "gradstat.parallel.threads",
+    "default_jobs": "gradstat.parallel.threads",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gradstat.parallel' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_HOMES)

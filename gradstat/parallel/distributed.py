@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from gradstat.parallel.codec import decode, encode
+from gradstat.parallel.environment import launched_by_torchrun
 from gradstat.parallel.pool import contiguous
 
 T = TypeVar("T")
@@ -37,14 +38,6 @@ T = TypeVar("T")
 TIMEOUT = timedelta(hours=24)
 
 _STOP = {"stop": True}
-
-
-def launched_by_torchrun() -> bool:
-    """Whether this process is one of several ranks started by torchrun."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
-    except ValueError:
-        return False
 
 
 def active() -> bool:

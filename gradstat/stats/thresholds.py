@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 from scipy.special import ndtri
 
+from gradstat.defaults import FIT_ESTIMATORS
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import check_k, k_for
 from gradstat.stats.passes import RowPasses
@@ -93,8 +94,8 @@ class Estimator:
     ``select(values, k, settings)`` returns the threshold and its count (``settings.shared``
     holds the passes over ``values``: :func:`estimate_threshold` makes them); ``dist`` names
     the distribution it fits (None: none); ``staged``: it takes SIDCo's stage count;
-    ``inclusive``: it selects ``|x| >= threshold``; ``default``: ``fit`` runs it unless
-    told otherwise; ``first_stage``: a SIDCo variant's stage-1 family (exp, gpd, gamma).
+    ``inclusive``: it selects ``|x| >= threshold``; ``first_stage``: a SIDCo variant's
+    stage-1 family (exp, gpd, gamma).
     """
 
     select: Callable[[torch.Tensor, int, Settings], ThresholdResult]
@@ -102,7 +103,6 @@ class Estimator:
     dist: str | None = None
     staged: bool = False
     inclusive: bool = False
-    default: bool = True
     first_stage: str | None = None
 
 
@@ -253,7 +253,7 @@ def _redsync_sidco(values: torch.Tensor, k: int, settings: Settings) -> Threshol
 
 ESTIMATORS: dict[str, Estimator] = {
     "topk": Estimator(_topk, "exact top-k (torch.topk)", inclusive=True),
-    "hard": Estimator(_hard, "fixed threshold |g| >= lambda", inclusive=True, default=False),
+    "hard": Estimator(_hard, "fixed threshold |g| >= lambda", inclusive=True),
     "sidco-exp": Estimator(
         _sidco("exp", "exp"), "SIDCo-E: exponential stages", "exp", True, first_stage="exp"
     ),
@@ -271,12 +271,12 @@ ESTIMATORS: dict[str, Estimator] = {
     "gaussiank": Estimator(_gaussiank, "Gaussian-k: normal quantile, 2 adjustments", "normal"),
     "redsync": Estimator(_redsync, "RedSync: bisection until k < count < 2k"),
     "redsync-sidco": Estimator(
-        _redsync_sidco, "RedSync as the SIDCo reference runs it (<= 3 probes)", default=False
+        _redsync_sidco, "RedSync as the SIDCo reference runs it (<= 3 probes)"
     ),
 }
-#: Estimators ``fit`` runs by default (``hard`` needs a threshold; ``redsync-sidco`` is a
-#: reference behaviour, run on request).
-DEFAULT_ESTIMATORS: tuple[str, ...] = tuple(n for n, e in ESTIMATORS.items() if e.default)
+#: Estimators ``fit`` runs by default (declared in :mod:`gradstat.defaults`, which the
+#: command line's help reads without importing torch).
+DEFAULT_ESTIMATORS: tuple[str, ...] = FIT_ESTIMATORS
 
 
 def get_estimator(name: str) -> Estimator:

@@ -1,19 +1,29 @@
 """The HDF5 capture format: write per rank, open, validate and read lazily."""
 
-from gradstat.store.reader import Capture, open_capture
-from gradstat.store.schema import Layer, layer_table
-from gradstat.store.scope import Scope, resolve_scopes
-from gradstat.store.writer import RankFileWriter, finalize_root, write_capture, write_root
+from importlib import import_module
 
-__all__ = [
-    "Capture",
-    "Layer",
-    "RankFileWriter",
-    "Scope",
-    "finalize_root",
-    "layer_table",
-    "open_capture",
-    "resolve_scopes",
-    "write_capture",
-    "write_root",
-]
+#: Each name's module, imported on first use (``gradstat --help`` needs none of h5py).
+_HOMES = {
+    "Capture": "gradstat.store.reader",
+    "open_capture": "gradstat.store.reader",
+    "Layer": "gradstat.store.schema",
+    "layer_table": "gradstat.store.schema",
+    "Scope": "gradstat.store.scope",
+    "resolve_scopes": "gradstat.store.scope",
+    "RankFileWriter": "gradstat.store.writer",
+    "finalize_root": "gradstat.store.writer",
+    "write_capture": "gradstat.store.writer",
+    "write_root": "gradstat.store.writer",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gradstat.store' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_HOMES)

@@ -14,14 +14,18 @@ Three storage types (docs/format.md says when each is safe):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import h5py
 import numpy as np
-import torch
 
 from gradstat.errors import UsageError
 from gradstat.store.direct import DirectRows
 from gradstat.store.schema import SUPPORTED_DTYPES
 from gradstat.store.verify import row_checksum
+
+if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
+    import torch
 
 #: Attribute of ``/grad`` naming the logical type of the stored values.
 DTYPE_ATTR = "gradstat_dtype"
@@ -51,11 +55,15 @@ def bytes_per_value(dtype: str) -> int:
 
 def torch_dtype(dtype: str) -> torch.dtype:
     """The type of the hook's row buffers: the copy into them does the rounding."""
+    import torch
+
     return getattr(torch, check_dtype(dtype))
 
 
 def buffer_to_disk(buffer: torch.Tensor) -> np.ndarray:
     """A (CPU) row buffer as the array written to ``/grad``, without a copy."""
+    import torch
+
     if buffer.dtype == torch.bfloat16:
         return buffer.view(torch.uint16).numpy()
     return buffer.numpy()
@@ -63,6 +71,8 @@ def buffer_to_disk(buffer: torch.Tensor) -> np.ndarray:
 
 def float32_to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     """Bit patterns of ``values`` rounded to bfloat16 by torch (ties to even)."""
+    import torch
+
     tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     return tensor.to(torch.bfloat16).view(torch.uint16).numpy()
 

@@ -14,10 +14,10 @@ import socket
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
-import torch
 
 from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.store.compression import ensure_readable
@@ -34,6 +34,9 @@ from gradstat.store.schema import (
 )
 from gradstat.store.scope import Scope, resolve_scopes
 from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
+
+if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
+    import torch
 
 #: Rows read in column blocks whose running checksum is kept until their last block.
 _PARTIAL_ROWS = 4096
@@ -392,6 +395,8 @@ class Capture:
             )
             if checked:  # only grad rows carry a checksum
                 self._verify(position, row, int(step), stored, crc)
+        import torch
+
         return torch.from_numpy(out)
 
     def read_row(

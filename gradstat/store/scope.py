@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from gradstat.errors import UsageError
 from gradstat.store.schema import Layer
+
+if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Scope:
         if len(self.slices) == 1:
             offset, numel = self.slices[0]
             return grads[..., offset : offset + numel]
+        import torch
+
         return torch.cat([grads[..., o : o + n] for o, n in self.slices], dim=-1)
 
 
