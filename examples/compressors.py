@@ -56,7 +56,9 @@ class Quantize:
     nothing (without one, gradstat's residual error feedback runs).
     """
 
-    def __init__(self, bits: int = 4) -> None:
+    sparse = False  # a dense payload: every element is sent (no build-up to count)
+
+    def __init__(self, bits: int = 8) -> None:
         if not 2 <= bits <= 8:
             raise ValueError(f"bits must be in 2..8, got {bits}")
         self.levels = 2 ** (bits - 1) - 1

@@ -295,7 +295,8 @@ CASES = {
     "missing dependency": (_broken(GOOD, "import torch", "import torch\nimport nosuchdep"), "",
                            2, "No module named 'nosuchdep'", "nosuchdep"),
     "no such module": (None, "nosuchmodule_xyz:Mine", 2, "no module named", None),
-    "no class": (GOOD, "bad.py:Other", 2, "has no class 'Other' (it has: Mine)", None),
+    # ":Top:" is also an emoji code, which must not be printed as one
+    "no class": (GOOD, "bad.py:Top", 2, "has no class 'Top' (it has: Mine)", None),
     "no compress": (_broken(GOOD, "def compress(", "def kompress("), "", 2,
                     "has no compress method", None),
     "unknown parameter": (GOOD, "bad.py:Mine:bits=3", 2, "no parameter 'bits'", None),

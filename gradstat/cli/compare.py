@@ -65,7 +65,8 @@ def compare_command(
     Loss curves of dense and compressed runs; for each compressed run the relative error
     and bytes per step measured online (from its grad and sent rows), the replay over its
     own gradients, and the replay's open-loop prediction over the dense run's gradients,
-    with the step where prediction and measurement part.
+    with the step where prediction and measurement part. A run trained with your own
+    compressor (docs/compressors.md) imports it again from the spec it recorded.
 
     Example: gradstat compare captures/lm captures/lm-topk --plot compare.png
     """

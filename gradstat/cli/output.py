@@ -40,8 +40,9 @@ from gradstat.errors import UsageError
 if TYPE_CHECKING:  # numpy and pandas load with the first table: --help needs neither
     import pandas as pd
 
-console = Console()
-err_console = Console(stderr=True)
+# no emoji codes: a name such as ``mine.py:Top:bits=2`` must print as written, not as 🔝
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 T = TypeVar("T")
 
 #: Seconds between plain progress lines when stderr is not a terminal (a log, CI).

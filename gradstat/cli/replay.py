@@ -338,7 +338,10 @@ def recommend_result(result: Recommendation) -> Result:
     hidden = len(result.ranking) - len(shown)
     answer = result.explanation() + ["Assumed: " + a + "." for a in result.assumptions()]
     if result.pays_off:
-        settings = ", ".join(f"{k}={v:.4g}" for k, v in result.settings.items())
+        settings = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"  # a user's text parameter
+            for k, v in result.settings.items()
+        )
         use = f"Use {result.winner['compressor']}" + (f" with {settings}." if settings else ".")
         answer = [use, *answer]
     return Result(

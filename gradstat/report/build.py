@@ -350,7 +350,12 @@ def _recommend(ctx: ReportContext) -> Part:
     assumed = ["Assumed: " + a + "." for a in result.assumptions()]
     if result.winner is not None and result.settings:
         lines.append(
-            "Settings: " + ", ".join(f"{k} = {v:g}" for k, v in result.settings.items()) + "."
+            "Settings: "
+            + ", ".join(
+                f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
+                for k, v in result.settings.items()
+            )
+            + "."
         )
     columns = ["compressor", "ratio", "rel_error", "seconds", "speedup", "within_budget"]
     link = ctx.settings.link
