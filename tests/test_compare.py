@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from gradstat.analysis.compare import compare
-from gradstat.compressors.registry import build_scheme, parse_compressors
 from gradstat.store import layer_table, write_capture
 from gradstat.store.schema import rank_file_name
 from gradstat.store.writer import RankFileWriter, finalize_root, write_root
 from tests.helpers import assert_clean_error, run_cli
+from tests.reference_compressors import Reference
 
 LAYERS = layer_table([("fc.weight", (20, 30)), ("fc.bias", (20,))])
 D = LAYERS[-1].stop
@@ -31,9 +31,10 @@ def grads(seed: int, steps: int = 6) -> np.ndarray:
 
 def write_compressed(path, g: np.ndarray, losses: np.ndarray) -> list[float]:
     """A capture as ``capture --compressor topk --ratio 0.1`` writes it; returns the
-    relative error of the update applied at each step (by brute force)."""
+    relative error of the update applied at each step (by brute force). The ``sent``
+    rows are the whole-step reference's top-k with error feedback."""
     path.mkdir()
-    scheme = build_scheme(parse_compressors("topk")[0], RATIO, K, numel=D)
+    scheme = Reference("topk", {}, RATIO, K, D, [], 0, 2)
     meta = {
         "workload": "arrays",
         "seed": 0,

@@ -23,6 +23,7 @@ from gradstat.errors import UsageError
 from gradstat.hooks import compression_hook
 from gradstat.store import open_capture
 from tests.helpers import TESTS, torchrun
+from tests.reference_compressors import Reference
 
 RATIO = 0.05
 FAST = [
@@ -50,9 +51,6 @@ SLOW = [
 ]
 #: relative rounding of the applied update: casts all-reduce the sum in 16 bits
 ROUNDING = {"fp16": 2**-10, "bf16": 2**-7}
-#: compressors whose learners draw random numbers of their own: only learner 0's first
-#: step matches the replay (which draws every learner from one stream)
-RANDOM = {"qsgd", "terngrad", "dgc"}
 
 
 def _train(tmp_path_factory, names: list[str]):
@@ -77,32 +75,36 @@ def fast_runs(tmp_path_factory):
 
 
 def _replayed(cap, label: str):
+    """The replay's scheme of ``label`` and its plain whole-step reference (which the
+    streamed replay equals bit for bit, tests/test_replay_stream.py), whose ``sent`` rows
+    the hook's must be."""
     spec = parse_compressors(label)[0]
     ratio = None if spec.fixed_rate else RATIO
     k = None if ratio is None else k_for(ratio, cap.numel)
     shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
-    return build_scheme(spec, ratio, k, numel=cap.numel, shapes=shapes, seed=0)
+    scheme = build_scheme(spec, ratio, k, numel=cap.numel, shapes=shapes, seed=0)
+    return scheme, Reference(spec.name, spec.params, ratio, k, cap.numel, shapes, 0, 2)
 
 
 def check_against_replay(out, label: str) -> None:
     name = label.split(":")[0]
     with open_capture(out / label.replace(":", "_")) as cap:
         assert cap.has_sent and cap.compressor["name"] == label
-        scheme = _replayed(cap, label)
+        scheme, reference = _replayed(cap, label)
         applied = [np.load(out / label.replace(":", "_") / f"applied-rank{r}.npy") for r in (0, 1)]
         for i, step in enumerate(cap.steps):
             grads = cap.read_step(step)
             sent = cap.read_step(step, dataset="sent")
             exchange = scheme.step(grads)
-            if name in RANDOM:
-                if i == 0:
-                    torch.testing.assert_close(sent[0], exchange.sent[0], rtol=0, atol=0)
-            elif name == "powersgd":  # sums over learners in another order: float rounding
-                torch.testing.assert_close(sent, exchange.sent, rtol=1e-4, atol=1e-6)
-            else:
-                torch.testing.assert_close(sent, exchange.sent, rtol=0, atol=0)
-            # the update applied is the aggregate of what the learners sent
-            aggregate = scheme.compressor.aggregate(sent) if name == "signsgd" else sent.mean(dim=0)
+            replayed = reference.step(grads)
+            if name == "powersgd":  # sums over learners in another order: float rounding
+                torch.testing.assert_close(sent, replayed.sent, rtol=1e-4, atol=1e-6)
+            else:  # each learner draws its own random stream, as in the replay
+                torch.testing.assert_close(sent, replayed.sent, rtol=0, atol=0)
+            # the update applied is the compressor's aggregate of what the learners sent
+            compressor = scheme.compressor
+            aggregate = compressor.aggregate(list(sent))
+            aggregate = aggregate / 2 if compressor.average else aggregate
             for rank in (0, 1):
                 np.testing.assert_allclose(
                     applied[rank][i],
@@ -111,8 +113,7 @@ def check_against_replay(out, label: str) -> None:
                     atol=1e-6 * float(aggregate.abs().max()),
                 )
             # predicted bytes = bytes the hooks put into their collectives
-            if name not in RANDOM or name == "qsgd":
-                assert cap.sent_bytes[:, i].mean() == pytest.approx(exchange.bytes_per_learner)
+            assert cap.sent_bytes[:, i].mean() == pytest.approx(exchange.bytes_per_learner)
 
 
 @pytest.mark.parametrize("label", FAST)

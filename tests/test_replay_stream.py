@@ -10,12 +10,13 @@ import torch
 
 from gradstat.analysis.ef_store import SCRATCH_ENV, MemoryRows, RamRows
 from gradstat.analysis.replay import scope_shapes
-from gradstat.analysis.replay_stream import Memories, SparseRow, replay_streamed
+from gradstat.analysis.replay_stream import SparseRow, replay_streamed
 from gradstat.analysis.selection import k_for
 from gradstat.compressors import REGISTRY, build_scheme, parse_compressors
 from gradstat.compressors.memory import DGCMemory
 from gradstat.errors import DataError
 from gradstat.store import layer_table, open_capture, write_capture
+from tests.reference_compressors import Reference
 
 LEARNERS, STEPS = 4, 5
 NAMES = [*REGISTRY, "clt-k:beta=0.5", "dgc:momentum=0.5"]
@@ -41,16 +42,27 @@ def _scheme(cap, name):
     return scope, build_scheme(spec, ratio, k, numel=scope.numel, shapes=shapes, seed=0)
 
 
+def _reference(cap, name):
+    """The plain whole-step reference (tests/reference_compressors.py) of ``name``."""
+    (spec,) = parse_compressors(name)
+    scope, scheme = _scheme(cap, name)
+    shapes = scope_shapes(cap.layers, scope)
+    return Reference(
+        spec.name, spec.params, scheme.ratio, scheme.compressor.k, scope.numel, shapes, 0, LEARNERS
+    )
+
+
 def _dense(estimate):
     return estimate.dense() if isinstance(estimate, SparseRow) else estimate
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_streamed_step_equals_whole_step(capture, name):
+def test_streamed_step_equals_whole_step_reference(capture, name):
     """Row by row, every compressor gives the aggregate, memory norm, union, selections
-    and bytes of ``Scheme.step`` on the stacked step, bit for bit, in RAM and on scratch."""
+    and bytes of the plain whole-step reference on the stacked step, bit for bit, in RAM
+    and on scratch."""
     with open_capture(capture) as cap:
-        _, whole = _scheme(cap, name)
+        whole = _reference(cap, name)
         streams = {
             scratch: replay_streamed(
                 cap, list(cap.steps), cap.learners, [_scheme(cap, name)], scratch=scratch
@@ -66,17 +78,19 @@ def test_streamed_step_equals_whole_step(capture, name):
                 assert got_step == step
                 assert torch.equal(_dense(outcome.estimate), exchange.estimate), (name, scratch)
                 assert torch.allclose(result.reference, reference, rtol=1e-6, atol=1e-7)
-                assert outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
+                assert outcome.memory_norm == pytest.approx(exchange.memory_norm, rel=1e-12)
                 assert outcome.union == exchange.union
                 assert outcome.selected == exchange.selected
-                assert outcome.bytes_per_learner == exchange.bytes_per_learner
+                got = [(t.collective, t.nbytes) for t in outcome.transfers]
+                assert got == [(c, pytest.approx(b)) for c, b in exchange.transfers], name
                 assert outcome.info == pytest.approx(exchange.info)
 
 
 def test_streamed_topk_of_long_rows_equals_whole_step(tmp_path):
     """Rows long enough for top-k's one-pass path (sampled threshold, candidates, and the
     memory's norm from the squares below the threshold and of the candidates not sent):
-    the same aggregate and selections as ``Scheme.step``, the same norm to float64."""
+    the same aggregate and selections as the whole-step reference, the same norm to
+    float64."""
     rng = np.random.default_rng(5)
     layers = layer_table([("w", (70_001,))])
     grads = rng.laplace(size=(3, 3, 70_001)).astype(np.float32)
@@ -84,18 +98,18 @@ def test_streamed_topk_of_long_rows_equals_whole_step(tmp_path):
     with open_capture(path) as cap:
         (spec,) = parse_compressors("topk")
         scope = cap.scopes("model")[0]
-        make = lambda: build_scheme(spec, 0.01, k_for(0.01, scope.numel), numel=scope.numel)  # noqa: E731
-        whole, stream = (
-            make(),
-            replay_streamed(cap, list(cap.steps), cap.learners, [(scope, make())]),
-        )
+        k = k_for(0.01, scope.numel)
+        whole = Reference("topk", {}, 0.01, k, scope.numel, [(70_001,)], 0, 3)
+        scheme = build_scheme(spec, 0.01, k, numel=scope.numel)
+        stream = replay_streamed(cap, list(cap.steps), cap.learners, [(scope, scheme)])
         for step in cap.steps:
             exchange = whole.step(cap.read_step(int(step)))
             _, [result] = next(stream)
             assert torch.equal(_dense(result.outcome.estimate), exchange.estimate)
             assert result.outcome.selected == exchange.selected
-            assert result.outcome.memory_norm == pytest.approx(whole.memory.norm(), rel=1e-12)
+            assert result.outcome.memory_norm == pytest.approx(exchange.memory_norm, rel=1e-12)
             assert result.outcome.memory_norm > 0
+        stream.close()
 
 
 def test_scratch_folder_goes_away_also_on_error(tmp_path, monkeypatch):
@@ -126,7 +140,9 @@ def test_dgc_sparse_update_equals_dense_update(scratch):
     g = torch.from_numpy(rng.standard_normal((2, 64)).astype(np.float32))
     index = torch.tensor([3, 10, 17, 40])
     with MemoryRows(scratch) as rows:
-        dense, sparse = (Memories(DGCMemory(0.5), 1, 64, rows) for _ in range(2))
+        dense, sparse = DGCMemory(0.5), DGCMemory(0.5)
+        for memories in (dense, sparse):
+            memories.allocate(1, 64, rows.new)
         for memories in (dense, sparse):  # a first step fills u and v
             p, state = memories.compensate(0, g[0])
             memories.update(0, p, torch.zeros(64), state)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +31,9 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.replay import scope_shapes
+from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.legacy import LocalCompressor
+from gradstat.compressors.base import SparseRow, StepOutcome
 from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
 from gradstat.errors import GradstatWarning, UsageError
@@ -133,11 +134,23 @@ def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
-    """The update the learners applied: the aggregate of their sent rows (the mean, or
-    the compressor's own aggregate such as signSGD's majority vote)."""
-    if isinstance(scheme.compressor, LocalCompressor):
-        return scheme.compressor.aggregate(sent)
-    return sent.mean(dim=0)
+    """The update the learners applied: the compressor's aggregate of their sent rows
+    (their sum, or its own such as signSGD's majority vote), divided by their number
+    when it averages."""
+    compressor = scheme.compressor
+    total = compressor.aggregate(list(sent))
+    return total / sent.shape[0] if compressor.average else total
+
+
+def _replayed(cap: Capture, scheme: Scheme, steps: Sequence[int]) -> Iterator[StepOutcome]:
+    """The streamed replay of ``scheme`` over ``steps`` of ``cap`` (scope ``model``)."""
+    scope = cap.scopes("model")[0]
+    for _, (result,) in replay_streamed(cap, steps, cap.learners, [(scope, scheme)]):
+        yield result.outcome
+
+
+def _dense(estimate: torch.Tensor | SparseRow) -> torch.Tensor:
+    return estimate.dense() if isinstance(estimate, SparseRow) else estimate
 
 
 def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
@@ -146,18 +159,19 @@ def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
     measured_scheme = _scheme(cap, cap.compressor, cap.numel)
     replayed = _scheme(cap, cap.compressor, cap.numel)
     rows = []
+    outcomes = _replayed(cap, replayed, steps)
     for i, step in enumerate(steps):
         grads = cap.read_step(step)
         sent = cap.read_step(step, dataset="sent")
         reference = measured_scheme.reference(grads.mean(dim=0))
         applied = _applied(measured_scheme, sent)
-        exchange = replayed.step(grads)
+        exchange = next(outcomes)
         rows.append(
             {
                 "step": int(step),
                 "measured_rel_error": _rel_error(applied, reference),
                 "measured_bytes": float(cap.sent_bytes[:, i].mean()),
-                "replayed_rel_error": _rel_error(exchange.estimate, reference),
+                "replayed_rel_error": _rel_error(_dense(exchange.estimate), reference),
                 "replayed_bytes": exchange.bytes_per_learner,
             }
         )
@@ -168,11 +182,12 @@ def _predicted(dense: Capture, compressor: dict, steps: Sequence[int]) -> dict[i
     """The open-loop replay of ``compressor`` over the dense run's gradients."""
     scheme = _scheme(dense, compressor, dense.numel)
     out = {}
+    outcomes = _replayed(dense, scheme, steps)
     for step, grads in dense.iter_steps(steps):
         reference = scheme.reference(grads.mean(dim=0))
-        exchange = scheme.step(grads)
+        exchange = next(outcomes)
         out[step] = {
-            "predicted_rel_error": _rel_error(exchange.estimate, reference),
+            "predicted_rel_error": _rel_error(_dense(exchange.estimate), reference),
             "predicted_bytes": exchange.bytes_per_learner,
         }
     return out

@@ -6,9 +6,8 @@ Replays residual error feedback (Stich et al. 2018; Karimireddy et al. 2019; doc
 (m = p - c); the analysis then looks at ``p`` (docs/methods.md 3, last point).
 
 Each (scope, ratio) pair is its own compressor with its own memory, as a layer-wise or
-model-wise top-k would be. The learners' memories of one compressor are kept as the rows
-of one ``ResidualMemory`` over the stacked ``[learners, numel]`` tensor: its update is
-element-wise, so each row evolves exactly as a separate per-learner memory would.
+model-wise top-k would be. The learners' memories of one compressor are the rows of one
+``ResidualMemory`` (:mod:`gradstat.compressors.memory`), updated learner by learner.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import torch
 
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.memory import ResidualMemory
+from gradstat.compressors.memory import ResidualMemory, TensorRows
 from gradstat.errors import GradstatWarning
 from gradstat.stats.topk_sets import topk_indices
 from gradstat.store import Capture, Scope
@@ -68,7 +67,11 @@ def ef_vectors(
     recorded step up to the last of ``steps``; only the requested steps are yielded.
     """
     wanted = {int(s) for s in steps}
-    memories = {(scope.name, ratio): ResidualMemory() for scope in scopes for ratio in ratios}
+    memories = {}
+    for scope in scopes:
+        for ratio in ratios:
+            memory = memories[scope.name, ratio] = ResidualMemory()
+            memory.allocate(len(learners), scope.numel, TensorRows)
     walk = replay_steps(cap.steps, steps)
     for step in progress(walk):
         grads = cap.read_step(step, learners)
@@ -76,9 +79,18 @@ def ef_vectors(
         for scope in scopes:
             g = scope.take(grads)
             for ratio in ratios:
-                memory = memories[scope.name, ratio]
-                p = memory.compensate(g)
-                memory.update(p, topk_sparsify(p, k_for(ratio, scope.numel)))
-                out[scope.name, ratio] = p
+                out[scope.name, ratio] = _corrected(memories[scope.name, ratio], g, ratio)
         if step in wanted:
             yield step, out
+
+
+def _corrected(memory: ResidualMemory, g: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Every learner's ``p = g + m``, then ``m = p - topk(p)``: ``p[learners, numel]``."""
+    k = k_for(ratio, g.shape[1])
+    rows = []
+    for i, row in enumerate(g):
+        p, state = memory.compensate(i, row)
+        memory.update(i, p, topk_sparsify(p, k), state)
+        rows.append(p)
+    memory.norm()  # not reported here
+    return torch.stack(rows)

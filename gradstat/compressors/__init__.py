@@ -1,8 +1,11 @@
 """Gradient compressors, error-feedback memories and the communication cost model.
 
-Pure torch math (no I/O): :mod:`~gradstat.compressors.legacy` defines the interface,
-:mod:`~gradstat.compressors.registry` names every compressor, and
-:mod:`~gradstat.compressors.cost` turns bytes into predicted seconds.
+Pure torch math (no I/O): :mod:`~gradstat.compressors.base` defines the protocol every
+compressor follows (GRACE's shape), one module per built-in implements it,
+:mod:`~gradstat.compressors.memory` holds the error-feedback memories,
+:mod:`~gradstat.compressors.communicator` the collectives, :mod:`~gradstat.compressors.
+registry` names every built-in, and :mod:`~gradstat.compressors.cost` /
+:mod:`~gradstat.compressors.work` turn bytes and work into predicted seconds.
 """
 
 from importlib import import_module
@@ -10,19 +13,25 @@ from importlib import import_module
 #: Each name's module, imported on first use: the cost model (``--bandwidth`` parsing,
 #: ``--help``) needs no torch, the compressors do.
 _HOMES = {
-    "Compressor": "legacy",
-    "Exchange": "legacy",
-    "LocalCompressor": "legacy",
-    "Payload": "legacy",
-    "Transfer": "legacy",
+    "Compressor": "base",
+    "OnlineStep": "base",
+    "StepOutcome": "base",
+    "Stream": "base",
+    "Transfer": "base",
+    "Communicator": "communicator",
+    "TorchCommunicator": "communicator",
     "Link": "cost",
     "collective_seconds": "cost",
     "parse_link": "cost",
     "DGCMemory": "memory",
+    "GraceMemory": "memory",
+    "Memory": "memory",
     "NoMemory": "memory",
     "ResidualMemory": "memory",
     "REGISTRY": "registry",
     "CompressorSpec": "registry",
+    "Context": "registry",
+    "Entry": "registry",
     "Scheme": "registry",
     "build_scheme": "registry",
     "parse_compressors": "registry",

@@ -231,12 +231,13 @@ class Compressor:
         return generic_work(self, memory, numel)
 
     # --- the exchange forms the drivers call -------------------------------------------
-    def stream(self, scheme: Any, learners: int, numel: int) -> Stream:
+    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
         """The replay form of ``scheme`` (this compressor, one object per learner, and its
-        memory) for ``learners`` rows of ``numel`` values: the generic GRACE step."""
-        from gradstat.compressors.streams import local_stream
+        memory, allocated) on scope ``name`` for ``learners`` rows of ``numel`` values:
+        the generic GRACE step."""
+        from gradstat.compressors.streams import LocalStream
 
-        return local_stream(scheme, learners, numel)
+        return LocalStream(scheme, name, learners, numel)
 
     def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
         """One learner's step in training: compress its corrected vector ``p``, exchange

@@ -13,7 +13,7 @@ varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
   (:class:`~gradstat.stats.sidco.AdaptiveStages`); ``zeros`` (exclude/include) and
   ``stage_fit`` (moments/mle) as in :mod:`gradstat.stats.sidco`.
 * DGC (Lin et al. 2018): threshold from a sample of ``max(1%, 2/delta)`` coordinates;
-  pair it with DGC's momentum correction memory (:class:`~gradstat.compressors.memory.DGCMemory`).
+  with DGC's momentum correction memory (:class:`~gradstat.compressors.memory.DGCMemory`).
 * Gaussian-k (Shi et al. 2019) and RedSync (Fang et al. 2019); ``redsync-sidco`` is
   RedSync as the SIDCo reference runs it (docs/methods.md section 2).
 * ``threshold``: a fixed hard threshold ``|p| >= lambda``. Without a given lambda it is
@@ -24,23 +24,53 @@ varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from gradstat.compressors.legacy import LocalCompressor, Payload, sparse_decompress, sparse_payload
+from gradstat.compressors.base import Compressor, OnlineStep, Stream, Tensors
+from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.memory import DGCMemory, Memory, ResidualMemory
+from gradstat.compressors.online import local_online
+from gradstat.compressors.sparse_stream import (
+    SparseStream,
+    fits,
+    sparse_decompress,
+    sparse_payload,
+)
+from gradstat.compressors.streams import LocalStream
+from gradstat.compressors.work import Ops, Work, passes, scatter, stack_ops, union_ops
 from gradstat.stats.passes import RowPasses
-from gradstat.stats.sidco import AdaptiveStages
+from gradstat.stats.sidco import STAGE_FITS, ZEROS, AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 from gradstat.stats.topk_sets import indices_above
 
 #: Stage count adaptive SIDCo starts from (estimate_threshold's default).
 ADAPTIVE_START = 3
 
+#: (float32 passes, comparisons, compactions) of each threshold estimator
+#: (gradstat/stats/thresholds.py, chunked): |x| is 2 passes, a reduction 1, a count 2
+#: passes + 1 comparison, an exceedance 2 passes + 1 comparison + 1 compaction; then the
+#: compressor's mask |p| > eta (2 passes + 1 comparison) and nonzero (1 compaction).
+ESTIMATOR_OPS = {
+    "sidco-exp": (6 + 2 + 2, 1 + 1 + 1, 1 + 1),
+    "sidco-gpd": (6 + 2 + 2, 1 + 1 + 1, 1 + 1),
+    "sidco-gamma-gpd": (11 + 2 + 2, 1 + 1 + 1, 1 + 1),
+    "dgc": (3 + 2 + 2, 1 + 1, 1 + 1),
+    "gaussiank": (4 + 3 + 2 * 2 + 2, 2 + 1, 1),
+    "redsync": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
+    # RedSync's search seeded by a SIDCo estimate: taken as RedSync's (not calibrated)
+    "redsync-sidco": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
+    "hard": (2 + 2, 1 + 1, 1),
+}
 
-class EstimatedSparsifier(LocalCompressor):
+
+class EstimatedSparsifier(Compressor):
     """Send ``|p| > eta`` with ``eta`` from a threshold estimator (see the module docstring).
 
-    ``stages=0`` makes the SIDCo stage count adaptive per learner.
+    ``stages=0`` makes the SIDCo stage count adaptive (per learner: each has its own
+    object). ``calibration``: where the hard threshold calibrated on learner 0's first
+    step is kept, shared by the learners of one replayed scheme.
     """
 
     collective = "allgather"
@@ -58,66 +88,138 @@ class EstimatedSparsifier(LocalCompressor):
         threshold: float | None = None,
         zeros: str = "exclude",
         stage_fit: str = "moments",
+        momentum: float = 0.9,
         seed: int = 0,
+        calibration: dict[str, float] | None = None,
     ) -> None:
         self.name = name
         self.ratio = ratio
         self.k = k
         self.estimator = estimator
         self.stages = stages
-        self.threshold = threshold
         self.zeros = zeros
         self.stage_fit = stage_fit
+        self.momentum = momentum
         self.generator = torch.Generator().manual_seed(seed)
-        self.adaptive: dict[int, AdaptiveStages] = {}
+        self.adaptive = AdaptiveStages(initial=ADAPTIVE_START) if not stages else None
         self.numel = numel
+        self.calibration = {} if calibration is None else calibration
+        if threshold is not None:
+            self.calibration["threshold"] = threshold
 
-    def _stages(self, learner: int) -> int:
-        if self.stages:
-            return self.stages
-        if learner not in self.adaptive:
-            self.adaptive[learner] = AdaptiveStages(initial=ADAPTIVE_START)
-        return self.adaptive[learner].stages
+    @property
+    def threshold(self) -> float | None:
+        """The hard threshold: given, or calibrated (None before the first step)."""
+        return self.calibration.get("threshold")
 
     def compress(
-        self, tensor: torch.Tensor, learner: int = 0, *, nonzeros: int | None = None
-    ) -> Payload:
+        self, tensor: torch.Tensor, name: str, *, nonzeros: int | None = None
+    ) -> tuple[Tensors, Any]:
         """``nonzeros``: how many values of ``tensor`` are not zero, when the caller
-        already counted them (replay's DGC memories do, while forming the row)."""
+        already counted them (replay's DGC memories do, while forming the row). The
+        context is ``(numel, {"threshold": eta, "stages": stages})``."""
         shared = None if nonzeros is None else RowPasses(tensor, nonzeros=nonzeros)
         if self.estimator == "hard":
             if self.threshold is None:
-                self.threshold = estimate_threshold(tensor, self.ratio, "topk").threshold
+                calibrated = estimate_threshold(tensor, self.ratio, "topk").threshold
+                self.calibration["threshold"] = calibrated
             result = estimate_threshold(tensor, self.ratio, "hard", threshold=self.threshold)
         else:
             result = estimate_threshold(
                 tensor,
                 self.ratio,
                 self.estimator,
-                stages=self._stages(learner),
+                stages=self.stages or self.adaptive.stages,
                 generator=self.generator,
                 zeros=self.zeros,
                 stage_fit=self.stage_fit,
                 shared=shared,
             )
         indices = indices_above(tensor.reshape(-1), result.threshold, result.inclusive)
-        if not self.stages and learner in self.adaptive:
-            self.adaptive[learner].update(indices.numel() / self.k)
+        if self.adaptive is not None:
+            self.adaptive.update(indices.numel() / self.k)
         info = {"threshold": float(result.threshold), "stages": float(result.stages)}
-        return sparse_payload(tensor, indices, info)
+        return sparse_payload(tensor, indices), (tensor.numel(), info)
 
-    def decompress(self, payload: Payload) -> torch.Tensor:
-        return sparse_decompress(payload)
+    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
+        return sparse_decompress(tensors, ctx[0])
+
+    def describe(self, ctx: Any) -> dict[str, float]:
+        return ctx[1]
+
+    def memory(self) -> Memory:
+        return DGCMemory(self.momentum) if self.estimator == "dgc" else ResidualMemory()
+
+    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
+        stream = EstimatedStream if fits(scheme.memory) else LocalStream
+        return stream(scheme, name, learners, numel)
+
+    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
+        """The replay calibrates a fixed threshold on learner 0's first step: do the same
+        and broadcast it, so every learner uses learner 0's value."""
+        if self.estimator == "hard" and self.threshold is None:
+            value = torch.zeros(1, dtype=torch.float64)
+            if comm.rank == 0:
+                value[0] = estimate_threshold(p, self.ratio, "topk").threshold
+            self.calibration["threshold"] = float(comm.broadcast(value, root=0)[0])
+        return local_online(self, p, name, comm)
 
     def settings(self) -> dict[str, float]:
         settings: dict[str, float] = {"k": self.k}
         if ESTIMATORS[self.estimator].staged:
-            adaptive = [a.stages for a in self.adaptive.values()]
-            settings["stages"] = self.stages or sum(adaptive) / max(1, len(adaptive))
+            settings["stages"] = self.stages or self.adaptive.stages
             settings["adaptive"] = float(not self.stages)
         if self.estimator == "hard" and self.threshold is not None:
             settings["threshold"] = self.threshold
         if self.estimator == "dgc":
-            sample = min(self.numel, max(math.ceil(0.01 * self.numel), math.ceil(2.0 / self.ratio)))
-            settings["sample_rate"] = sample / self.numel
+            settings["sample_rate"] = self._sample() / self.numel
         return settings
+
+    def _sample(self) -> int:
+        """DGC's sample size: ``max(1%, 2 / ratio)`` of the coordinates."""
+        d = self.numel
+        return min(d, max(math.ceil(0.01 * d), math.ceil(2.0 / self.ratio)))
+
+    def work(self, numel: int, memory: Memory) -> Work:
+        d, k = numel, self.k
+        count, compare, compact = ESTIMATOR_OPS[self.estimator]
+        local = (
+            memory.work(d) + passes(count, d, 20) + Ops(compare=compare * d, compact=compact * d)
+        )
+        if self.estimator == "dgc":
+            sample = self._sample()
+            local += Ops(random=sample, topk_in=sample, topk_out=sample * self.ratio)
+        local += passes(1, d)  # a dense zero vector
+        return Work(local, Ops(), scatter(k), stack_ops(d) + union_ops(k), "all")
+
+
+class EstimatedStream(SparseStream):
+    """The sparse replay step; with DGC's memories the estimator is told the row's
+    non-zeros, counted while the row was formed."""
+
+    def compress(self, i: int, p: torch.Tensor, **extra: Any) -> tuple[Tensors, Any]:
+        return self.compressors[i].compress(p, self.name, **extra)
+
+
+def build(estimator: str) -> Any:
+    """The registry's builder of the sparsifier with ``estimator`` (``hard``: a fixed
+    threshold, named ``threshold``)."""
+
+    def make(ctx: Any) -> Compressor:
+        assert ctx.ratio is not None and ctx.k is not None
+        return EstimatedSparsifier(
+            estimator if estimator != "hard" else "threshold",
+            ctx.ratio,
+            ctx.k,
+            ctx.numel,
+            estimator,
+            stages=int(ctx.params.get("stages", 0)),
+            threshold=ctx.params.get("threshold") or None,
+            zeros=ZEROS[int(ctx.params.get("zeros", 0))],
+            stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
+            momentum=ctx.params.get("momentum", 0.9),
+            seed=ctx.own_seed,
+            calibration=ctx.shared.setdefault("calibration", {}),
+        )
+
+    return make

@@ -12,16 +12,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
-from gradstat.compressors.estimated import EstimatedSparsifier
-from gradstat.compressors.legacy import Compressor, Exchange
-from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
-from gradstat.compressors.powersgd import PowerSGD
-from gradstat.compressors.quantize import QSGD, Cast, NoCompression, SignSGD, TernGrad
-from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK
+from gradstat.compressors import (
+    cast,
+    cltk,
+    estimated,
+    gtopk,
+    none,
+    powersgd,
+    qsgd,
+    randomk,
+    signsgd,
+    terngrad,
+    topk,
+)
+from gradstat.compressors.base import Compressor, StepOutcome, Stream
+from gradstat.compressors.memory import TensorRows
 from gradstat.errors import UsageError
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
 
@@ -31,7 +41,8 @@ CHOICES: dict[str, tuple[str, ...]] = {"zeros": ZEROS, "stage_fit": STAGE_FITS}
 
 @dataclass(frozen=True)
 class Context:
-    """What a compressor is built for: its rate, the scope's size and parameter shapes."""
+    """What a compressor is built for, once per learner: its rate, the scope's size and
+    parameter shapes, its parameters, the scheme's ``seed`` and the ``learner``."""
 
     ratio: float | None
     k: int | None
@@ -39,45 +50,24 @@ class Context:
     shapes: tuple[tuple[int, ...], ...]
     params: Mapping[str, float]
     seed: int
+    learner: int = 0
+    #: state the learners of one replayed scheme share (a calibrated threshold; in
+    #: training each learner has its own and the compressor's ``online`` agrees on it)
+    shared: dict[str, Any] = field(default_factory=dict, compare=False)
 
-
-def _estimated(estimator: str) -> Callable[[Context], Compressor]:
-    def build(ctx: Context) -> Compressor:
-        name = estimator if estimator != "hard" else "threshold"
-        assert ctx.ratio is not None and ctx.k is not None
-        threshold = ctx.params.get("threshold") or None
-        return EstimatedSparsifier(
-            name,
-            ctx.ratio,
-            ctx.k,
-            ctx.numel,
-            estimator,
-            stages=int(ctx.params.get("stages", 0)),
-            threshold=threshold,
-            zeros=ZEROS[int(ctx.params.get("zeros", 0))],
-            stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
-            seed=ctx.seed,
-        )
-
-    return build
-
-
-def _powersgd(ctx: Context) -> Compressor:
-    compressor = PowerSGD(ctx.shapes, rank=int(ctx.params["rank"]), seed=ctx.seed)
-    if not compressor.matrices:
-        raise UsageError(
-            f"powersgd at rank {int(ctx.params['rank'])} compresses no parameter of this "
-            "scope (needs a matrix with (rows + cols) * rank < rows * cols / 2)"
-        )
-    return compressor
+    @property
+    def own_seed(self) -> int:
+        """The seed of a random stream of this learner's own (QSGD's levels, DGC's
+        sample): ``seed + 7919 learner``; a draw all learners share uses ``seed``."""
+        return self.seed + 7919 * self.learner
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered compressor: how to build it and its memory, and its parameters."""
+    """One registered compressor: how to build it (once per learner), whether its rate is
+    fixed (it ignores ``--ratios``), and its parameters with their defaults."""
 
     build: Callable[[Context], Compressor]
-    memory: Callable[[Mapping[str, float]], Memory]
     fixed_rate: bool
     summary: str
     params: Mapping[str, float] = field(default_factory=dict)
@@ -85,94 +75,65 @@ class Entry:
     candidate: bool = True
 
 
-def _residual(params: Mapping[str, float]) -> Memory:
-    return ResidualMemory(beta=params.get("beta", 1.0))
-
-
-def _none(params: Mapping[str, float]) -> Memory:
-    return NoMemory()
-
-
-def _dgc(params: Mapping[str, float]) -> Memory:
-    return DGCMemory(momentum=params["momentum"])
-
-
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
+#: Every built-in compressor: one module each, one line here.
 REGISTRY: dict[str, Entry] = {
-    "none": Entry(
-        lambda ctx: NoCompression(), _none, True, "dense float32 all-reduce", candidate=False
-    ),
-    "fp16": Entry(lambda ctx: Cast(torch.float16), _none, True, "float16 cast, all-reduce"),
-    "bf16": Entry(lambda ctx: Cast(torch.bfloat16), _none, True, "bfloat16 cast, all-reduce"),
-    "topk": Entry(lambda ctx: TopK(ctx.k), _residual, False, "exact top-k, all-gather"),
-    "randomk": Entry(
-        lambda ctx: RandomK(ctx.k, seed=ctx.seed),
-        _residual,
-        False,
-        "random-k with a shared seed, all-reduce of values",
-    ),
+    "none": Entry(none.build, True, "dense float32 all-reduce", candidate=False),
+    "fp16": Entry(cast.build_fp16, True, "float16 cast, all-reduce"),
+    "bf16": Entry(cast.build_bf16, True, "bfloat16 cast, all-reduce"),
+    "topk": Entry(topk.build, False, "exact top-k, all-gather"),
+    "randomk": Entry(randomk.build, False, "random-k with a shared seed, all-reduce of values"),
     "threshold": Entry(
-        _estimated("hard"),
-        _residual,
+        estimated.build("hard"),
         False,
         "fixed hard threshold (calibrated on the first step unless threshold= is given)",
         {"threshold": 0.0},
     ),
     "dgc": Entry(
-        _estimated("dgc"),
-        _dgc,
+        estimated.build("dgc"),
         False,
         "DGC sampled threshold with momentum correction and factor masking",
         {"momentum": 0.9},
     ),
-    "gaussiank": Entry(_estimated("gaussiank"), _residual, False, "Gaussian-k threshold"),
-    "redsync": Entry(_estimated("redsync"), _residual, False, "RedSync binary-search threshold"),
+    "gaussiank": Entry(estimated.build("gaussiank"), False, "Gaussian-k threshold"),
+    "redsync": Entry(estimated.build("redsync"), False, "RedSync binary-search threshold"),
     "redsync-sidco": Entry(
-        _estimated("redsync-sidco"),
-        _residual,
+        estimated.build("redsync-sidco"),
         False,
         "RedSync as the SIDCo reference (3 probes)",
         candidate=False,
     ),
-    "sidco-exp": Entry(_estimated("sidco-exp"), _residual, False, "SIDCo-E (exponential)", _SIDCO),
-    "sidco-gpd": Entry(_estimated("sidco-gpd"), _residual, False, "SIDCo-P (GPD)", _SIDCO),
+    "sidco-exp": Entry(estimated.build("sidco-exp"), False, "SIDCo-E (exponential)", _SIDCO),
+    "sidco-gpd": Entry(estimated.build("sidco-gpd"), False, "SIDCo-P (GPD)", _SIDCO),
     "sidco-gamma-gpd": Entry(
-        _estimated("sidco-gamma-gpd"), _residual, False, "SIDCo-GP (gamma, then GPD)", _SIDCO
+        estimated.build("sidco-gamma-gpd"), False, "SIDCo-GP (gamma, then GPD)", _SIDCO
     ),
     "clt-k": Entry(
-        lambda ctx: CLTK(ctx.k, beta=ctx.params["beta"]),
-        _residual,
-        False,
-        "ScaleCom cyclic local top-k with low-pass memory",
-        {"beta": 1.0},
+        cltk.build, False, "ScaleCom cyclic local top-k with low-pass memory", {"beta": 1.0}
     ),
-    "gtopk": Entry(lambda ctx: GTopK(ctx.k), _residual, False, "global top-k by tree merge"),
-    "powersgd": Entry(_powersgd, _residual, True, "PowerSGD rank-r, warm-started", {"rank": 4}),
-    "signsgd": Entry(lambda ctx: SignSGD(majority=True), _none, True, "signSGD with majority vote"),
-    "ef-signsgd": Entry(
-        lambda ctx: SignSGD(majority=False), _residual, True, "scaled sign with error feedback"
-    ),
+    "gtopk": Entry(gtopk.build, False, "global top-k by tree merge"),
+    "powersgd": Entry(powersgd.build, True, "PowerSGD rank-r, warm-started", {"rank": 4}),
+    "signsgd": Entry(signsgd.build_majority, True, "signSGD with majority vote"),
+    "ef-signsgd": Entry(signsgd.build_ef, True, "scaled sign with error feedback"),
     "qsgd": Entry(
-        lambda ctx: QSGD(int(ctx.params["levels"]), int(ctx.params["bucket"]), seed=ctx.seed),
-        _none,
-        True,
-        "QSGD stochastic levels per bucket",
-        {"levels": 127, "bucket": 512},
+        qsgd.build, True, "QSGD stochastic levels per bucket", {"levels": 127, "bucket": 512}
     ),
-    "terngrad": Entry(lambda ctx: TernGrad(seed=ctx.seed), _none, True, "TernGrad ternary"),
+    "terngrad": Entry(terngrad.build, True, "TernGrad ternary"),
 }
 
 
 @dataclass(frozen=True)
 class CompressorSpec:
-    """A compressor name with its parameters (registry defaults filled in)."""
+    """A compressor name with its parameters (registry defaults filled in); ``custom``:
+    the entry of a compressor that is not a built-in (a user's class), else None."""
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
+    custom: Entry | None = None
 
     @property
     def entry(self) -> Entry:
-        return REGISTRY[self.name]
+        return self.custom or REGISTRY[self.name]
 
     @property
     def fixed_rate(self) -> bool:
@@ -243,41 +204,62 @@ def parse_compressors(
 class Scheme:
     """A compressor and its error-feedback memory replayed together over steps.
 
+    Every learner has its own compressor object (:meth:`for_learner`, built on first
+    use), as in training; ``compressor`` is learner 0's and ``memory`` serves them all.
     ``reference`` is the dense update the estimate is judged against: the mean gradient,
     or for DGC the dense momentum update ``u = mu u + mean(g)`` that momentum correction
     stands in for (Lin et al. 2018, section 3.2).
     """
 
-    def __init__(
-        self, spec: CompressorSpec, ratio: float | None, compressor: Compressor, memory: Memory
-    ) -> None:
+    def __init__(self, spec: CompressorSpec, ratio: float | None, context: Context) -> None:
         self.spec = spec
         self.ratio = ratio
-        self.compressor = compressor
-        self.memory = memory
-        self.momentum = memory.momentum if isinstance(memory, DGCMemory) else 0.0
+        self.context = context
+        self._learners: dict[int, Compressor] = {}
+        self.compressor = self.for_learner(0)
+        self.memory = self.compressor.memory()
         self._velocity: torch.Tensor | None = None
+        self._stream: Stream | None = None
 
-    def step(self, grads: torch.Tensor) -> Exchange:
-        """Compensate, compress and aggregate, then update memory: one step of all learners."""
-        corrected = self.memory.compensate(grads)
-        exchange = self.compressor.exchange(corrected)
-        self.memory.update(corrected, exchange.sent)
-        return exchange
+    def for_learner(self, learner: int) -> Compressor:
+        """Learner ``learner``'s compressor object."""
+        if learner not in self._learners:
+            context = replace(self.context, learner=learner)
+            self._learners[learner] = self.spec.entry.build(context)
+        return self._learners[learner]
+
+    def step(self, grads: torch.Tensor, name: str = "model") -> StepOutcome:
+        """One step of every learner's rows ``grads[n, d]`` held in memory (benchmarks,
+        tests): the replay's stream fed the rows in order, the memory in RAM."""
+        n, d = grads.shape
+        if self._stream is None:
+            self.memory.allocate(n, d, TensorRows)
+            self._stream = self.compressor.stream(self, name, n, d)
+        self._stream.begin(lambda i: grads[i])
+        for i in range(n):
+            self._stream.learner(i, grads[i])
+        return self._stream.finish()
 
     def reference(self, mean_grad: torch.Tensor) -> torch.Tensor:
         """The dense update this step's estimate should match."""
-        if not self.momentum:
+        momentum = self.memory.momentum
+        if not momentum:
             return mean_grad
         if self._velocity is None:
             self._velocity = mean_grad.clone()
         else:
-            self._velocity.mul_(self.momentum).add_(mean_grad)
+            self._velocity.mul_(momentum).add_(mean_grad)
         return self._velocity
 
     def settings(self) -> dict[str, float]:
-        """Concrete settings: the compressor's, plus its parameters."""
-        return {**dict(self.spec.params), **self.compressor.settings()}
+        """Concrete settings: the parameters, and each compressor setting's mean over the
+        learners built (SIDCo's adaptive stages differ by learner)."""
+        settings = dict(self.spec.params)
+        objects = list(self._learners.values())
+        for key in objects[0].settings():
+            values = [float(c.settings()[key]) for c in objects]
+            settings[key] = sum(values) / len(values)
+        return settings
 
 
 def build_scheme(
@@ -308,12 +290,10 @@ def build_scheme(
                 f"{spec.label} cannot honour ratio {ratio:g} on {numel:,} elements "
                 f"(it keeps less than one element; the smallest density is {1 / numel:.3g})"
             )
-    ctx = Context(ratio, k, numel, tuple(tuple(s) for s in shapes), params, seed)
+    context = Context(ratio, k, numel, tuple(tuple(s) for s in shapes), params, seed)
     try:
-        compressor = spec.entry.build(ctx)
-        memory = spec.entry.memory(params)
+        return Scheme(spec, ratio, context)
     except ValueError as exc:
         if isinstance(exc, UsageError):
             raise
         raise UsageError(f"{spec.label}: {exc}") from None
-    return Scheme(spec, ratio, compressor, memory)

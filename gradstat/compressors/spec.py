@@ -40,9 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gradstat.compressors.memory import NoMemory, ResidualMemory
 from gradstat.compressors.registry import CompressorSpec, Context, Entry
-from gradstat.compressors.user import Blame, UserCompressor, shown_path, user_frame
+from gradstat.compressors.user import (
+    Blame,
+    UserAggregating,
+    UserCompressor,
+    shown_path,
+    user_frame,
+)
 from gradstat.errors import UsageError
 
 #: The entry-point group installed packages declare their compressors in.
@@ -268,7 +273,7 @@ def _check_params(part: str, found: UserClass, params: Mapping[str, Value]) -> N
 
 
 def build_user(
-    label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed
+    label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed, learner=0
 ) -> UserCompressor:
     """An instance of the user's class at density ``ratio`` (``None``: fixed rate)."""
     found = user_class(source)
@@ -279,7 +284,8 @@ def build_user(
         kwargs.setdefault("seed", seed)
     blame = Blame(label, found.cls)
     obj = blame.call("__init__", found.cls, **kwargs)
-    return UserCompressor(obj, blame, k=k, numel=numel, seed=seed)
+    kind = UserAggregating if callable(getattr(obj, "aggregate", None)) else UserCompressor
+    return kind(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
 
 
 def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
@@ -306,13 +312,10 @@ def _entry(spec: UserSpec) -> Entry:
             k=ctx.k,
             numel=ctx.numel,
             seed=ctx.seed,
+            learner=ctx.learner,
         )
 
-    def memory(params: Mapping[str, float]) -> NoMemory | ResidualMemory:
-        # a class with its own memory applies it inside UserCompressor
-        return NoMemory() if getattr(found.cls, "memory", None) is not None else ResidualMemory()
-
-    return Entry(build, memory, found.ratio_name is None, found.summary)
+    return Entry(build, found.ratio_name is None, found.summary)
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,16 @@ import copy
 import inspect
 import os
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from gradstat.compressors.legacy import Exchange, LocalCompressor, Payload
+from gradstat.compressors.base import Compressor, Tensors
+from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
 from gradstat.errors import UserCodeError
 
 #: The name a compressor's tensor is given in ``compress(tensor, name)`` (the scope).
@@ -143,28 +143,27 @@ def _describe(tensors: Any) -> str:
     return type(tensors).__name__
 
 
-@dataclass
-class UserPayload(Payload):
-    """A user payload: the wire tensors and the ``ctx`` the learner kept."""
-
-    ctx: Any = None
-
-
-class UserCompressor(LocalCompressor):
-    """A user's compressor object (see the module docstring) as a gradstat compressor.
+class UserCompressor(Compressor):
+    """A user's compressor object (see the module docstring) as a gradstat compressor,
+    one per learner (``learner``).
 
     ``k`` is the target count of a sparsifier (``None`` for fixed-rate ones), used for
-    the quality column; ``selected`` is the non-zero count of each decompressed vector.
+    the quality column; a sparsifier's elements sent and build-up are the non-zeros of
+    its decompressed vectors (the protocol's ``sparse = None``).
     """
 
     name = "user"
 
-    def __init__(self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int) -> None:
+    def __init__(
+        self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int, learner: int = 0
+    ) -> None:
         self.obj = obj
         self.blame = blame
         self.k = k
+        self.sparse = None if k is not None else False
         self.numel = numel
         self.seed = seed
+        self.learner = learner
         collective = getattr(obj, "collective", "allgather")
         if collective not in COLLECTIVES:
             raise blame.wrong(
@@ -174,9 +173,8 @@ class UserCompressor(LocalCompressor):
             )
         self.collective = collective
         self.average = bool(getattr(obj, "average", True))
-        self._calls: dict[int, int] = {}
-        self._last_ctx: Any = None
-        self._memories: dict[int, Any] = {}
+        self._calls = 0
+        self._own_memory: Any = None
         self._memory = getattr(obj, "memory", None)
 
     @property
@@ -184,8 +182,12 @@ class UserCompressor(LocalCompressor):
         """Whether the class brings its own (GRACE-shaped) error-feedback memory."""
         return self._memory is not None
 
-    def _learner_memory(self, learner: int) -> Any:
-        memory = self._memories.get(learner)
+    def memory(self) -> Memory:
+        """A class with its own memory applies it inside :meth:`compress`."""
+        return NoMemory() if self.own_memory else ResidualMemory()
+
+    def _learner_memory(self) -> Any:
+        memory = self._own_memory
         if memory is None:
             made = self._memory
             if inspect.isclass(made) or (callable(made) and not hasattr(made, "compensate")):
@@ -197,15 +199,14 @@ class UserCompressor(LocalCompressor):
                     raise self.blame.wrong(
                         "memory", type(self.obj), f"has no {method} method (GRACE's Memory)"
                     )
-            memory = self._memories[learner] = made
+            memory = self._own_memory = made
         return memory
 
-    def compress(self, tensor: torch.Tensor, learner: int = 0) -> UserPayload:
-        step = self._calls.get(learner, 0)
-        self._calls[learner] = step + 1
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
+        step, self._calls = self._calls, self._calls + 1
         obj, blame = self.obj, self.blame
-        memory = self._learner_memory(learner) if self.own_memory else None
-        with seeded(seed_for(self.seed, step, learner)):
+        memory = self._learner_memory() if self.own_memory else None
+        with seeded(seed_for(self.seed, step, self.learner)):
             if memory is not None:
                 tensor = blame.call("memory.compensate", memory.compensate, tensor, SCOPE_NAME)
             result = blame.call("compress", obj.compress, tensor, SCOPE_NAME)
@@ -226,22 +227,20 @@ class UserCompressor(LocalCompressor):
             )
         if memory is not None:
             blame.call("memory.update", memory.update, tensor, SCOPE_NAME, obj, list(tensors), ctx)
-        self._last_ctx = ctx
-        return UserPayload(tuple(tensors), self.numel, 0, {}, ctx)
+        return tuple(tensors), ctx
 
-    def decompress(self, payload: Payload) -> torch.Tensor:
-        """The user's ``decompress``; a payload that travelled (no ctx) takes this
-        learner's last ctx, as GRACE's communicators do."""
-        ctx = payload.ctx if isinstance(payload, UserPayload) else self._last_ctx
+    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
+        """The user's ``decompress`` (a payload that travelled is read with this
+        learner's ctx, as GRACE's communicators do)."""
         obj, blame = self.obj, self.blame
         try:
-            dense = obj.decompress(list(payload.tensors), ctx)
+            dense = obj.decompress(list(tensors), ctx)
         except Exception as exc:
             where = user_frame(exc, blame.files)
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise blame.error(
                 "decompress",
-                f"cannot read the payload {_describe(payload.tensors)} of compress: {text}",
+                f"cannot read the payload {_describe(tensors)} of compress: {text}",
                 where,
             ) from exc
         if not isinstance(dense, torch.Tensor) or dense.numel() != self.numel:
@@ -249,32 +248,21 @@ class UserCompressor(LocalCompressor):
             raise blame.wrong(
                 "decompress", obj.decompress, f"returned {got}; expected {self.numel} values"
             )
-        dense = dense.reshape(-1).to(torch.float32)
-        payload.selected = int(torch.count_nonzero(dense)) if self.k is not None else self.numel
-        return dense
-
-    def aggregate(self, sent: torch.Tensor) -> torch.Tensor:
-        """The user's ``aggregate`` of the decompressed rows (default: their sum), divided
-        by the number of learners when ``average`` (GRACE's communicators)."""
-        function = getattr(self.obj, "aggregate", None)
-        if function is None:
-            total = sent.sum(dim=0)
-        else:
-            total = self.blame.call("aggregate", function, list(sent))
-            if not isinstance(total, torch.Tensor) or total.numel() != self.numel:
-                raise self.blame.wrong(
-                    "aggregate", function, f"returned {_describe(total)}; expected a tensor"
-                )
-            total = total.reshape(-1).to(torch.float32)
-        return total / sent.shape[0] if self.average else total
-
-    def exchange(self, corrected: torch.Tensor) -> Exchange:
-        """One step of every learner; a sparsifier's build-up is the count of elements
-        any learner sent (non-zero in its decompressed vector)."""
-        outcome = super().exchange(corrected)
-        if self.k is not None:
-            outcome.union = int(torch.count_nonzero((outcome.sent != 0).any(dim=0)))
-        return outcome
+        return dense.reshape(-1).to(torch.float32)
 
     def settings(self) -> dict[str, float]:
         return {} if self.k is None else {"k": self.k}
+
+
+class UserAggregating(UserCompressor):
+    """A user's compressor with an ``aggregate`` of its own (the drivers divide by the
+    number of learners when ``average``, GRACE's communicators)."""
+
+    def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        function = self.obj.aggregate
+        total = self.blame.call("aggregate", function, list(tensors))
+        if not isinstance(total, torch.Tensor) or total.numel() != self.numel:
+            raise self.blame.wrong(
+                "aggregate", function, f"returned {_describe(total)}; expected a tensor"
+            )
+        return total.reshape(-1).to(torch.float32)

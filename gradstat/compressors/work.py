@@ -38,35 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gradstat.compressors.estimated import EstimatedSparsifier
-from gradstat.compressors.legacy import Compressor
-from gradstat.compressors.memory import DGCMemory, NoMemory, ResidualMemory
-from gradstat.compressors.powersgd import PowerSGD
-from gradstat.compressors.quantize import QSGD, Cast, NoCompression, SignSGD, TernGrad
-from gradstat.compressors.sparse import CLTK, GTopK, RandomK, TopK
-from gradstat.compressors.targets import Target
+if TYPE_CHECKING:
+    from gradstat.compressors.targets import Target
 
 #: Bytes of one float32 value and of one index.
 F = 4
 I = 4  # noqa: E741 (the index size, as in the formulas of docs/replay.md)
-
-#: (float32 passes, comparisons, compactions) of each threshold estimator
-#: (gradstat/stats/thresholds.py, chunked): |x| is 2 passes, a reduction 1, a count 2
-#: passes + 1 comparison, an exceedance 2 passes + 1 comparison + 1 compaction; then the
-#: compressor's mask |p| > eta (2 passes + 1 comparison) and nonzero (1 compaction).
-ESTIMATOR_OPS = {
-    "sidco-exp": (6 + 2 + 2, 1 + 1 + 1, 1 + 1),
-    "sidco-gpd": (6 + 2 + 2, 1 + 1 + 1, 1 + 1),
-    "sidco-gamma-gpd": (11 + 2 + 2, 1 + 1 + 1, 1 + 1),
-    "dgc": (3 + 2 + 2, 1 + 1, 1 + 1),
-    "gaussiank": (4 + 3 + 2 * 2 + 2, 2 + 1, 1),
-    "redsync": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
-    # RedSync's search seeded by a SIDCo estimate: taken as RedSync's (not calibrated)
-    "redsync-sidco": (3 + 4 + 2 + 4 * 2 + 2 + 2, 1 + 4 + 1 + 1, 1 + 1),
-    "hard": (2 + 2, 1 + 1, 1),
-}
 
 
 @dataclass(frozen=True)
@@ -178,90 +157,40 @@ class Work:
         )
 
 
-def memory_ops(memory: Any, d: int) -> Ops:
-    """Compensate and update of an error-feedback memory (module docstring of memory.py)."""
-    if isinstance(memory, NoMemory):
-        return Ops()
-    if isinstance(memory, DGCMemory):
-        # u = mu u + g (3), v += u (3); v = p - c (3); mask c != 0; 2 masked fills
-        return passes(3 + 3 + 3 + 2 * 2.25, d, 6) + Ops(compare=d)
-    assert isinstance(memory, ResidualMemory)
-    extra = 0 if memory.beta == 1.0 else 3
-    return passes(3 + 3 + extra, d, 2 + (extra > 0))
-
-
-def _pack_bits(d: int) -> Ops:
+def pack_bits_ops(d: int) -> Ops:
     """pack_bits: codes to int32 (1.25), pad (2), shift (2), sum of groups (1)."""
     return passes(6.25, d, 5)
 
 
-def _unpack_bits(d: int) -> Ops:
+def unpack_bits_ops(d: int) -> Ops:
     """unpack_bits: expand each byte to int32 codes (1.25), mask (2), to float (2)."""
     return passes(5.25, d, 4)
 
 
-def compressor_work(compressor: Compressor, memory: Any, d: int) -> Work:
-    """The :class:`Work` of ``compressor`` with ``memory`` on a scope of ``d`` elements."""
-    mem = memory_ops(memory, d)
-    k = compressor.k or d
-    # the replay stacks every learner's dense contribution (2) and averages them (1)
-    stack = passes(3, d, 2)
-    # a dense zero vector, then the sparse pairs scattered into it
-    zeros = passes(1, d)
-    union = Ops(sort=k, launches=2)
-    if isinstance(compressor, NoCompression):
-        return Work(Ops(), Ops(), Ops(), stack, "one")
-    if isinstance(compressor, Cast):
-        return Work(mem + passes(1.5, d), Ops(), passes(1.5, d), stack, "one")
-    if isinstance(compressor, TopK):
-        return Work(mem + topk(d, k) + zeros, Ops(), scatter(k), stack + union, "all")
-    if isinstance(compressor, EstimatedSparsifier):
-        count, compare, compact = ESTIMATOR_OPS[compressor.estimator]
-        local = mem + passes(count, d, 20) + Ops(compare=compare * d, compact=compact * d)
-        if compressor.estimator == "dgc":
-            sample = min(d, max(math.ceil(0.01 * d), math.ceil(2.0 / compressor.ratio)))
-            local += Ops(random=sample, topk_in=sample, topk_out=sample * compressor.ratio)
-        return Work(local + zeros, Ops(), scatter(k), stack + union, "all")
-    if isinstance(compressor, RandomK):
-        local = mem + zeros + scatter(k)
-        return Work(local, Ops(randperm=d, launches=1), scatter(k), Ops(), "one")
-    if isinstance(compressor, CLTK):
-        local = mem + zeros + scatter(k)
-        return Work(local, topk(d, k), scatter(k), Ops(), "one")
-    if isinstance(compressor, GTopK):
-        # a merge: unique (sort) of 2k indices, a top-k of up to 2k sums, isin on k
-        merge = Ops(sort=3 * k, topk_in=2 * k, topk_out=k, bytes=2 * k * 3 * (I + F), launches=8)
-        return Work(mem + topk(d, k) + zeros + scatter(k), Ops(), merge, passes(1, d), "tree")
-    if isinstance(compressor, PowerSGD):
-        return _powersgd_work(compressor, mem, d)
-    if isinstance(compressor, SignSGD):
-        # scale: |p| mean (3); p >= 0 (1 comparison) packed; decode: unpack, 2 s - 1 (4),
-        # times the scale (2); signSGD's majority vote: sign (2) and sum (1) per payload
-        encode = mem + passes(3, d, 2) + Ops(compare=d) + _pack_bits(d)
-        decode = _unpack_bits(d) + passes(6 + (3 if compressor.majority else 0), d, 3)
-        return Work(encode, Ops(), decode, stack, "all")
-    if isinstance(compressor, QSGD):
-        # pad (2), bucket norms (1), |p| (2), / norm (3), x s (2), noise, + (3), floor (2),
-        # clamp (2), sign (2), x (3), to int8 (1.25); decode: to float, pad, x norm, / s
-        encode = mem + passes(23.25, d, 12) + Ops(random=d)
-        return Work(encode, Ops(), passes(10.25, d, 4), stack, "all")
-    if isinstance(compressor, TernGrad):
-        # |p| max (3), |p| / s (4), noise < prob (1 read + comparison), sign (2), x (3),
-        # to int32 + 1 (4), packed; decode: unpack, -1 (2), to float (2), x s (2)
-        encode = mem + passes(17, d, 10) + Ops(random=d, compare=d) + _pack_bits(d)
-        return Work(encode, Ops(), _unpack_bits(d) + passes(6, d, 3), stack, "all")
-    raise ValueError(f"no work model for {type(compressor).__name__}")
+def stack_ops(d: int) -> Ops:
+    """The replay's dense aggregate: it adds every learner's dense contribution (2) and
+    averages (1)."""
+    return passes(3, d, 2)
 
 
-def _powersgd_work(compressor: PowerSGD, mem: Ops, d: int) -> Work:
-    """Per matrix a x b at rank r: P = M Q and Q = M^T P (4abr FLOP, M read twice) per
-    learner; QR of P (about 4 a r^2), M_hat = P Q^T (2abr) and copying it into the
-    estimate (3 passes) by everyone in training, once in the replay."""
-    r = compressor.rank
-    local, shared = mem, passes(1, d)
-    for _, a, b in compressor.matrices:
-        local += Ops(mm_flops=4 * a * b * r, mm_bytes=2 * F * a * b, launches=4)
-        shared += Ops(mm_flops=2 * a * b * r + 4 * a * r * r, bytes=3 * F * a * b, launches=6)
-    for _, numel in compressor.dense:
-        shared += passes(3, numel)
-    return Work(local, shared, Ops(), Ops(), "one")
+def union_ops(k: int) -> Ops:
+    """The union of the learners' sparse index sets (build-up)."""
+    return Ops(sort=k, launches=2)
+
+
+def generic_work(compressor: Any, memory: Any, d: int) -> Work:
+    """The work of a compressor with no model of its own (a user's class): the memory's
+    passes, a read of the vector, and a payload of ``k`` values (sparsifiers) or ``d``
+    written and, per received payload, read and scattered (sparse) or added (dense)."""
+    k = compressor.k
+    if k is None:
+        encode, decode = passes(2, d, 2), passes(2, d, 1)
+    else:
+        encode, decode = passes(1, d, 2) + Ops(topk_in=d, topk_out=k), scatter(k)
+    return Work(memory.work(d) + encode, Ops(), decode, stack_ops(d), "all")
+
+
+def compressor_work(compressor: Any, memory: Any, d: int) -> Work:
+    """The :class:`Work` of ``compressor`` with ``memory`` on a scope of ``d`` elements:
+    the compressor's own model (``compressor.work``)."""
+    return compressor.work(d, memory)

@@ -2,9 +2,10 @@
 
 ``compression_hook(name, ratio=..., **params)`` returns ``(hook, state)`` for
 ``ddp.register_comm_hook(state, hook)``. The compressor and its error-feedback memory are
-the replay's own objects (:func:`gradstat.compressors.registry.build_scheme`), and one
-step is :func:`gradstat.hooks.exchange.online_exchange`, so online and offline run the
-same code.
+the replay's own (:func:`gradstat.compressors.registry.build_scheme`; this learner's
+compressor object is ``Scheme.for_learner(rank)``), and one step is the compressor's
+``online`` form with a :class:`~gradstat.compressors.communicator.TorchCommunicator`, so
+online and offline run the same compressor code.
 
 **Whole-model compression, as the replay.** DDP calls a hook once per gradient bucket,
 while the replay compresses the flat model vector (scope ``model``: every trainable
@@ -33,11 +34,11 @@ import torch
 import torch.distributed as dist
 
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.legacy import Transfer
-from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
-from gradstat.compressors.sparse import RandomK
+from gradstat.compressors.base import Compressor, Transfer
+from gradstat.compressors.communicator import TorchCommunicator
+from gradstat.compressors.memory import TensorRows
+from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme, parse_compressors
 from gradstat.errors import UsageError
-from gradstat.hooks.exchange import online_exchange
 
 #: Registry compressors that have no online form (none: every one has).
 OFFLINE_ONLY: frozenset[str] = frozenset()
@@ -51,21 +52,21 @@ class CompressionState:
 
     def __init__(
         self,
-        name: str,
+        name: str | CompressorSpec,
         ratio: float | None,
         params: Mapping[str, float],
         *,
         process_group: dist.ProcessGroup | None = None,
         seed: int = 0,
     ) -> None:
-        spec = parse_compressors(name)[0]
+        spec = name if isinstance(name, CompressorSpec) else parse_compressors(name)[0]
         unknown = sorted(set(params) - set(spec.entry.params))
         if unknown:
             known = ", ".join(spec.entry.params) or "none"
             raise UsageError(f"{name} has no parameter {unknown[0]!r} (known: {known})")
         if params:
             assignments = ":".join(f"{k}={float(v):g}" for k, v in params.items())
-            spec = parse_compressors(f"{name}:{assignments}")[0]
+            spec = parse_compressors(f"{spec.name}:{assignments}")[0]
         if not spec.fixed_rate and ratio is None:
             raise UsageError(f"{name} is a sparsifier: give it a ratio")
         self.spec = spec
@@ -73,6 +74,7 @@ class CompressionState:
         self.process_group = process_group
         self.seed = seed
         self.scheme: Scheme | None = None
+        self.compressor: Compressor | None = None
         self.numel = 0
         self._slots: dict[Any, tuple[int, int]] = {}
         self._flat: torch.Tensor | None = None
@@ -91,7 +93,9 @@ class CompressionState:
 
     def settings(self) -> dict[str, float]:
         """The compressor's settings (as ``recommend`` reports them) and its ratio."""
-        settings = {} if self.scheme is None else self.scheme.settings()
+        settings = {}
+        if self.scheme is not None and self.compressor is not None:
+            settings = {**dict(self.spec.params), **self.compressor.settings()}
         if self.ratio is not None:
             settings["ratio"] = self.ratio
         return settings
@@ -118,18 +122,10 @@ class CompressionState:
         self.scheme = build_scheme(
             self.spec, self.ratio, k, numel=self.numel, shapes=shapes, seed=self.seed
         )
-        self._own_random_stream()
+        rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
+        self.compressor = self.scheme.for_learner(rank)
+        self.scheme.memory.allocate(1, self.numel, TensorRows)
         self._flat = torch.zeros(self.numel)
-
-    def _own_random_stream(self) -> None:
-        """Each learner draws its own random numbers (QSGD, TernGrad, DGC's sample):
-        learner r seeds ``seed + 7919 r``, so learner 0 draws what the replay's learner 0
-        draws. Random-k keeps the shared seed: its indices must agree."""
-        compressor = self.scheme.compressor if self.scheme is not None else None
-        generator = getattr(compressor, "generator", None)
-        if generator is None or isinstance(compressor, RandomK) or not dist.is_initialized():
-            return
-        generator.manual_seed(self.seed + 7919 * dist.get_rank(self.process_group))
 
     def bind_for_capture(self, module: torch.nn.Module, layers: str | None) -> None:
         """Bind to the captured model; the capture must record every parameter, so that
@@ -164,11 +160,13 @@ class CompressionState:
         return future
 
     def _finish_step(self) -> None:
-        assert self.scheme is not None and self._flat is not None
-        scheme = self.scheme
-        corrected = scheme.memory.compensate(self._flat.unsqueeze(0))[0]
-        outcome = online_exchange(scheme.compressor, corrected, self.process_group)
-        scheme.memory.update(corrected.unsqueeze(0), outcome.sent.unsqueeze(0))
+        assert self.scheme is not None and self._flat is not None and self.compressor
+        memory = self.scheme.memory
+        corrected, state = memory.compensate(0, self._flat)
+        comm = TorchCommunicator(self.process_group)
+        outcome = self.compressor.online(corrected, "model", comm)
+        memory.update(0, corrected, outcome.sent, state)
+        memory.norm()  # the step's norm is not recorded online
         self.sent, self.estimate = outcome.sent, outcome.estimate
         self.transfers, self.overhead_bytes = outcome.transfers, outcome.overhead_bytes
         self.selected = outcome.selected
