@@ -4,13 +4,16 @@ analysis runs on an FSDP capture."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gradstat import open_capture
-from tests.helpers import TESTS, run_cli, torchrun
+from gradstat.capture.workloads import build_workload
+from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
 SCRIPT = TESTS / "fsdp_train.py"
 ALL = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync"
@@ -100,3 +103,40 @@ def test_every_analysis_runs_on_an_fsdp_capture(capsys, two_ranks, command):
     result = run_cli(capsys, command[0], two_ranks / "plain", *command[1:], "--json")
     assert result.code == 0, result.stdout + result.stderr
     assert result.stdout.strip().startswith("{")
+
+
+def test_cli_fsdp_capture_records_each_learners_first_gradient(tmp_path, capsys):
+    # gpt2 sharded per block; step 0's rows against each learner's gradient recomputed
+    # here from the same seed, shard and batch (a DDP capture of this run gives the same
+    # rows bit for bit, docs/capture.md)
+    out = tmp_path / "run"
+    args = ["--workload", "gpt2", "--size", "tiny", "--steps", "2", "--batch-size", "4"]
+    result = run_cli(capsys, "capture", *args, "--fsdp", "--out", out)
+    assert result.code == 0, result.stdout + result.stderr
+    torch.manual_seed(0)
+    workload = build_workload("gpt2", "tiny")
+    with open_capture(out) as cap:
+        assert cap.status == "complete" and list(cap.steps) == [0, 1]
+        names = [layer.name for layer in cap.layers]
+        assert names == [name for name, _ in workload.model.named_parameters()]
+        recorded = cap.read_step(0).numpy()
+    for rank in range(2):
+        model = copy.deepcopy(workload.model)
+        inputs, targets = next(workload.batches(rank, 2, 4, 0))
+        workload.loss(model(inputs), targets).backward()
+        local = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+        np.testing.assert_allclose(recorded[rank], local, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compressor", "topk", "--ratio", "0.01"], "compression under FSDP2 is not supported"),
+        (["--comm-hook", "fp16"], "under --fsdp drop it"),
+    ],
+)
+def test_cli_fsdp_refuses_ddp_hooks_in_one_line(tmp_path, capsys, extra, message):
+    result = run_cli(capsys, "capture", "--fsdp", "--steps", "2", "--out", tmp_path / "r", *extra)
+    assert_clean_error(result, 2)
+    assert message in result.stderr
+    assert not (tmp_path / "r").exists()

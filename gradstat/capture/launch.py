@@ -83,6 +83,7 @@ class CaptureOptions:
     record_ranks: str = "all"
     compression: str = "none"
     max_bytes: int | None = None
+    fsdp: bool = False  # FSDP2 (fully_shard per block) instead of DDP
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
@@ -122,6 +123,8 @@ class CaptureOptions:
             raise UsageError(
                 f"--comm-hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}"
             )
+        if self.fsdp:
+            self._check_fsdp()
         if self.compressor is not None:
             self._check_compressor()
         elif self.ratio is not None:
@@ -176,6 +179,19 @@ class CaptureOptions:
             root=self.node_rank == 0,
             sent=self.compressor is not None,
         )
+
+    def _check_fsdp(self) -> None:
+        """``--fsdp`` trains without a DDP hook: nothing to wrap or compress."""
+        from gradstat.capture.fsdp import check_fsdp_support
+
+        if self.compressor is not None:
+            raise UsageError(
+                "--compressor trains with a DDP communication hook; under --fsdp there is "
+                "none (compression under FSDP2 is not supported): drop one of them"
+            )
+        if self.comm_hook != "allreduce":
+            raise UsageError("--comm-hook wraps a DDP hook; under --fsdp drop it")
+        check_fsdp_support()
 
     def _check_compressor(self) -> None:
         """``--compressor NAME[:PARAM=VALUE]`` with ``--ratio`` for sparsifiers."""
@@ -259,6 +275,7 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "ratio": options.ratio,
         "record_ranks": options.record_ranks,
         "compression": options.compression,
+        "fsdp": options.fsdp,
         "command": options.command,
     }
     argv += ["-m", "gradstat.capture.worker", "--config", json.dumps(config)]

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradstat.capture.hook import GradientCapture
-from gradstat.capture.workloads import build_workload
+from gradstat.capture.workloads import build_workload, fully_shard_workload
 from gradstat.errors import GradstatError
 
 PROGRESS_PREFIX = "gradstat-progress "
@@ -83,9 +83,17 @@ def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them too)
     workload = build_workload(args.workload, args.size, args.data)
     model = workload.model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    fsdp = getattr(args, "fsdp", False)
+    if fsdp:  # FSDP2: fully_shard per block, then the root
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world,))
+        ddp = fully_shard_workload(args.workload, model, mesh)
+    else:
+        ids = [local_rank] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    hook, hook_state = _inner_hook(args.comm_hook, None)
+    hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
     if getattr(args, "compressor", None):
         hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed)
     meta = {
@@ -96,7 +104,7 @@ def train(args: argparse.Namespace) -> None:
         "lr": args.lr,
         "seed": args.seed,
         "steps_requested": args.steps,
-        "comm_hook": args.comm_hook,
+        "comm_hook": "fsdp2-reduce-scatter" if fsdp else args.comm_hook,
         "command": args.command or " ".join(sys.argv),
     }
     capture = GradientCapture(

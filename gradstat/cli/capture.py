@@ -125,12 +125,21 @@ def capture_command(
         f"too (docs/online.md): {COMPRESSOR_NAMES}",
     ),
     ratio: float = typer.Option(None, "--ratio", help="Density k/d of a --compressor sparsifier."),
+    fsdp: bool = typer.Option(
+        False,
+        "--fsdp",
+        help="Train with FSDP2 (fully_shard per transformer block / ResNet bottleneck, then "
+        "the root) instead of DDP; records each learner's gradient before the "
+        "reduce-scatter (docs/capture.md, FSDP).",
+    ),
 ) -> None:
-    """Train with DistributedDataParallel and record each learner's local gradient.
+    """Train with DistributedDataParallel (or FSDP2) and record each learner's local
+    gradient.
 
     Launches one process per learner with torch.distributed.run (torchrun), records
-    each learner's gradient before the all-reduce with a DDP communication hook, and
-    writes one HDF5 file per learner plus capture.h5 (see docs/format.md).
+    each learner's gradient before the all-reduce with a DDP communication hook (with
+    --fsdp: before each unit's reduce-scatter), and writes one HDF5 file per learner
+    plus capture.h5 (see docs/format.md).
 
     Example: gradstat capture --workload digits --nproc-per-node 4 --steps 100 --every 5
     """
@@ -163,6 +172,7 @@ def capture_command(
         record_ranks=record_ranks,
         compression=compression,
         max_bytes=None if max_bytes is None else parse_bytes(max_bytes),
+        fsdp=fsdp,
     )
     options.check()
     run_dir = options.run_dir()

@@ -55,13 +55,24 @@ class WorkloadSpec:
     description: str
     takes_data: bool = False
     lr: float = 0.05  # SGD (momentum 0.9) learning rate that does not diverge at batch 8
+    #: ``--fsdp``: the module lists whose members each become an FSDP unit (dotted
+    #: paths), as users shard them: transformer blocks, ResNet bottlenecks, the LSTM
+    fsdp_blocks: tuple[str, ...] = ()
 
 
 _TEXT = "stdlib bytes or --data"
 SPECS = {
     spec.name: spec
     for spec in (
-        WorkloadSpec("charlm", "charlm", "small", _TEXT, "byte transformer LM", True),
+        WorkloadSpec(
+            "charlm",
+            "charlm",
+            "small",
+            _TEXT,
+            "byte transformer LM",
+            True,
+            fsdp_blocks=("blocks.layers",),
+        ),
         WorkloadSpec("digits", "digits", "small", "sklearn digits 8x8", "small CNN"),
         WorkloadSpec(
             "resnet50",
@@ -70,8 +81,18 @@ SPECS = {
             "sklearn digits 32x32 RGB",
             "ResNet-50 (torchvision's)",
             lr=0.002,
+            fsdp_blocks=("layer1", "layer2", "layer3", "layer4"),
         ),
-        WorkloadSpec("gpt2", "gpt2", "large", _TEXT, "GPT-2-small-shaped decoder", True, lr=0.01),
+        WorkloadSpec(
+            "gpt2",
+            "gpt2",
+            "large",
+            _TEXT,
+            "GPT-2-small-shaped decoder",
+            True,
+            lr=0.01,
+            fsdp_blocks=("h",),
+        ),
         WorkloadSpec(
             "lstm", "lstm", "large", "stdlib words or --data", "2-layer LSTM LM (PTB)", True
         ),
@@ -120,3 +141,15 @@ def parameter_count(name: str, size: str | None = None) -> int:
     with torch.device("meta"):
         model = module.model(resolve_size(name, size))
     return sum(p.numel() for p in model.parameters())
+
+
+def fully_shard_workload(name: str, model: nn.Module, mesh) -> nn.Module:
+    """``--fsdp``: ``fully_shard`` on each block of the workload (``fsdp_blocks``), then
+    on the root (which keeps the rest: embeddings, norms, heads, tied weights)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for path in workload_spec(name).fsdp_blocks:
+        for block in model.get_submodule(path).children():
+            fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
