@@ -223,3 +223,13 @@ def build(estimator: str) -> Any:
         )
 
     return make
+
+
+build_threshold = build("hard")
+build_dgc = build("dgc")
+build_gaussiank = build("gaussiank")
+build_redsync = build("redsync")
+build_redsync_sidco = build("redsync-sidco")
+build_sidco_exp = build("sidco-exp")
+build_sidco_gpd = build("sidco-gpd")
+build_sidco_gamma_gpd = build("sidco-gamma-gpd")

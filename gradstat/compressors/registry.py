@@ -13,23 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib import import_module
 from typing import Any
 
 import torch
 
-from gradstat.compressors import (
-    cast,
-    cltk,
-    estimated,
-    gtopk,
-    none,
-    powersgd,
-    qsgd,
-    randomk,
-    signsgd,
-    terngrad,
-    topk,
-)
 from gradstat.compressors.base import Compressor, StepOutcome, Stream
 from gradstat.compressors.memory import TensorRows
 from gradstat.errors import UsageError
@@ -65,60 +53,70 @@ class Context:
 @dataclass(frozen=True)
 class Entry:
     """One registered compressor: how to build it (once per learner), whether its rate is
-    fixed (it ignores ``--ratios``), and its parameters with their defaults."""
+    fixed (it ignores ``--ratios``), and its parameters with their defaults. ``build``:
+    a function of the :class:`Context`, or ``"MODULE[:FUNCTION]"`` naming one in
+    ``gradstat.compressors`` (``FUNCTION`` defaults to ``build``), imported on first use."""
 
-    build: Callable[[Context], Compressor]
+    build: Callable[[Context], Compressor] | str
     fixed_rate: bool
     summary: str
     params: Mapping[str, float] = field(default_factory=dict)
     #: Among ``recommend``'s default candidates (reference behaviours run on request).
     candidate: bool = True
 
+    def make(self, context: Context) -> Compressor:
+        """One learner's compressor object."""
+        if callable(self.build):
+            return self.build(context)
+        module, _, function = self.build.partition(":")
+        home = import_module(f"gradstat.compressors.{module}")
+        return getattr(home, function or "build")(context)
+
 
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
 #: Every built-in compressor: one module each, one line here.
 REGISTRY: dict[str, Entry] = {
-    "none": Entry(none.build, True, "dense float32 all-reduce", candidate=False),
-    "fp16": Entry(cast.build_fp16, True, "float16 cast, all-reduce"),
-    "bf16": Entry(cast.build_bf16, True, "bfloat16 cast, all-reduce"),
-    "topk": Entry(topk.build, False, "exact top-k, all-gather"),
-    "randomk": Entry(randomk.build, False, "random-k with a shared seed, all-reduce of values"),
+    "none": Entry("none", True, "dense float32 all-reduce", candidate=False),
+    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce"),
+    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce"),
+    "topk": Entry("topk", False, "exact top-k, all-gather"),
+    "randomk": Entry("randomk", False, "random-k with a shared seed, all-reduce of values"),
     "threshold": Entry(
-        estimated.build("hard"),
+        "estimated:build_threshold",
         False,
         "fixed hard threshold (calibrated on the first step unless threshold= is given)",
         {"threshold": 0.0},
     ),
     "dgc": Entry(
-        estimated.build("dgc"),
+        "estimated:build_dgc",
         False,
         "DGC sampled threshold with momentum correction and factor masking",
         {"momentum": 0.9},
     ),
-    "gaussiank": Entry(estimated.build("gaussiank"), False, "Gaussian-k threshold"),
-    "redsync": Entry(estimated.build("redsync"), False, "RedSync binary-search threshold"),
+    "gaussiank": Entry("estimated:build_gaussiank", False, "Gaussian-k threshold"),
+    "redsync": Entry("estimated:build_redsync", False, "RedSync binary-search threshold"),
     "redsync-sidco": Entry(
-        estimated.build("redsync-sidco"),
+        "estimated:build_redsync_sidco",
         False,
         "RedSync as the SIDCo reference (3 probes)",
         candidate=False,
     ),
-    "sidco-exp": Entry(estimated.build("sidco-exp"), False, "SIDCo-E (exponential)", _SIDCO),
-    "sidco-gpd": Entry(estimated.build("sidco-gpd"), False, "SIDCo-P (GPD)", _SIDCO),
+    "sidco-exp": Entry("estimated:build_sidco_exp", False, "SIDCo-E (exponential)", _SIDCO),
+    "sidco-gpd": Entry("estimated:build_sidco_gpd", False, "SIDCo-P (GPD)", _SIDCO),
     "sidco-gamma-gpd": Entry(
-        estimated.build("sidco-gamma-gpd"), False, "SIDCo-GP (gamma, then GPD)", _SIDCO
+        "estimated:build_sidco_gamma_gpd", False, "SIDCo-GP (gamma, then GPD)", _SIDCO
     ),
     "clt-k": Entry(
-        cltk.build, False, "ScaleCom cyclic local top-k with low-pass memory", {"beta": 1.0}
+        "cltk", False, "ScaleCom cyclic local top-k with low-pass memory", {"beta": 1.0}
     ),
-    "gtopk": Entry(gtopk.build, False, "global top-k by tree merge"),
-    "powersgd": Entry(powersgd.build, True, "PowerSGD rank-r, warm-started", {"rank": 4}),
-    "signsgd": Entry(signsgd.build_majority, True, "signSGD with majority vote"),
-    "ef-signsgd": Entry(signsgd.build_ef, True, "scaled sign with error feedback"),
+    "gtopk": Entry("gtopk", False, "global top-k by tree merge"),
+    "powersgd": Entry("powersgd", True, "PowerSGD rank-r, warm-started", {"rank": 4}),
+    "signsgd": Entry("signsgd:build_majority", True, "signSGD with majority vote"),
+    "ef-signsgd": Entry("signsgd:build_ef", True, "scaled sign with error feedback"),
     "qsgd": Entry(
-        qsgd.build, True, "QSGD stochastic levels per bucket", {"levels": 127, "bucket": 512}
+        "qsgd", True, "QSGD stochastic levels per bucket", {"levels": 127, "bucket": 512}
     ),
-    "terngrad": Entry(terngrad.build, True, "TernGrad ternary"),
+    "terngrad": Entry("terngrad", True, "TernGrad ternary"),
 }
 
 
@@ -225,7 +223,7 @@ class Scheme:
         """Learner ``learner``'s compressor object."""
         if learner not in self._learners:
             context = replace(self.context, learner=learner)
-            self._learners[learner] = self.spec.entry.build(context)
+            self._learners[learner] = self.spec.entry.make(context)
         return self._learners[learner]
 
     def step(self, grads: torch.Tensor, name: str = "model") -> StepOutcome:

@@ -1,0 +1,130 @@
+"""The compressor protocol: the drivers know only it, and a plain GRACE-style class
+registered like a built-in replays as an independent error-feedback recursion says."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gradstat.compressors as compressors_package
+from gradstat.analysis.replay import ReplayParams, replay
+from gradstat.compressors import REGISTRY, Compressor, Entry, Memory, Stream
+from gradstat.compressors.cost import Link
+from gradstat.store import layer_table, open_capture, write_capture
+
+GRADSTAT = Path(compressors_package.__file__).resolve().parents[1]
+COMPRESSORS = GRADSTAT / "compressors"
+
+
+def _protocol_classes() -> set[str]:
+    """Names of every class of gradstat.compressors that is a compressor, a memory or a
+    stream (importing every module of the package)."""
+    import importlib
+    import pkgutil
+
+    names = set()
+    for info in pkgutil.iter_modules([str(COMPRESSORS)]):
+        module = importlib.import_module(f"gradstat.compressors.{info.name}")
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, (Compressor, Memory, Stream)):
+                names.add(name)
+    return names
+
+
+def test_no_driver_dispatches_on_compressor_classes():
+    """No ``isinstance`` (or ``type(...) is``) on a compressor, memory or stream class
+    outside gradstat/compressors/: replay, recommend, report, the hooks, compare and the
+    cost model call the protocol."""
+    classes = _protocol_classes()
+    assert {"TopK", "CLTK", "PowerSGD", "ResidualMemory", "DGCMemory"} <= classes
+    found = []
+    for path in GRADSTAT.rglob("*.py"):
+        if COMPRESSORS in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                named |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if named & classes:
+                    found.append(f"{path.relative_to(GRADSTAT)}:{node.lineno}")
+    assert found == []
+
+
+class ThreeTensorTopK:
+    """A user's GRACE-style top-k: ``k = max(1, int(d * ratio))``, a payload of three
+    tensors (values, int64 indices, the count), no ``sparse``, no memory of its own."""
+
+    def __init__(self, compress_ratio: float) -> None:
+        self.ratio = compress_ratio
+
+    def compress(self, tensor, name):
+        k = max(1, int(tensor.numel() * self.ratio))
+        indices = torch.topk(tensor.abs(), k).indices
+        return [tensor[indices], indices, torch.tensor([k], dtype=torch.int32)], tensor.numel()
+
+    def decompress(self, tensors, ctx):
+        values, indices, _ = tensors
+        out = torch.zeros(ctx)
+        out[indices] = values
+        return out
+
+
+class Adapted(ThreeTensorTopK, Compressor):
+    """The class on the protocol, as the registry builds it (k for the quality column)."""
+
+    def __init__(self, ratio: float, k: int) -> None:
+        super().__init__(ratio)
+        self.k = k
+
+
+def ef_records(grads: np.ndarray, ratio: float) -> list[dict]:
+    """Residual error feedback with top-k, in numpy: per step the elements sent, the
+    union, bytes (int64 index + float32 value + an int32 count), error and memory norm."""
+    n, steps, d = grads.shape
+    k = max(1, int(d * ratio))
+    memory = np.zeros((n, d), dtype=np.float32)
+    out = []
+    for s in range(steps):
+        p = grads[:, s] + memory
+        sent = np.zeros_like(p)
+        for i in range(n):
+            chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
+            sent[i, chosen] = p[i, chosen]
+        memory = p - sent
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        estimate = sent.astype(np.float64).mean(axis=0)
+        out.append(
+            {
+                "density": k / d,
+                "union": int(np.count_nonzero(sent.any(axis=0))),
+                "bytes_per_learner": 12 * k + 4,
+                "rel_error": float(((estimate - mean) ** 2).sum() / (mean**2).sum()),
+                "memory_norm": float(np.linalg.norm(memory.astype(np.float64), axis=1).mean()),
+            }
+        )
+    return out
+
+
+def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path, monkeypatch):
+    """Registered like a built-in (one Entry), a three-tensor sparse payload replays:
+    bytes are its tensors' sizes, elements sent and build-up its decompressed non-zeros,
+    error and memory those of the numpy recursion (the issue's ``too many values to
+    unpack`` regression)."""
+    rng = np.random.default_rng(4)
+    grads = rng.laplace(size=(3, 4, 900)).astype(np.float32)
+    path = write_capture(tmp_path / "cap", grads, layer_table([("w", (30, 30))]))
+    entry = Entry(lambda ctx: Adapted(ctx.ratio, ctx.k), False, "a user's top-k")
+    monkeypatch.setitem(REGISTRY, "three-tensor-topk", entry)
+    with open_capture(path) as cap:
+        params = ReplayParams("three-tensor-topk", (0.02,), Link(1.25e9, 5e-6))
+        records = replay(cap, params=params).to_dict("records")
+    for got, want in zip(records, ef_records(grads, 0.02), strict=True):
+        for key in ("density", "union", "bytes_per_learner"):
+            assert got[key] == want[key], key
+        assert got["rel_error"] == pytest.approx(want["rel_error"], rel=1e-5)
+        assert got["memory_norm"] == pytest.approx(want["memory_norm"], rel=1e-5)
