@@ -160,3 +160,51 @@ def test_dgc_is_not_credited_for_its_exact_fallback():
     assert lines[0].startswith("At ratio 0.01, sidco-gpd comes closest to k among")
     assert "exact top-k fallback" in lines[1] and "dgc" in lines[1]
     assert closest_estimators(quality, notes=False) == lines[:1]
+
+
+COMMANDS = [
+    "capture",
+    "info",
+    "merge",
+    "fit",
+    "similarity",
+    "buildup",
+    "overlap",
+    "replay",
+    "recommend",
+    "compare",
+    "report",
+]
+
+
+def test_every_command_help_teaches_with_an_example_and_plain_defaults(capsys, monkeypatch):
+    from gradstat.compressors.registry import REGISTRY
+    from tests.helpers import run_cli
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for command in COMMANDS:
+        result = run_cli(capsys, command, "--help")
+        assert result.code == 0, result
+        text = " ".join(result.stdout.replace("│", " ").split())
+        assert "Example: gradstat " + command in text, command
+        assert "[default: (" not in text and "x>=" not in text, command
+        if command in ("replay", "recommend"):
+            assert all(name in text for name in REGISTRY), command
+    ratios = " ".join(run_cli(capsys, "replay", "--help").stdout.replace("│", " ").split())
+    assert "[default: 0.01, 0.001]" in ratios
+
+
+def test_info_names_the_training_compressor_apart_from_hdf5_compression(real_capture, capsys):
+    from gradstat.cli.info import _compressor_text, _filter_text
+    from tests.helpers import run_cli
+
+    out = run_cli(capsys, "info", real_capture).stdout
+    assert "trained with" in out and "plain all-reduce" in out and "HDF5 filter" in out
+    summary = {
+        "compressor": {"name": "topk", "ratio": 0.01, "settings": {"memory": "ef"}},
+        "datasets": ["grad", "sent"],
+    }
+    assert _compressor_text(summary) == (
+        "topk at ratio 0.01 (memory=ef); /sent holds what each learner sent"
+    )
+    assert "lossless storage" in _filter_text("gzip")

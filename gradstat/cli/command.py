@@ -29,9 +29,24 @@ def _tidy(params: list, ctx) -> list:
         if _is_list_text(param.default) and param.show_default in (None, True):
             # A long comma list has no space to wrap at: help would cut it at 80 columns.
             param.show_default = param.default.replace(",", ", ")
+        if type(param) is TyperOption and isinstance(param.show_default, str):
+            param.__class__ = TextDefaultOption
         elif isinstance(param, TyperArgument) and param.metavar is None:
             param.metavar = param.name.upper()
     return params
+
+
+class TextDefaultOption(TyperOption):
+    """An option whose default is shown as text, e.g. a comma list (``--ratios
+    0.01,0.001``): help shows ``[default: 0.01, 0.001]``, without the parentheses typer
+    puts around a text default (a list then reads as a Python tuple)."""
+
+    def _get_default_string(self, *, ctx, show_default_is_str, default_value) -> str:
+        if show_default_is_str:
+            return str(self.show_default)
+        return super()._get_default_string(
+            ctx=ctx, show_default_is_str=show_default_is_str, default_value=default_value
+        )
 
 
 def _is_list_text(value) -> bool:
@@ -61,7 +76,8 @@ class Command(TyperCommand):
         return _tidy(super().get_params(ctx), ctx)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
-        return [re.sub(r"^\{(.*)\}$", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+        pieces = super().collect_usage_pieces(ctx)
+        return [re.sub(r"^\{(.*)\}((?:\.\.\.)?)$", r"\1\2", piece) for piece in pieces]
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         known = {opt for param in self.params for opt in getattr(param, "opts", [])}

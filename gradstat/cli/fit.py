@@ -109,6 +109,8 @@ def fit_command(
     Fits distributions to gradient magnitudes, scores them (KS, Anderson-Darling,
     AIC/BIC, tail-quantile error) and compares threshold estimators (SIDCo-E/P/GP with
     M stages, DGC, Gaussian-k, RedSync, top-k) by quality q = selected / k.
+
+    Example: gradstat fit captures/lm --dist all --plot fit.png
     """
     from gradstat.analysis.fit import Fit, magnitude_sample
     from gradstat.store import open_capture

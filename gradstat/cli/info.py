@@ -35,6 +35,8 @@ def info_command(
     every learner committed are counted. A damaged capture (rows missing from a rank
     file) is shown with status "damaged" and the steps at fault, then exits 1; --verify
     also reads every row and checks its checksum. --csv writes the layer table.
+
+    Example: gradstat info captures/demo/capture --verify
     """
     from gradstat.store.reader import open_capture  # h5py: only once a capture is read
 

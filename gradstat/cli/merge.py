@@ -35,10 +35,11 @@ def merge_command(dest: Dest, parts: Parts, move: Move = False) -> None:
     """Join a capture written by several nodes into separate folders.
 
     Without a shared file system each node of `gradstat capture --nnodes N` keeps its
-    learners' rank files in its own --out folder. Copy the folders onto one machine,
-    then: gradstat merge captures/run captures/node0 captures/node1. Rank files are
-    hard-linked (no data copied; --move moves them), capture.h5 is copied, and the
-    result is checked like any capture.
+    learners' rank files in its own --out folder. Copy the folders onto one machine
+    and merge them there. Rank files are hard-linked (no data copied; --move moves
+    them), capture.h5 is copied, and the result is checked like any capture.
+
+    Example: gradstat merge captures/run captures/node0 captures/node1
     """
     from gradstat.store.merge import merge_parts  # h5py: only once a capture is read
 

@@ -16,6 +16,7 @@ import typer
 from gradstat import defaults
 from gradstat.cli.paths import csv_path, plot_path
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
+from gradstat.compressors.registry import REGISTRY
 from gradstat.defaults import ratios_text
 
 if TYPE_CHECKING:  # the analyses import torch: --help and --version never load them
@@ -166,9 +167,9 @@ Jobs = Annotated[
     typer.Option(
         "--jobs",
         metavar="N",
-        min=1,
-        help="Worker processes (default: the CPUs this process may use; one below 1 GiB "
-        "of selected gradients); see docs/large.md.",
+        callback=between(1),
+        help="Worker processes, 1 or more (default: the CPUs this process may use; one "
+        "below 1 GiB of selected gradients); see docs/large.md.",
         show_default=False,
     ),
 ]
@@ -245,8 +246,8 @@ def list_compressors(value: str | None) -> str | None:
 
 #: What the help of every option naming compressors says about the names.
 COMPRESSOR_NAMES = (
-    "NAME[:PARAM=VALUE] (docs/replay.md), or your own as MODULE:CLASS or FILE.py:CLASS "
-    "(docs/compressors.md); 'list' lists them."
+    f"NAME[:PARAM=VALUE] with NAME one of {', '.join(REGISTRY)} (docs/replay.md), or your "
+    "own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); 'list' describes them."
 )
 Compressors = Annotated[
     str,

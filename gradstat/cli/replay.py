@@ -165,6 +165,8 @@ def replay_command(
     Replays compressors over consecutive recorded steps: density, estimation quality,
     build-up, bytes, predicted communication time (alpha-beta model), relative error and
     cosine against the true mean gradient, compression time.
+
+    Example: gradstat replay captures/lm --compressors topk,clt-k --plot replay.png
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
@@ -282,6 +284,8 @@ def recommend_command(
     The compressor and rate with the lowest predicted time per step (communication +
     compression) whose mean relative error stays within the budget, against the dense
     baseline; its concrete settings, why it won and what came next.
+
+    Example: gradstat recommend captures/lm --error-budget 0.5 --cluster-size 64
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})

@@ -93,6 +93,8 @@ def similarity_command(
 
     Overlap and Jaccard of learners' top-k sets, with each other and with the top-k of
     the mean gradient; energy captured, ScaleCom's contraction check, random baseline.
+
+    Example: gradstat similarity captures/lm --ratios 0.001 --plot similarity.png
     """
     with open_capture(capture) as cap:
         note_sample(cap)
@@ -194,6 +196,8 @@ def buildup_command(
 
     B(m) = E|union of m learners' top-k| / k for m = 1..n (exact mean over learner
     orders) against random sets, and the all-gather's effective density.
+
+    Example: gradstat buildup captures/lm --ratios 0.01,0.001 --plot buildup.png
     """
     with open_capture(capture) as cap:
         note_sample(cap)
@@ -265,6 +269,8 @@ def overlap_command(
 
     Overlap of top-k sets between recorded step t and t + lag, per learner and for the
     mean gradient; each row states the real training-step gap.
+
+    Example: gradstat overlap captures/lm --lag 1 --plot overlap.png
     """
     with open_capture(capture) as cap:
         note_sample(cap)
