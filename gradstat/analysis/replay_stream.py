@@ -84,64 +84,97 @@ def replay_streamed(
     A step's estimates and references may share rows the next step reuses: use them
     before asking for the next step.
     """
-    n = len(learners)
-    scopes = list({sc.name: sc for sc, _ in chosen}.values())
-    whole = Scope("model", ((0, cap.numel),))
-    whole_scope = any(sc.numel == cap.numel for sc in scopes)  # its check covers every value
     space = Workspace()  # the next learner's row is read while this one is replayed
     space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
-    sums = {sc.name: torch.zeros(sc.numel) for sc in scopes}
     next_step = dict(itertools.pairwise(steps))
     try:
         with MemoryRows(scratch) as rows:
-            streams = [streamed(scheme, sc.name, n, sc.numel, rows) for sc, scheme in chosen]
+            replayer = _Replayer(cap, learners, chosen, rows, space)
             for step in steps:
-                spent = [0.0] * len(streams)
-                reading = 0.0
-
-                def checked(g: torch.Tensor, i: int, step: int = step) -> torch.Tensor:
-                    if not math.isfinite(float(g.sum())):  # one cheap pass; then find the culprit
-                        require_finite(step, g[None], [learners[i]], "replay")
-                    return g
-
-                def read_row(i: int, step: int = step) -> torch.Tensor:
-                    nonlocal reading
-                    start = time.perf_counter()
-                    g = checked(torch.from_numpy(cap.read_row(step, learners[i])), i)
-                    reading += time.perf_counter() - start
-                    return g
-
-                for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
-                    start, before = time.perf_counter(), reading
-                    stream.begin(lambda i, sc=sc: sc.take(read_row(i)))
-                    spent[j] += time.perf_counter() - start - (reading - before)
-                for total in sums.values():
-                    total.zero_()
-                # the reading thread adds each row to the reference sums, in learner order,
-                # and reads the next step's first row while this step's last is replayed
-                after = partial(_add_to, sums, scopes)
-                then = (next_step[step], 0, cap.numel) if step in next_step else None
-                prefetched = space.rows(cap, step, learners, whole, 0, cap.numel, then, after)
-                for i in range(n):
-                    start = time.perf_counter()
-                    row, (parts, finite) = next(prefetched)
-                    reading += time.perf_counter() - start
-                    g = torch.from_numpy(row)
-                    if not finite or not whole_scope:
-                        checked(g, i)
-                    for j, ((sc, _), stream) in enumerate(zip(chosen, streams, strict=True)):
-                        start = time.perf_counter()
-                        stream.learner(i, parts[sc.name])
-                        spent[j] += time.perf_counter() - start
-                prefetched.close()
-                means = {name: total.div_(n) for name, total in sums.items()}  # rows reused
-                results = []
-                for j, ((sc, scheme), stream) in enumerate(zip(chosen, streams, strict=True)):
-                    start = time.perf_counter()
-                    outcome = stream.finish()
-                    spent[j] += time.perf_counter() - start
-                    reference = scheme.reference(means[sc.name])
-                    results.append(SchemeStep(outcome, reference, spent[j] / n))
-                yield step, results
+                yield step, replayer.step(step, next_step.get(step))
     finally:
         space.release()
+
+
+class _Replayer:
+    """One step of every chosen scheme at a time (see :func:`replay_streamed`): each
+    stream's ``begin``, every learner's row to every stream, each stream's ``finish``;
+    the time each spends, without the reads, is its ``compress_seconds``."""
+
+    def __init__(
+        self,
+        cap: Capture,
+        learners: Sequence[int],
+        chosen: Sequence[tuple[Scope, Scheme]],
+        rows: MemoryRows,
+        space: Workspace,
+    ) -> None:
+        self.cap, self.learners, self.chosen, self.space = cap, learners, chosen, space
+        self.n = n = len(learners)
+        self.streams = [streamed(scheme, sc.name, n, sc.numel, rows) for sc, scheme in chosen]
+        self.scopes = list({sc.name: sc for sc, _ in chosen}.values())
+        self.whole = Scope("model", ((0, cap.numel),))
+        # a scope of every value: the reading thread's check covers the row
+        self.whole_scope = any(sc.numel == cap.numel for sc in self.scopes)
+        self.sums = {sc.name: torch.zeros(sc.numel) for sc in self.scopes}
+
+    def checked(self, g: torch.Tensor, i: int) -> torch.Tensor:
+        """``g``, learner i's row of this step, if finite (one cheap pass; then the
+        culprit is named)."""
+        if not math.isfinite(float(g.sum())):
+            require_finite(self.current, g[None], [self.learners[i]], "replay")
+        return g
+
+    def read_row(self, i: int) -> torch.Tensor:
+        """Learner i's row of this step, read now (a stream's ``begin`` needs it early)."""
+        start = time.perf_counter()
+        g = self.checked(torch.from_numpy(self.cap.read_row(self.current, self.learners[i])), i)
+        self.reading += time.perf_counter() - start
+        return g
+
+    def step(self, step: int, then: int | None) -> list[SchemeStep]:
+        """Replay ``step`` (``then``: the next step, whose first row is read ahead)."""
+        self.current, self.reading = step, 0.0
+        self.spent = [0.0] * len(self.streams)
+        for j, ((sc, _), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
+            start, before = time.perf_counter(), self.reading
+            stream.begin(lambda i, sc=sc: sc.take(self.read_row(i)))
+            self.spent[j] += time.perf_counter() - start - (self.reading - before)
+        self.feed(step, then)
+        return self.finish()
+
+    def feed(self, step: int, then: int | None) -> None:
+        """Every learner's row to every stream. The reading thread adds each row to the
+        reference sums, in learner order, and reads the next step's first row while this
+        step's last is replayed."""
+        cap = self.cap
+        for total in self.sums.values():
+            total.zero_()
+        after = partial(_add_to, self.sums, self.scopes)
+        ahead = (then, 0, cap.numel) if then is not None else None
+        prefetched = self.space.rows(
+            cap, step, self.learners, self.whole, 0, cap.numel, ahead, after
+        )
+        for i in range(self.n):
+            start = time.perf_counter()
+            row, (parts, finite) = next(prefetched)
+            self.reading += time.perf_counter() - start
+            if not finite or not self.whole_scope:
+                self.checked(torch.from_numpy(row), i)
+            for j, ((sc, _), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
+                start = time.perf_counter()
+                stream.learner(i, parts[sc.name])
+                self.spent[j] += time.perf_counter() - start
+        prefetched.close()
+
+    def finish(self) -> list[SchemeStep]:
+        """Each stream's outcome, with its reference and compression time per learner."""
+        means = {name: total.div_(self.n) for name, total in self.sums.items()}  # rows reused
+        results = []
+        for j, ((sc, scheme), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
+            start = time.perf_counter()
+            outcome = stream.finish()
+            self.spent[j] += time.perf_counter() - start
+            reference = scheme.reference(means[sc.name])
+            results.append(SchemeStep(outcome, reference, self.spent[j] / self.n))
+        return results
