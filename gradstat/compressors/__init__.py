@@ -24,7 +24,6 @@ _HOMES = {
     "collective_seconds": "cost",
     "parse_link": "cost",
     "DGCMemory": "memory",
-    "GraceMemory": "memory",
     "Memory": "memory",
     "NoMemory": "memory",
     "ResidualMemory": "memory",

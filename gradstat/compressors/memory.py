@@ -12,9 +12,8 @@ the exchange keeps what was not sent (:meth:`Memory.update`).
 * DGC momentum correction with factor masking (Lin et al. 2018, arXiv 1712.01887):
   ``u = mu u + g``; ``v = v + u``; the compressor sees ``v``; ``u`` and ``v`` are zeroed
   where something was sent.
-* No memory: the compressor sees ``g`` (unbiased quantisers, casts).
-* :class:`GraceMemory`: a memory written for GRACE (``compensate(tensor, name)``,
-  ``update(tensor, name, compressor, tensors, ctx)``), one object per learner.
+* No memory: the compressor sees ``g`` (unbiased quantisers, casts). A user's class
+  that brings a GRACE memory applies it itself (:mod:`gradstat.compressors.user`).
 """
 
 from __future__ import annotations
@@ -236,41 +235,3 @@ class DGCMemory(Memory):
     def work(self, numel: int) -> Ops:
         # u = mu u + g (3), v += u (3); v = p - c (3); mask c != 0; 2 masked fills
         return passes(3 + 3 + 3 + 2 * 2.25, numel, 6) + Ops(compare=numel)
-
-
-class _Sent:
-    """A stand-in compressor for a GRACE memory's ``update``: ``decompress`` gives the
-    dense vector the learner sent."""
-
-    def __init__(self, sent: torch.Tensor) -> None:
-        self.sent = sent
-
-    def decompress(self, tensors: Any, ctx: Any) -> torch.Tensor:
-        return self.sent
-
-
-class GraceMemory(Memory):
-    """A GRACE-style memory (``compensate(tensor, name)`` and ``update(tensor, name,
-    compressor, tensors, ctx)``), one object per learner from ``factory``, kept in RAM.
-    Its ``update`` is handed a compressor whose ``decompress`` returns what the learner
-    sent. Its norm is not known to gradstat: NaN."""
-
-    def __init__(self, factory: Callable[[], Any], name: str = "model") -> None:
-        self.factory, self.name = factory, name
-
-    def allocate(self, learners: int, numel: int, new_rows: NewRows) -> None:
-        super().allocate(learners, numel, new_rows)
-        self.objects = [self.factory() for _ in range(learners)]
-
-    def peek(self, i: int, g: torch.Tensor) -> torch.Tensor:
-        raise ValueError("a GRACE memory cannot be read without being changed")
-
-    def compensate(self, i: int, g: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return self.objects[i].compensate(g.clone(), self.name), ()
-
-    def update(self, i: int, p: torch.Tensor, sent: torch.Tensor, state: Any) -> None:
-        self.objects[i].update(p, self.name, _Sent(sent), (), None)
-        self.norms.append(math.nan)
-
-    def work(self, numel: int) -> Ops:
-        return passes(6, numel, 2)

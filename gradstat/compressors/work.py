@@ -1,10 +1,11 @@
 """The work model: what one learner's compression costs, timed on a target profile.
 
 A compressor's time on the training machine is not the time it took on the analysis
-machine. This module counts each compressor's *work* per learner and step, from the
-operations the implementation performs (``gradstat/compressors/*``, the same code the DDP
-hooks run), and :func:`seconds` times that work with a :class:`~gradstat.compressors.
-targets.Target`:
+machine. Each compressor counts its own *work* per learner and step (its ``work(numel,
+memory)`` method, :class:`Work`, from the operations its module performs, the same code
+the DDP hooks run; a memory's passes are ``memory.work(numel)``; a class without a model
+of its own gets :func:`generic_work`), and :func:`seconds` times that work with a
+:class:`~gradstat.compressors.targets.Target`:
 
     t = (bytes / bandwidth + topk_in / topk_rate + topk_out * topk_per_selected
         + sort / sort_rate + randperm / randperm_rate + compare / compare_rate
