@@ -208,3 +208,33 @@ def test_info_names_the_training_compressor_apart_from_hdf5_compression(real_cap
         "topk at ratio 0.01 (memory=ef); /sent holds what each learner sent"
     )
     assert "lossless storage" in _filter_text("gzip")
+
+
+def test_the_python_api_takes_text_or_values_with_the_commands_defaults(synthetic_capture):
+    import gradstat
+    from gradstat import defaults
+    from gradstat.analysis.fit import FitParams
+    from gradstat.analysis.recommend import RecommendParams
+    from gradstat.analysis.replay import ReplayParams, replay
+    from gradstat.analysis.selection import Selection
+    from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
+    from gradstat.compressors.cost import Link, parse_latency
+
+    text = ReplayParams("topk,dgc", "0.01", "10Gbit/s")
+    values = ReplayParams("topk,dgc", [0.01], Link(1.25e9, parse_latency("5us")))
+    assert text == values
+    assert ReplayParams("topk", 0.01, ("10Gbit/s", "5us")).link == values.link
+    assert ReplayParams() == ReplayParams(defaults.REPLAYED, defaults.RATIOS, None)
+    assert RecommendParams(0.5, "10Gbit/s,5us", "64").cost_learners == 64
+    assert RecommendParams("0.5").link == values.link
+    assert FitParams().ratios == defaults.RATIOS  # as `gradstat fit`
+    path, grads = synthetic_capture
+    with gradstat.open_capture(path) as cap:
+        steps = [step for step, _ in cap.iter_steps(steps="::2")]
+        assert steps == [0, 2, 4]
+        ((_, rows),) = list(cap.iter_steps(steps=[3], learners="0,2"))
+        np.testing.assert_array_equal(rows.numpy(), grads[[0, 2], 3])
+        records = replay(cap, Selection.of(cap, steps="0:3"), text)
+        assert set(records["compressor"]) == {"topk", "dgc"}
+        result = similarity(cap, None, SimilarityParams("0.1"))
+        pd.testing.assert_frame_equal(similarity_summary(result), similarity_summary(result.steps))

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import (
@@ -221,7 +222,7 @@ class FitParams:
 
     dists: tuple[str, ...] = ("gpd",)
     method: str = "moments"
-    ratios: tuple[float, ...] = (0.1, 0.01, 0.001)
+    ratios: tuple[float, ...] = defaults.RATIOS  # as `gradstat fit`
     stages: tuple[int, ...] | None = (1, 2, 3)
     estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
     hard_threshold: float | None = None

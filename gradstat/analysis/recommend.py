@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
-from gradstat.analysis.selection import Selection
+from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.compressors.targets import Target, builtin_target, spread_text
@@ -240,8 +241,8 @@ class RecommendParams:
     ``target`` hardware compression is timed on (default ``cpu-here``) and the torch
     ``threads`` the replay measures compression with."""
 
-    error_budget: float
-    link: Link
+    error_budget: float = defaults.ERROR_BUDGET  # as `gradstat report`
+    link: Link = None  # a Link, "10Gbit/s[,5us]" or (bandwidth, latency); None: defaults
     cost_learners: int | None = None
     baseline: str = "fp32"
     compressors: str | Sequence[CompressorSpec] = DEFAULT_CANDIDATES
@@ -251,6 +252,11 @@ class RecommendParams:
     threads: int = 1
 
     def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "error_budget", float(self.error_budget))
+        set_(self, "link", as_link(self.link))
+        if self.cost_learners is not None:
+            set_(self, "cost_learners", int(self.cost_learners))
         check_options(self.error_budget, self.baseline, self.cost_learners)
 
     def replay_params(self) -> ReplayParams:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay_stream import (
@@ -35,7 +36,7 @@ from gradstat.analysis.replay_stream import (
     memory_bytes_needed,
     replay_streamed,
 )
-from gradstat.analysis.selection import Selection, k_for, parse_ratios
+from gradstat.analysis.selection import Selection, as_link, k_for, parse_ratios
 from gradstat.analysis.units import Work
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
@@ -168,9 +169,9 @@ class ReplayParams:
     and ``threads``, the torch threads compression runs and is timed on
     (``compress_seconds``)."""
 
-    compressors: tuple[CompressorSpec, ...]
-    ratios: tuple[float, ...]
-    link: Link
+    compressors: tuple[CompressorSpec, ...] = defaults.REPLAYED  # as `gradstat replay`
+    ratios: tuple[float, ...] = defaults.RATIOS
+    link: Link = None  # a Link, "10Gbit/s[,5us]" or (bandwidth, latency); None: defaults
     cost_learners: int | None = None
     seed: int = 0
     skip_unfit: bool = False
@@ -184,6 +185,9 @@ class ReplayParams:
         specs = parse_compressors(specs) if isinstance(specs, str) else tuple(specs)
         object.__setattr__(self, "compressors", tuple(specs))
         object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
+        object.__setattr__(self, "link", as_link(self.link))
+        if self.cost_learners is not None:
+            object.__setattr__(self, "cost_learners", int(self.cost_learners))
         if self.cost_learners is not None and self.cost_learners < 1:
             raise UsageError(
                 f"cost_learners={self.cost_learners}: the cost model needs at least one learner"

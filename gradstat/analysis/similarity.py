@@ -330,8 +330,11 @@ def overlap_matrix(pairs: pd.DataFrame) -> pd.DataFrame:
     return matrix
 
 
-def similarity_summary(steps: pd.DataFrame) -> pd.DataFrame:
-    """Means over steps per scope and ratio, with the overlap relative to random."""
+def similarity_summary(steps: pd.DataFrame | SimilarityResult) -> pd.DataFrame:
+    """Means over steps per scope and ratio, with the overlap relative to random, of
+    :func:`similarity`'s result (or its ``steps`` table)."""
+    if isinstance(steps, SimilarityResult):
+        steps = steps.steps
     grouped = steps.groupby(["scope", "ratio"], sort=False)
     summary = grouped.agg(
         k=("k", "first"),

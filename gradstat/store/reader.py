@@ -23,6 +23,7 @@ from gradstat.errors import DataError, GradstatWarning, UsageError
 from gradstat.store.compression import ensure_readable
 from gradstat.store.direct import DirectRows
 from gradstat.store.dtypes import DISK_DTYPES, read_row
+from gradstat.store.picking import LearnersSpec, StepsSpec, select_learners, select_steps
 from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     FORMAT_NAME,
@@ -546,11 +547,13 @@ class Capture:
             check_row(path, learner, step, stored, int(checksums[row]), crc)
 
     def iter_steps(
-        self, steps: Sequence[int] | None = None, learners: Sequence[int] | None = None
+        self, steps: StepsSpec = None, learners: LearnersSpec = None
     ) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield ``(step, grads[learners, numel])`` one step at a time."""
-        for step in self.steps if steps is None else steps:
-            yield int(step), self.read_step(int(step), learners)
+        """Yield ``(step, grads[learners, numel])`` one step at a time; ``steps`` and
+        ``learners`` as everywhere (``"::25"``, ``"0,2"``, lists; None: all)."""
+        chosen = None if learners is None else select_learners(self.learners, learners)
+        for step in self.steps if steps is None else select_steps(self.steps, steps):
+            yield int(step), self.read_step(int(step), chosen)
 
     def close(self) -> None:
         for kept in self._datasets.values():
