@@ -15,6 +15,10 @@
      capture's hook on steps it does not record, and neither waits for a recording peer:
      the cost a rank that does not record pays itself.
 
+   With ``--fsdp`` the learners train with FSDP2 instead (``fully_shard`` per block as
+   ``gradstat capture --fsdp``), the capture wraps each unit's reduce-scatter, and the
+   variants are ``every=1`` and ``every=10``.
+
 2. The background writer's throughput (rows appended to a SWMR rank file, flushed per
    row) divided by a raw sequential write of the same bytes with numpy ``tofile``.
 
@@ -23,7 +27,7 @@ Targets (issues 2 and 14): every=10 <= 1.05, every=1 <= 1.3, a rank that does no
 repeat the run, and read the spread printed beside each median.
 
     python benchmarks/capture_overhead.py [--workload resnet50] [--size large]
-        [--steps 5] [--blocks 5] [--batch-size 32]
+        [--steps 5] [--blocks 5] [--batch-size 32] [--fsdp]
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS = ("none", "every=1", "every=10", "ranks=0", "idle")
+FSDP_VARIANTS = ("none", "every=1", "every=10")
 TARGETS = {"every=1": 1.3, "every=10": 1.05, "ranks=0": 1.02, "idle": 1.02}
 
 
@@ -61,17 +66,27 @@ def worker(args: argparse.Namespace) -> None:
 
     from gradstat import GradientCapture
     from gradstat.capture.worker import exit_without_teardown
-    from gradstat.capture.workloads import build_workload
+    from gradstat.capture.workloads import build_workload, fully_shard_workload
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(args.threads)
     workload = build_workload(args.workload, args.size)
-    total_steps = (args.blocks + 1) * args.steps * len(VARIANTS)
+    names = FSDP_VARIANTS if args.fsdp else VARIANTS
+    total_steps = (args.blocks + 1) * args.steps * len(names)
+    mesh = None
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     variants = {}
-    for name in VARIANTS:
+    for name in names:
         torch.manual_seed(0)
-        model = DistributedDataParallel(build_workload(args.workload, args.size).model)
+        module = build_workload(args.workload, args.size).model
+        if args.fsdp:
+            model = fully_shard_workload(args.workload, module, mesh)
+        else:
+            model = DistributedDataParallel(module)
         capture = None
         if name != "none":
             options = _capture_options(name, total_steps)
@@ -128,6 +143,7 @@ def training_overhead(args: argparse.Namespace) -> list[dict]:
             *("--workload", args.workload, "--size", args.size),
             *("--batch-size", str(args.batch_size), "--dtype", args.dtype),
             *("--threads", str(args.threads)),
+            *(["--fsdp"] if args.fsdp else []),
         ]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         result = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
@@ -200,6 +216,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per learner")
     parser.add_argument("--tmp", default=None, help="folder for the captures (default: TMPDIR)")
     parser.add_argument("--no-writer", action="store_true", help="skip the writer benchmark")
+    parser.add_argument(
+        "--fsdp", action="store_true", help="FSDP2 (fully_shard per block) instead of DDP"
+    )
     args = parser.parse_args()
     if args.steps % 10:
         parser.error(
@@ -210,15 +229,17 @@ def main() -> None:
         return
     ranks = training_overhead(args)
     base = ranks[0]["none"]
+    names = FSDP_VARIANTS if args.fsdp else VARIANTS
     print(
-        f"{args.workload} {args.size} ({ranks[0]['numel']:,} parameters), 2 gloo learners, "
+        f"{args.workload} {args.size} ({ranks[0]['numel']:,} parameters), 2 gloo learners "
+        f"({'FSDP2, fully_shard per block' if args.fsdp else 'DDP'}), "
         f"batch {args.batch_size}, {args.threads} thread(s) each, {args.dtype} captures: "
         f"{statistics.median(base) * 1e3:.0f} ms per step without capture; "
         f"{args.blocks} blocks of {args.steps} steps per variant"
     )
     print("| variant | step time / without, rank 0 | rank 1 | target |")
     print("|---|---|---|---|")
-    for name in VARIANTS[1:]:
+    for name in names[1:]:
         cells = [_ratio(r[name], r["none"]) for r in ranks]
         note = " (rank 1 does not record)" if name == "ranks=0" else ""
         print(f"| {name}{note} | {cells[0]} | {cells[1]} | <= {TARGETS[name]} |")

@@ -1,7 +1,9 @@
 """The GPU check's Python parts, driven by ``benchmarks/gpu_check.sh``.
 
 ``train`` (under torchrun): a built-in workload on CUDA (or CPU) with GradientCapture;
-each rank saves the all-reduced ``.grad`` of every step (``reference-rankN.npy``).
+each rank saves the all-reduced ``.grad`` of every step (``reference-rankN.npy``); with
+``--fsdp`` the model is sharded with FSDP2 (``fully_shard`` per block) and the reference
+is the reduced gradient gathered from the shards.
 ``verify DIR``: the mean of the learners' recorded rows must equal that ``.grad``.
 ``overhead`` (under torchrun): training step time with capture at every=1 and every=10
 divided by the same training without capture, in one process, variants interleaved in
@@ -35,13 +37,31 @@ def _setup(args: argparse.Namespace):
     return device
 
 
-def _ddp(model, device):
+def _wrap(model, device, args: argparse.Namespace):
+    """DDP, or with ``--fsdp`` FSDP2 as ``gradstat capture --fsdp`` shards it."""
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     model = model.to(device)
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from gradstat.capture.workloads import fully_shard_workload
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        return fully_shard_workload(args.workload, model, mesh)
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
+
+
+def _reduced_gradient(model, args: argparse.Namespace):
+    """The gradient the optimizer sees, flat, in parameter order (FSDP: gathered)."""
+    import torch
+
+    params = model.parameters() if args.fsdp else model.module.parameters()
+    grads = [p.grad.full_tensor() if args.fsdp else p.grad for p in params if p.requires_grad]
+    return torch.cat([g.reshape(-1) for g in grads]).float().cpu().numpy()
 
 
 def train(args: argparse.Namespace) -> None:
@@ -56,7 +76,7 @@ def train(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     workload = build_workload(args.workload, args.size)
-    ddp = _ddp(workload.model, device)
+    ddp = _wrap(workload.model, device, args)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     capture = GradientCapture(ddp, args.out, meta={"workload": args.workload, "check": "gpu"})
     batches = workload.batches(rank, world, args.batch_size, 0)
@@ -68,8 +88,7 @@ def train(args: argparse.Namespace) -> None:
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grads = [p.grad.reshape(-1) for p in ddp.module.parameters() if p.requires_grad]
-        reference.append(torch.cat(grads).float().cpu().numpy())
+        reference.append(_reduced_gradient(ddp, args))
         optimizer.step()
         capture.step(step, loss.item())
     capture.close()
@@ -116,7 +135,7 @@ def overhead(args: argparse.Namespace) -> None:
     variants = {}
     for name in ("none", "every=1", "every=10"):
         torch.manual_seed(0)
-        ddp = _ddp(build_workload(args.workload, args.size).model, device)
+        ddp = _wrap(build_workload(args.workload, args.size).model, device, args)
         capture = None
         if name != "none":
             every = int(name.split("=")[1])
@@ -149,8 +168,10 @@ def overhead(args: argparse.Namespace) -> None:
     if rank == 0:
         base = medians["none"]
         numel = sum(p.numel() for p in variants["none"][0].parameters())
+        mode = "FSDP2" if args.fsdp else "DDP"
         print(
-            f"overhead {args.workload} ({numel:,} parameters, {world} rank(s), {args.backend}, "
+            f"overhead {args.workload} ({numel:,} parameters, {mode}, {world} rank(s), "
+            f"{args.backend}, "
             f"{device.type}, batch {args.batch_size}): step time / without capture = "
             f"{medians['every=1'] / base:.2f} at every=1, {medians['every=10'] / base:.2f} at "
             f"every=10 (median of {args.blocks} blocks of {args.steps} steps; without capture "
@@ -173,6 +194,7 @@ def main() -> None:
         sub.add_argument("--size", default=None)
         sub.add_argument("--batch-size", type=int, default=32)
         sub.add_argument("--steps", type=int, default=3)
+        sub.add_argument("--fsdp", action="store_true", help="FSDP2 instead of DDP")
         if name == "overhead":
             sub.add_argument("--blocks", type=int, default=5)
     check = commands.add_parser("verify")

@@ -12,12 +12,18 @@
 #   4. similarity and fit with --device cuda against --device cpu, where the analyses
 #      have --device
 #   5. the cost model's GPU rates measured (--target gpu-here) beside the derived profile
+#   6. FSDP2 (fully_shard per block, gpt2): a 1-rank nccl capture and a 2-rank capture
+#      sharing GPU 0 over gloo (each unit's reduce-scatter), rows checked against the
+#      reduced gradient, and the capture overhead at every=1 and every=10 (1 rank nccl)
 #
-# Installs nothing beyond the project. Python: $PYTHON if set, else the project's .venv,
-# else python3; it must import torch with CUDA (the project pins torch's CPU build, so a
-# GPU machine needs its own CUDA torch). If gradstat's other dependencies are missing, a
-# venv .venv-gpu is made on top of that python (--system-site-packages, so its CUDA torch
-# is kept) and the project installed into it with pip from constraints.txt.
+# Needs no network. Python: $PYTHON if set, else the project's .venv, else .venv-gpu (a
+# previous run's), else python3; it must import torch with CUDA (the project pins torch's
+# CPU build, so a GPU machine needs its own CUDA torch). gradstat itself runs from this
+# checkout (PYTHONPATH). Dependencies that python cannot import are installed into a venv
+# .venv-gpu made on top of it (--system-site-packages, so its CUDA torch is kept) with
+# `pip install --no-index` from wheels/ (made beforehand, where there is a package index,
+# by benchmarks/gpu_check_wheels.sh, and carried here beside the checkout); never from an
+# index. Steps whose dependencies are still missing are skipped with a line saying so.
 # Results go to $OUT (default: a fresh temporary folder); every line says what ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +41,8 @@ if [[ -n "${PYTHON:-}" ]]; then
   py=$PYTHON
 elif [[ -x .venv/bin/python ]]; then
   py=.venv/bin/python
+elif [[ -x .venv-gpu/bin/python ]]; then
+  py=.venv-gpu/bin/python
 else
   py=python3
 fi
@@ -46,13 +54,42 @@ say "python $py: torch $torch_version, CUDA $cuda_version, available $cuda_ok, $
 if [[ $MODE == gpu && $cuda_ok != True ]]; then
   die "no CUDA GPU visible to $py (torch $torch_version, CUDA $cuda_version): run on a machine with a GPU, with PYTHON set to a python whose torch has CUDA, or use --cpu to test this script"
 fi
-if ! "$py" -c 'import h5py, numpy, scipy, pandas, typer, rich, matplotlib, sklearn' 2>/dev/null; then
-  say "gradstat's dependencies are missing beside $py: making .venv-gpu (--system-site-packages) with the project"
-  [[ -x .venv-gpu/bin/python ]] || "$py" -m venv --system-site-packages .venv-gpu
-  .venv-gpu/bin/python -m pip install --quiet -c constraints.txt -e . \
-    || die "could not install the project's dependencies into .venv-gpu (no package index here?)"
-  py=.venv-gpu/bin/python
+# module -> distribution, for what gradstat imports; wheels/ holds the small ones
+missing_of() {
+  "$py" - "$@" <<'PY'
+import importlib.util, sys
+names = {"sklearn": "scikit-learn"}
+print(" ".join(names.get(m, m) for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+PY
+}
+DEPENDENCIES=(numpy h5py crc32c typer rich scipy pandas matplotlib seaborn numba sklearn)
+missing=$(missing_of "${DEPENDENCIES[@]}")
+if [[ -n $missing ]]; then
+  wheels=${WHEELS:-$ROOT/wheels}
+  have=$(ls "$wheels" 2>/dev/null | sed -E 's/-[0-9].*//; s/_/-/g' | tr 'A-Z' 'a-z' | sort -u | tr '\n' ' ')
+  installable=()
+  for dist in $missing; do
+    [[ " $have " == *" ${dist,,} "* ]] && installable+=("$dist")
+  done
+  if (( ${#installable[@]} )); then
+    say "missing beside $py: $missing; installing ${installable[*]} from $wheels into .venv-gpu (pip --no-index)"
+    [[ -x .venv-gpu/bin/python ]] || "$py" -m venv --system-site-packages .venv-gpu
+    .venv-gpu/bin/python -m pip install --quiet --no-index --find-links "$wheels" "${installable[@]}" \
+      || die "pip could not install ${installable[*]} from $wheels (pip --no-index)"
+    py=.venv-gpu/bin/python
+    missing=$(missing_of "${DEPENDENCIES[@]}")
+  fi
+  [[ -n $missing ]] && say "still missing: $missing (steps that need them are skipped; make wheels/ with benchmarks/gpu_check_wheels.sh)"
 fi
+needs() {  # needs STEP MODULE...: true when every module imports, else a skip line
+  local step=$1 lacking
+  shift
+  lacking=$(missing_of "$@")
+  [[ -z $lacking ]] && return 0
+  say "$step skipped: $lacking missing beside $py"
+  return 1
+}
+needs "every capture" numpy h5py crc32c || die "a capture needs numpy, h5py and crc32c: bring them as wheels (benchmarks/gpu_check_wheels.sh)"
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 gradstat() { "$py" -m gradstat "$@"; }
@@ -66,11 +103,13 @@ else
   say "--cpu: every step on CPU with gloo and tiny models (checks this script, measures nothing about GPUs)"
 fi
 failures=0
+wl=resnet50  # its data is scikit-learn's digits
+needs "resnet50 (steps 1-3)" sklearn || { wl=gpt2; say "   steps 1-3 train gpt2 instead"; }
 
 # --- 1. one rank, nccl -----------------------------------------------------------------
 if [[ $MODE == gpu ]]; then
-  say "1. resnet50 ($size), 1 rank, nccl, $steps steps -> $OUT/nccl-1"
-  torchrun --nproc-per-node 1 benchmarks/gpu_check.py train --backend nccl --device cuda \
+  say "1. $wl ($size), 1 rank, nccl, $steps steps -> $OUT/nccl-1"
+  torchrun --nproc-per-node 1 benchmarks/gpu_check.py train --backend nccl --device cuda --workload $wl \
     --size $size --batch-size $batch --steps $steps --out "$OUT/nccl-1" >"$OUT/nccl-1.log" 2>&1 \
     || { tail -20 "$OUT/nccl-1.log"; die "the nccl capture failed (log: $OUT/nccl-1.log)"; }
   "$py" benchmarks/gpu_check.py verify "$OUT/nccl-1" --tolerance $tolerance || failures=$((failures + 1))
@@ -79,8 +118,8 @@ else
 fi
 
 # --- 2. four ranks share one GPU over gloo ---------------------------------------------
-say "2. resnet50 ($size), 4 ranks on $device 0 over gloo, $steps steps -> $OUT/gloo-4"
-torchrun --nproc-per-node 4 benchmarks/gpu_check.py train --backend gloo --device $device \
+say "2. $wl ($size), 4 ranks on $device 0 over gloo, $steps steps -> $OUT/gloo-4"
+torchrun --nproc-per-node 4 benchmarks/gpu_check.py train --backend gloo --device $device --workload $wl \
   --size $size --batch-size $batch --steps $steps --out "$OUT/gloo-4" >"$OUT/gloo-4.log" 2>&1 \
   || { tail -20 "$OUT/gloo-4.log"; die "the 4-rank gloo capture failed (log: $OUT/gloo-4.log)"; }
 "$py" benchmarks/gpu_check.py verify "$OUT/gloo-4" --tolerance 1e-4 || failures=$((failures + 1))
@@ -88,8 +127,8 @@ torchrun --nproc-per-node 4 benchmarks/gpu_check.py train --backend gloo --devic
 # --- 3. capture overhead ---------------------------------------------------------------
 backend=nccl
 [[ $MODE == cpu ]] && backend=gloo
-say "3. capture overhead, resnet50 ($size), 1 rank, $backend, batch $batch"
-torchrun --nproc-per-node 1 benchmarks/gpu_check.py overhead --backend $backend --device $device \
+say "3. capture overhead, $wl ($size), 1 rank, $backend, batch $batch"
+torchrun --nproc-per-node 1 benchmarks/gpu_check.py overhead --backend $backend --device $device --workload $wl \
   --size $size --batch-size $batch --steps 10 --blocks 3 --out "$OUT/overhead" 2>"$OUT/overhead.log" \
   || { tail -20 "$OUT/overhead.log"; die "the overhead benchmark failed (log: $OUT/overhead.log)"; }
 rm -rf "$OUT/overhead"  # up to 4 GB of rows
@@ -104,7 +143,9 @@ time_it() {  # time_it LABEL COMMAND...: wall seconds of one run, output kept in
   t1=$(date +%s.%N)
   "$py" -c "print(f'{$t1 - $t0:.2f}')"
 }
-for analysis in similarity fit; do
+analyses=(similarity fit)
+needs "4. analyses" typer rich scipy pandas numba matplotlib seaborn || analyses=()
+for analysis in "${analyses[@]}"; do
   if ! gradstat "$analysis" --help 2>/dev/null | grep -q -- '--device'; then
     say "4. $analysis has no --device option yet: skipped"
     continue
@@ -125,7 +166,7 @@ done
 # --- 5. the cost model's GPU rates, measured --------------------------------------------
 # recommend's built-in GPU profiles derive top-k, sort and randperm rates from the memory
 # bandwidth; gpu-here measures them on this GPU with the same operations as cpu-here.
-if [[ $MODE == gpu ]]; then
+if [[ $MODE == gpu ]] && needs "5. target profile" typer rich scipy pandas numba; then
   say "5. target profile measured on this GPU (gpu-here) against the derived h200 profile"
   "$py" - <<'PY' || failures=$((failures + 1))
 from gradstat.compressors.targets import BUILTIN, builtin_target
@@ -141,9 +182,44 @@ PY
   say "   recommend on the gloo-4 capture with --target gpu-here (ranked table as printed)"
   gradstat recommend "$capture" --ratios 0.01,0.001 --cluster-size 64 --bandwidth 10Gbit/s \
     --target gpu-here 2>&1 | tail -25 || failures=$((failures + 1))
-else
+elif [[ $MODE == cpu ]]; then
   say "5. skipped on CPU (gpu-here measures a CUDA GPU)"
 fi
+
+# --- 6. FSDP2 ---------------------------------------------------------------------------
+# fully_shard per transformer block and the root, as `gradstat capture --fsdp`. With one
+# rank FSDP runs no reduce-scatter and gradstat records in the all-reduce hook; two ranks
+# sharing GPU 0 over gloo record each unit's reduce-scatter input (CUDA streams, pinned
+# copies). Rows: the mean over learners must equal the reduced gradient.
+fsdp_batch=$([[ $MODE == gpu ]] && echo 16 || echo 4)
+if [[ $MODE == gpu ]]; then
+  say "6. FSDP2 gpt2 ($size), 1 rank, nccl, $steps steps -> $OUT/fsdp-nccl-1"
+  if torchrun --nproc-per-node 1 benchmarks/gpu_check.py train --fsdp --backend nccl --device cuda \
+      --workload gpt2 --size $size --batch-size $fsdp_batch --steps $steps --out "$OUT/fsdp-nccl-1" \
+      >"$OUT/fsdp-nccl-1.log" 2>&1; then
+    "$py" benchmarks/gpu_check.py verify "$OUT/fsdp-nccl-1" --tolerance $tolerance || failures=$((failures + 1))
+  else
+    tail -5 "$OUT/fsdp-nccl-1.log"; say "   FAILED (log: $OUT/fsdp-nccl-1.log)"; failures=$((failures + 1))
+  fi
+else
+  say "6. FSDP2 nccl skipped on CPU (nccl needs GPUs)"
+fi
+say "6. FSDP2 gpt2 ($size), 2 ranks on $device 0 over gloo, $steps steps -> $OUT/fsdp-gloo-2"
+if torchrun --nproc-per-node 2 benchmarks/gpu_check.py train --fsdp --backend gloo --device $device \
+    --workload gpt2 --size $size --batch-size $fsdp_batch --steps $steps --out "$OUT/fsdp-gloo-2" \
+    >"$OUT/fsdp-gloo-2.log" 2>&1; then
+  "$py" benchmarks/gpu_check.py verify "$OUT/fsdp-gloo-2" --tolerance 1e-4 || failures=$((failures + 1))
+elif grep -q -i -E "gloo.*(only|not).*(cpu|support)|unsupported.*cuda" "$OUT/fsdp-gloo-2.log"; then
+  say "   gloo cannot reduce-scatter CUDA tensors here: $(grep -i -m1 -E 'gloo.*(only|not)|unsupported' "$OUT/fsdp-gloo-2.log" | cut -c1-160)"
+else
+  tail -5 "$OUT/fsdp-gloo-2.log"; say "   FAILED (log: $OUT/fsdp-gloo-2.log)"; failures=$((failures + 1))
+fi
+say "6. FSDP2 capture overhead, gpt2 ($size), 1 rank, $backend, batch $fsdp_batch"
+torchrun --nproc-per-node 1 benchmarks/gpu_check.py overhead --fsdp --backend $backend --device $device \
+  --workload gpt2 --size $size --batch-size $fsdp_batch --steps 10 --blocks 3 --out "$OUT/fsdp-overhead" \
+  2>"$OUT/fsdp-overhead.log" \
+  || { tail -5 "$OUT/fsdp-overhead.log"; say "   FAILED (log: $OUT/fsdp-overhead.log)"; failures=$((failures + 1)); }
+rm -rf "$OUT/fsdp-overhead"
 
 say "done in $((SECONDS - started)) s: $failures failure(s); logs and captures in $OUT"
 exit $((failures > 0))
