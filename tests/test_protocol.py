@@ -1,5 +1,6 @@
-"""The compressor protocol: the drivers know only it, and a plain GRACE-style class
-registered like a built-in replays as an independent error-feedback recursion says."""
+"""The compressor protocol: the drivers know only it, a plain GRACE-style class
+registered like a built-in replays as an independent error-feedback recursion says, and
+the training forms run against the simulated communicator replay as the streams do."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import gradstat.compressors as compressors_package
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors import REGISTRY, Compressor, Entry, Memory, Stream
 from gradstat.compressors.cost import Link
-from gradstat.store import layer_table, open_capture, write_capture
+from gradstat.store import Scope, layer_table, open_capture, write_capture
 
 GRADSTAT = Path(compressors_package.__file__).resolve().parents[1]
 COMPRESSORS = GRADSTAT / "compressors"
@@ -128,3 +129,41 @@ def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path,
             assert got[key] == want[key], key
         assert got["rel_error"] == pytest.approx(want["rel_error"], rel=1e-5)
         assert got["memory_norm"] == pytest.approx(want["memory_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name", ["clt-k", "clt-k:beta=0.5", "gtopk", "powersgd:rank=2", "randomk", "threshold"]
+)
+def test_online_forms_against_a_simulated_communicator_equal_the_streams(tmp_path, name):
+    """Every learner's ``online`` step (the DDP hook's form) run in threads against the
+    simulated communicator replays as the compressor's own streamed form: the same
+    aggregate, elements sent, bytes and memory norm, step after step."""
+    from gradstat.analysis.replay import scope_shapes
+    from gradstat.analysis.selection import k_for
+    from gradstat.compressors import build_scheme, parse_compressors
+    from gradstat.compressors.memory import TensorRows
+    from gradstat.compressors.simulated import OnlineStream
+
+    rng = np.random.default_rng(9)
+    layers = layer_table([("w", (40, 30)), ("b", (30,))])
+    grads = torch.from_numpy(rng.laplace(size=(5, 3, 1230)).astype(np.float32))
+    (spec,) = parse_compressors(name)
+    ratio = None if spec.fixed_rate else 0.02
+    k = None if ratio is None else k_for(ratio, 1230)
+    shapes = scope_shapes(layers, Scope("model", ((0, 1230),)))
+    own, simulated = (
+        build_scheme(spec, ratio, k, numel=1230, shapes=shapes, seed=3) for _ in range(2)
+    )
+    simulated.memory.allocate(3, 1230, TensorRows)
+    stream = OnlineStream(simulated, "model", 3, 1230)
+    for g in grads:
+        want = own.step(g)
+        stream.begin(lambda i, g=g: g[i])
+        for i in range(3):
+            stream.learner(i, g[i])
+        got = stream.finish()
+        expected = want.estimate.dense() if hasattr(want.estimate, "dense") else want.estimate
+        torch.testing.assert_close(got.estimate, expected, rtol=1e-5, atol=1e-6)
+        assert got.selected == want.selected
+        assert [t.nbytes for t in got.transfers] == [t.nbytes for t in want.transfers]
+        assert got.memory_norm == pytest.approx(want.memory_norm, rel=1e-5)

@@ -32,8 +32,7 @@ override the two exchange forms the drivers call:
 
 Each learner has its own compressor object, in the replay as in training (the registry's
 ``Scheme.for_learner``), so a compressor's state (random streams, adaptive stages) is the
-learner's own. /work/wt/PROTOCOL.md and docs/compressors.md describe what each driver
-does with the protocol.
+learner's own. docs/compressors.md describes what each driver does with the protocol.
 """
 
 from __future__ import annotations
@@ -234,7 +233,13 @@ class Compressor:
     def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
         """The replay form of ``scheme`` (this compressor, one object per learner, and its
         memory, allocated) on scope ``name`` for ``learners`` rows of ``numel`` values:
-        the generic GRACE step."""
+        the generic GRACE step, or for a class with an ``online`` form of its own and no
+        ``stream``, that form run for every learner against a simulated communicator
+        (:mod:`gradstat.compressors.simulated`)."""
+        if type(self).online is not Compressor.online:
+            from gradstat.compressors.simulated import OnlineStream
+
+            return OnlineStream(scheme, name, learners, numel)
         from gradstat.compressors.streams import LocalStream
 
         return LocalStream(scheme, name, learners, numel)
