@@ -4,6 +4,7 @@ against a plain error-feedback recursion, and their mistakes as one named line."
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from pathlib import Path
 
@@ -22,7 +23,8 @@ RATIO = 0.05
 def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
     """Top-k with residual error feedback, step by step, in numpy: GRACE's
     ``k = max(1, int(d * ratio))``; per step the relative error of the mean of what the
-    learners sent against the mean gradient, and the bytes (int64 index + float32 value)."""
+    learners sent against the mean gradient, the bytes (int64 index + float32 value) and
+    the build-up (how many elements any learner sent)."""
     n, steps, d = grads.shape
     k = max(1, int(d * ratio))
     memory = np.zeros((n, d), dtype=np.float32)
@@ -30,37 +32,51 @@ def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
     for s in range(steps):
         p = grads[:, s] + memory
         sent = np.zeros_like(p)
+        union: set[int] = set()
         for i in range(n):
             chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
             sent[i, chosen] = p[i, chosen]
+            union.update(chosen.tolist())
         memory = p - sent
         mean = grads[:, s].astype(np.float64).mean(axis=0)
         estimate = sent.astype(np.float64).mean(axis=0)
         rel = float(((estimate - mean) ** 2).sum() / (mean**2).sum())
-        out.append({"step": s, "k": k, "rel_error": rel, "bytes": 12 * k})
+        norm = float(np.linalg.norm(memory.astype(np.float64), axis=1).mean())
+        out.append(
+            {
+                "step": s,
+                "k": k,
+                "rel_error": rel,
+                "bytes": 12 * k,
+                "union": len(union),
+                "norm": norm,
+            }
+        )
     return out
 
 
-def quantize_reference(grads: np.ndarray, bits: int, seed: int = 0) -> list[float]:
-    """The example's stochastic quantizer without memory: learner i's uniform draws at
-    step s come from torch's generator seeded with numpy's SeedSequence([seed, s, i])."""
-    n, steps, d = grads.shape
+def quantized(g: np.ndarray, bits: int, seed: int, step: int, learner: int) -> np.ndarray:
+    """The example's stochastic quantizer on one learner's row, decoded: its uniform
+    draws come from torch's generator seeded with numpy's SeedSequence([seed, step,
+    learner]) (gradstat's contract for a user's random draws)."""
     levels = 2 ** (bits - 1) - 1
+    state = np.random.SeedSequence([seed, step, learner]).generate_state(1, np.uint32)[0]
+    torch.manual_seed(int(state))
+    noise = torch.rand(g.size).numpy()
+    scale = np.float32(np.abs(g).max() / np.float32(levels))
+    low = np.floor(g / scale)
+    return ((low + (noise < g / scale - low)) * scale).astype(np.float32)
+
+
+def quantize_reference(grads: np.ndarray, bits: int, seed: int = 0) -> list[float]:
+    """Per step, the relative error of the mean of the quantized rows (no memory)."""
+    n, steps, _ = grads.shape
     out = []
     for s in range(steps):
-        decoded = np.zeros((n, d))
-        for i in range(n):
-            g = grads[i, s]
-            state = np.random.SeedSequence([seed, s, i]).generate_state(1, np.uint32)[0]
-            torch.manual_seed(int(state))
-            noise = torch.rand(d).numpy()
-            scale = np.float32(np.abs(g).max() / np.float32(levels))
-            scaled = g / scale
-            low = np.floor(scaled)
-            codes = low + (noise < scaled - low)
-            decoded[i] = codes.astype(np.float32) * scale
+        decoded = np.stack([quantized(grads[i, s], bits, seed, s, i) for i in range(n)])
         mean = grads[:, s].astype(np.float64).mean(axis=0)
-        out.append(float(((decoded.mean(axis=0) - mean) ** 2).sum() / (mean**2).sum()))
+        estimate = decoded.astype(np.float64).mean(axis=0)
+        out.append(float(((estimate - mean) ** 2).sum() / (mean**2).sum()))
     return out
 
 
@@ -73,7 +89,7 @@ def replay_records(capsys, capture, compressors: str, *extra: str) -> list[dict]
     return json.loads(result.stdout)["records"]
 
 
-def assert_matches_reference(records: list[dict], grads: np.ndarray) -> None:
+def assert_matches_reference(records: list[dict], grads: np.ndarray, own_memory=False) -> None:
     reference = ef_topk(grads, RATIO)
     assert [r["step"] for r in records] == [r["step"] for r in reference]
     d = grads.shape[2]
@@ -81,6 +97,11 @@ def assert_matches_reference(records: list[dict], grads: np.ndarray) -> None:
         assert record["bytes_per_learner"] == expected["bytes"]
         assert record["density"] == pytest.approx(expected["k"] / d)
         assert record["rel_error"] == pytest.approx(expected["rel_error"], rel=1e-5)
+        assert record["union"] == expected["union"]
+        if own_memory:  # a GRACE memory's norm is not known to gradstat
+            assert record["memory_norm"] is None  # NaN: null in --json
+        else:
+            assert record["memory_norm"] == pytest.approx(expected["norm"], rel=1e-5)
 
 
 def write(path: Path, text: str) -> Path:
@@ -118,6 +139,24 @@ def test_module_compressor_from_the_working_directory_in_worker_processes(
     assert {r["bytes_per_learner"] for r in quantized} == {d + 4}  # int8 codes, one scale
     for record, expected in zip(quantized, quantize_reference(grads, bits=6), strict=True):
         assert record["rel_error"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_recommend_ranks_it_among_the_built_ins(synthetic_capture, capsys):
+    path, _ = synthetic_capture
+    mine = f"{EXAMPLE}:TopK"
+    result = run_cli(
+        capsys, "recommend", path, "--error-budget", "0.9", "--compressors", f"{mine},topk",
+        "--ratios", "0.1,0.05", "--jobs", "1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    ranking = json.loads(result.stdout)["candidates"]
+    rows = {(r["compressor"], r["ratio"]): r for r in ranking}
+    assert set(rows) == {(c, r) for c in (mine, "topk") for r in (0.1, 0.05)}
+    for ratio in (0.1, 0.05):
+        ours, builtin = rows[mine, ratio], rows["topk", ratio]
+        assert ours["rel_error"] == pytest.approx(builtin["rel_error"], rel=1e-6)
+        assert ours["bytes_per_learner"] == 1.5 * builtin["bytes_per_learner"]  # int64 indices
+        assert ours["within_budget"] and ours["seconds"] > 0
 
 
 def test_random_draws_follow_the_seed(synthetic_capture, capsys):
@@ -185,6 +224,26 @@ GRACE_TOPK = """
             out.scatter_(0, indices, values)
             return out.view(shape)
 """
+GRACE_SIGNSGD = """
+    import torch
+
+    from grace_dl.torch import Compressor
+
+
+    class SignSGDCompressor(Compressor):
+        def __init__(self):
+            super().__init__(average=False)
+
+        def compress(self, tensor, name):
+            return [(tensor.flatten() >= 0).type(torch.uint8)], tensor.size()
+
+        def decompress(self, tensors, shape):
+            (signs,) = tensors
+            return (signs.type(torch.float32) * 2 - 1).view(shape)
+
+        def aggregate(self, tensors):
+            return (sum(tensors) >= 0) * 2.0 - 1.0
+"""
 GRACE_RESIDUAL = """
     from grace_dl.torch import Memory
 
@@ -214,6 +273,7 @@ def grace(tmp_path, monkeypatch):
     write(site / "grace_dl" / "torch" / "__init__.py", GRACE_BASE)
     write(site / "grace_dl" / "torch" / "compressor" / "__init__.py", "")
     write(site / "grace_dl" / "torch" / "compressor" / "topk.py", GRACE_TOPK)
+    write(site / "grace_dl" / "torch" / "compressor" / "signsgd.py", GRACE_SIGNSGD)
     write(site / "grace_dl" / "torch" / "memory" / "__init__.py", "")
     write(site / "grace_dl" / "torch" / "memory" / "residual.py", GRACE_RESIDUAL)
     monkeypatch.syspath_prepend(str(site))
@@ -236,8 +296,29 @@ def test_grace_classes_run_unchanged(synthetic_capture, capsys, grace):
     path, grads = synthetic_capture
     specs = f"grace_dl.torch.compressor.topk:TopKCompressor,{grace}:TopKWithGraceMemory"
     records = replay_records(capsys, path, specs, "--jobs", "1")
-    for spec in specs.split(","):
-        assert_matches_reference([r for r in records if r["compressor"] == spec], grads)
+    plain, with_memory = specs.split(",")
+    assert_matches_reference([r for r in records if r["compressor"] == plain], grads)
+    mine = [r for r in records if r["compressor"] == with_memory]
+    assert_matches_reference(mine, grads, own_memory=True)
+
+
+def test_grace_aggregate_and_average_are_used(synthetic_capture, capsys, grace):
+    """GRACE's signSGD (``average=False``, a majority-vote ``aggregate``) with gradstat's
+    residual memory, against the recursion in numpy."""
+    path, grads = synthetic_capture
+    spec = "grace_dl.torch.compressor.signsgd:SignSGDCompressor"
+    records = replay_records(capsys, path, spec, "--jobs", "1")
+    n, steps, d = grads.shape
+    memory = np.zeros((n, d), dtype=np.float32)
+    for s, record in zip(range(steps), records, strict=True):
+        p = grads[:, s] + memory
+        sent = np.where(p >= 0, 1.0, -1.0).astype(np.float32)
+        memory = p - sent
+        vote = np.where(sent.sum(axis=0) >= 0, 1.0, -1.0)
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        rel = ((vote - mean) ** 2).sum() / (mean**2).sum()
+        assert record["rel_error"] == pytest.approx(rel, rel=1e-6)
+        assert record["bytes_per_learner"] == d  # one uint8 per element
 
 
 def test_entry_points_are_listed_and_replay(synthetic_capture, capsys, tmp_path, monkeypatch):
@@ -352,6 +433,36 @@ def test_a_failure_in_a_worker_process_is_named_the_same():
 
 
 # --- training with it, and compare ------------------------------------------------------
+
+
+def test_compare_replays_random_draws_with_the_runs_seed(tmp_path, capsys):
+    """A run trained with --seed 3 and a random quantizer: the sent rows are the
+    quantizer's draws seeded from (3, step, learner), and compare's replay of the run's
+    own gradients draws the same (its error equals the one measured)."""
+    from gradstat.store import layer_table
+    from gradstat.store.schema import rank_file_name
+    from gradstat.store.writer import RankFileWriter, finalize_root, write_root
+
+    layers = layer_table([("fc.weight", (20, 30)), ("fc.bias", (20,))])
+    d, n, steps, seed = layers[-1].stop, 2, 4, 3
+    grads = np.random.default_rng(1).laplace(size=(n, steps, d)).astype(np.float32)
+    spec = f"{EXAMPLE}:Quantize:bits=2"
+    meta = {"workload": "arrays", "seed": seed, "compressor": spec}
+    meta |= {"compressor_ratio": math.nan, "compressor_settings": "{}"}
+    out = tmp_path / "quantized"
+    out.mkdir()
+    write_root(out, layers, n, "float32", meta)
+    writers = [RankFileWriter(out / rank_file_name(r), r, d, sent=True) for r in range(n)]
+    for s in range(steps):
+        for r, writer in enumerate(writers):
+            writer.append(s, 1.0, grads[r, s], quantized(grads[r, s], 2, seed, s, r), d + 4.0)
+    for writer in writers:
+        writer.close()
+    finalize_root(out)
+    result = run_cli(capsys, "compare", out, out, "--json")
+    assert result.code == 0, result.stderr
+    rows = json.loads(result.stdout)["summary"]
+    assert rows[0]["measured_rel_error"] == pytest.approx(rows[0]["replayed_rel_error"])
 
 
 def test_trains_through_capture_and_compares(real_capture, tmp_path, capsys, monkeypatch):

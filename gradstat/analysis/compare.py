@@ -122,7 +122,9 @@ def _scheme(cap: Capture, compressor: dict, numel: int) -> Scheme:
     ratio = compressor["ratio"]
     k = None if ratio is None else k_for(ratio, numel)
     shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
-    return build_scheme(spec, ratio, k, numel=numel, shapes=shapes, seed=0)
+    # the run's --seed seeded the hook's random draws (QSGD, TernGrad, a user's class)
+    seed = int(cap.meta.get("seed") or 0)
+    return build_scheme(spec, ratio, k, numel=numel, shapes=shapes, seed=seed)
 
 
 def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:

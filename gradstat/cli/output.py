@@ -192,7 +192,12 @@ def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
         numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
             df[column]
         )
-        table.add_column(escape(str(column)), justify="right" if numeric else "left")
+        # a long name (a user's compressor, path/to/file.py:CLASS) wraps, never ends in …
+        table.add_column(
+            escape(str(column)),
+            justify="right" if numeric else "left",
+            overflow="ellipsis" if numeric else "fold",
+        )
     for row in df.itertuples(index=False):
         table.add_row(*(escape(format_cell(v)) for v in row))
     return table

@@ -43,8 +43,8 @@ from typing import Any
 from gradstat.compressors.registry import CompressorSpec, Context, Entry
 from gradstat.compressors.user import (
     Blame,
-    UserAggregating,
     UserCompressor,
+    adapter,
     shown_path,
     user_frame,
 )
@@ -284,8 +284,7 @@ def build_user(
         kwargs.setdefault("seed", seed)
     blame = Blame(label, found.cls)
     obj = blame.call("__init__", found.cls, **kwargs)
-    kind = UserAggregating if callable(getattr(obj, "aggregate", None)) else UserCompressor
-    return kind(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
+    return adapter(obj)(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
 
 
 def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:

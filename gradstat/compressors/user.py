@@ -1,27 +1,30 @@
-"""A user's compressor class (GRACE's shape) behind gradstat's compressor interface.
+"""A user's compressor class (GRACE's shape) on gradstat's protocol.
 
 A user's class needs two methods, GRACE's (Xu et al. 2021, ``grace_dl.torch.Compressor``):
 ``compress(tensor, name) -> (tensors, ctx)`` (the tensors go on the wire, ``ctx`` stays
-with the learner) and ``decompress(tensors, ctx) -> tensor``. Optional, as in GRACE:
-``aggregate(list_of_decompressed)`` (default: their sum), ``average`` (default True: the
-aggregate is divided by the number of learners) and ``memory``, a GRACE memory
-(``compensate(tensor, name)`` / ``update(tensor, name, compressor, tensors, ctx)``,
-e.g. GRACE's ``ResidualMemory``) or a class making one; without it gradstat's residual
-error feedback runs (``m = p - decompress(compress(p))``). gradstat's own attribute
-``collective`` is ``"allgather"`` (default: every learner decodes every payload) or
-``"allreduce"`` (payloads add up, as for casts: the summed tensors are decoded once).
+with the learner) and ``decompress(tensors, ctx) -> tensor``. Optional, as in GRACE and
+gradstat's protocol (:mod:`gradstat.compressors.base`): ``aggregate(decompressed)``
+(default: their sum), ``average`` (default True: the aggregate is divided by the number
+of learners), ``collective`` (``"allgather"``, or ``"allreduce"`` for payloads that add
+up), ``sparse`` (how the elements sent are counted), ``describe(ctx)`` and ``memory``, a
+GRACE memory (``compensate(tensor, name)`` / ``update(tensor, name, compressor,
+tensors, ctx)``, e.g. GRACE's ``ResidualMemory``) or a class or function making one;
+without it gradstat's residual error feedback runs (``m = p - decompress(compress(p))``).
 
-:class:`UserCompressor` runs such an object: bytes on the wire are the payload tensors'
-sizes; each call of ``compress`` draws from torch's and numpy's global generators seeded
-from the run's seed, the step and the learner (their state outside is kept); a failure
-inside the user's code is a :class:`~gradstat.errors.UserCodeError` naming the spec, the
-method and the user's file and line.
+:class:`UserCompressor` runs such an object, one per learner: bytes on the wire are the
+payload tensors' sizes; each ``compress`` draws from torch's and numpy's global
+generators seeded from the run's seed, the step and the learner (their state outside is
+kept); a GRACE memory is applied around ``compress`` with the real payload and ``ctx``,
+as GRACE's ``Communicator.send_step`` does; a failure inside the user's code is a
+:class:`~gradstat.errors.UserCodeError` naming the spec, the method and the user's file
+and line.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import math
 import os
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -34,10 +37,9 @@ import torch
 
 from gradstat.compressors.base import Compressor, Tensors
 from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
+from gradstat.compressors.work import Ops, passes
 from gradstat.errors import UserCodeError
 
-#: The name a compressor's tensor is given in ``compress(tensor, name)`` (the scope).
-SCOPE_NAME = "model"
 COLLECTIVES = ("allgather", "allreduce")
 
 
@@ -143,13 +145,26 @@ def _describe(tensors: Any) -> str:
     return type(tensors).__name__
 
 
+class OwnMemory(NoMemory):
+    """The scheme's memory of a class that brings its own: the class's memory runs inside
+    :meth:`UserCompressor.compress`; its norm is unknown to gradstat (NaN), its work
+    priced as a residual memory's."""
+
+    def update(self, i: int, p: torch.Tensor, sent: torch.Tensor, state: Any) -> None:
+        self.norms.append(math.nan)
+
+    def work(self, numel: int) -> Ops:
+        return passes(6, numel, 2)
+
+
 class UserCompressor(Compressor):
     """A user's compressor object (see the module docstring) as a gradstat compressor,
     one per learner (``learner``).
 
     ``k`` is the target count of a sparsifier (``None`` for fixed-rate ones), used for
-    the quality column; a sparsifier's elements sent and build-up are the non-zeros of
-    its decompressed vectors (the protocol's ``sparse = None``).
+    the quality column; unless the class sets ``sparse``, a sparsifier's elements sent and
+    build-up are the non-zeros of its decompressed vectors (``sparse = None``) and a
+    fixed-rate compressor sends every element (``False``).
     """
 
     name = "user"
@@ -160,7 +175,10 @@ class UserCompressor(Compressor):
         self.obj = obj
         self.blame = blame
         self.k = k
-        self.sparse = None if k is not None else False
+        sparse = getattr(obj, "sparse", None if k is not None else False)
+        if sparse not in (None, True, False):
+            raise blame.wrong("sparse", type(obj), f"is {sparse!r}; use True, False or None")
+        self.sparse = sparse
         self.numel = numel
         self.seed = seed
         self.learner = learner
@@ -184,7 +202,7 @@ class UserCompressor(Compressor):
 
     def memory(self) -> Memory:
         """A class with its own memory applies it inside :meth:`compress`."""
-        return NoMemory() if self.own_memory else ResidualMemory()
+        return OwnMemory() if self.own_memory else ResidualMemory()
 
     def _learner_memory(self) -> Any:
         memory = self._own_memory
@@ -208,8 +226,8 @@ class UserCompressor(Compressor):
         memory = self._learner_memory() if self.own_memory else None
         with seeded(seed_for(self.seed, step, self.learner)):
             if memory is not None:
-                tensor = blame.call("memory.compensate", memory.compensate, tensor, SCOPE_NAME)
-            result = blame.call("compress", obj.compress, tensor, SCOPE_NAME)
+                tensor = blame.call("memory.compensate", memory.compensate, tensor, name)
+            result = blame.call("compress", obj.compress, tensor, name)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise blame.wrong(
                 "compress", obj.compress, f"returned {_describe(result)}; return (tensors, ctx)"
@@ -226,7 +244,7 @@ class UserCompressor(Compressor):
                 f"returned tensors {_describe(tensors)}; the tensors must be a list of tensors",
             )
         if memory is not None:
-            blame.call("memory.update", memory.update, tensor, SCOPE_NAME, obj, list(tensors), ctx)
+            blame.call("memory.update", memory.update, tensor, name, obj, list(tensors), ctx)
         return tuple(tensors), ctx
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
@@ -250,6 +268,11 @@ class UserCompressor(Compressor):
             )
         return dense.reshape(-1).to(torch.float32)
 
+    def describe(self, ctx: Any) -> dict[str, float]:
+        """The class's ``describe(ctx)`` (numbers for the records), if it has one."""
+        describe = getattr(self.obj, "describe", None)
+        return {} if describe is None else dict(self.blame.call("describe", describe, ctx))
+
     def settings(self) -> dict[str, float]:
         return {} if self.k is None else {"k": self.k}
 
@@ -266,3 +289,15 @@ class UserAggregating(UserCompressor):
                 "aggregate", function, f"returned {_describe(total)}; expected a tensor"
             )
         return total.reshape(-1).to(torch.float32)
+
+
+def adapter(obj: Any) -> type[UserCompressor]:
+    """The adapter class for ``obj``: :class:`UserAggregating` where its class has an
+    ``aggregate`` other than a plain sum (GRACE's base class sums, which the replay keeps
+    as a running sum of one row)."""
+    own = getattr(type(obj), "aggregate", None)
+    plain = own is None or (
+        getattr(own, "__qualname__", "") == "Compressor.aggregate"
+        and (getattr(own, "__module__", "") or "").startswith("grace_dl")
+    )
+    return UserCompressor if plain else UserAggregating
