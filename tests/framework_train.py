@@ -1,7 +1,8 @@
 """Training with a framework and gradstat's integration, run by the tests under torchrun.
 
 ``--framework lightning|transformers|accelerate`` trains a tiny regression MLP on each
-learner's own shard for 3 optimizer steps of 2 accumulated micro-batches, with gradstat
+learner's own shard for 3 optimizer steps of 2 accumulated micro-batches
+(``lightning-fsdp2``: Lightning's ModelParallelStrategy with FSDP2, 3 steps), with gradstat
 recording, and saves the all-reduced ``.grad`` the optimizer sees at each step
 (``reference-rankN.npy``) so a test can check that the mean of the recorded local
 gradients equals it.
@@ -148,17 +149,70 @@ def train_accelerate(out: Path) -> list[np.ndarray]:
     return rows
 
 
+def train_lightning_fsdp2(out: Path) -> list[np.ndarray]:
+    """Lightning's ModelParallelStrategy: the module shards itself with ``fully_shard``
+    in ``configure_model``; the callback records the sharded model."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.fsdp import fully_shard
+
+    from gradstat.integrations.lightning import GradstatCallback
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _net()
+
+        def configure_model(self) -> None:
+            mesh = self.device_mesh["data_parallel"]
+            fully_shard(self.net[0], mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Reference(pl.Callback):
+        def __init__(self) -> None:
+            self.rows: list[np.ndarray] = []
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            grads = [p.grad.full_tensor().reshape(-1) for p in pl_module.parameters()]
+            self.rows.append(torch.cat(grads).numpy().copy())
+
+    reference = Reference()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        max_steps=STEPS,  # no accumulation: this strategy reduce-scatters every micro-batch
+        callbacks=[GradstatCallback(out, meta={"test": "lightning-fsdp2"}), reference],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Regression(), DataLoader(_data(), batch_size=BATCH))
+    return reference.rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--framework", required=True, choices=["lightning", "transformers", "accelerate"]
+        "--framework",
+        required=True,
+        choices=["lightning", "transformers", "accelerate", "lightning-fsdp2"],
     )
     args = parser.parse_args()
     train = {
         "lightning": train_lightning,
         "transformers": train_transformers,
         "accelerate": train_accelerate,
+        "lightning-fsdp2": train_lightning_fsdp2,
     }[args.framework]
     rows = train(args.out)
     np.save(args.out / f"reference-rank{dist.get_rank()}.npy", np.stack(rows))

@@ -17,7 +17,12 @@ from gradstat import open_capture
 from tests.helpers import TESTS, torchrun
 
 SCRIPT = TESTS / "framework_train.py"
-FRAMEWORKS = {"lightning": "lightning", "transformers": "transformers", "accelerate": "accelerate"}
+FRAMEWORKS = {
+    "lightning": "lightning",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "lightning-fsdp2": "lightning",  # ModelParallelStrategy, fully_shard in configure_model
+}
 
 
 def _installed(module: str) -> bool:

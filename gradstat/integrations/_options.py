@@ -1,5 +1,6 @@
 """What the framework callbacks share: ``GradientCapture``'s options kept until the
-framework has wrapped the model in ``DistributedDataParallel``, and the loss as a float."""
+framework has wrapped the model in ``DistributedDataParallel`` (or sharded it with FSDP2's
+``fully_shard``), and the loss as a float."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
+from gradstat.capture.fsdp import fsdp_units
 from gradstat.capture.hook import GradientCapture
 from gradstat.errors import UsageError
 
@@ -34,11 +36,11 @@ class DeferredCapture:
         self.capture: GradientCapture | None = None
 
     def start(self, model: object) -> GradientCapture:
-        if not isinstance(model, DistributedDataParallel):
+        if not isinstance(model, DistributedDataParallel) and not fsdp_units(model):
             raise UsageError(
-                f"gradstat records DistributedDataParallel training: run {self.framework} "
-                f"with a DDP strategy and 2 or more processes (the model is a "
-                f"{type(model).__name__})"
+                f"gradstat records DistributedDataParallel or FSDP2 (fully_shard) training: "
+                f"run {self.framework} with a DDP or FSDP2 strategy and 2 or more processes "
+                f"(the model is a {type(model).__name__})"
             )
         options = dict(self.options)
         meta = {"workload": self.framework, **(options.pop("meta", None) or {})}

@@ -11,6 +11,11 @@ accumulates gradients under ``no_sync``, so the accumulated gradient is recorded
 the training step's loss, and closes the capture at fit end. After an exception the
 capture keeps every committed step and stays readable.
 
+With ``ModelParallelStrategy`` (FSDP2: ``fully_shard`` in ``configure_model``) the
+callback records the sharded model the same way; that strategy reduce-scatters every
+micro-batch, so under ``accumulate_grad_batches`` rows hold the last micro-batch's
+gradient (with a warning) unless sync is turned off on the others (docs/integrations.md).
+
 Lightning ignores ``DDPStrategy(ddp_comm_hook=...)`` on CPU; pass your own hook to the
 callback instead (``hook=``, ``hook_state=``), which works on every device.
 """
@@ -34,7 +39,7 @@ except ImportError:  # the standalone package
 
 
 class GradstatCallback(pl.Callback):
-    """Record local gradients of Lightning's DDP training into ``out_dir``.
+    """Record local gradients of Lightning's DDP (or FSDP2) training into ``out_dir``.
 
     Keyword arguments are ``GradientCapture``'s: ``every``, ``start`` (both count
     optimizer steps, i.e. ``step()`` calls, from 0 at fit start: not the step numbers
