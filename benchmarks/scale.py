@@ -71,10 +71,15 @@ from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
-from gradstat.parallel.allocator import tune_allocators
 from gradstat.stats.row_kernels import load as load_row_loops
 
-tune_allocators()  # as the command line does
+try:  # an older tree (--base) tuned its allocators in every analysis process
+    from gradstat.parallel.allocator import tune_allocators
+except ImportError:
+    pass
+else:
+    tune_allocators()
+
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if what == "touch":  # a replay's error-feedback memories: first touch in a fresh process
     with open_capture(path) as cap:
@@ -137,13 +142,18 @@ def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: i
     finalize_root(folder)
 
 
-def median_run(path: Path, what: str, repeats: int, busy: bool = False) -> tuple[float, float]:
-    """Median seconds and largest peak RSS of ``repeats`` fresh runs."""
-    runs = [run_child(path, what, busy) for _ in range(repeats)]
+def median_run(
+    path: Path, what: str, repeats: int, busy: bool = False, tree: str | None = None
+) -> tuple[float, float]:
+    """Median seconds and largest peak RSS of ``repeats`` fresh runs (``tree``: the
+    source tree on the child's ``PYTHONPATH``; None: this one)."""
+    runs = [run_child(path, what, busy, tree) for _ in range(repeats)]
     return statistics.median(r[0] for r in runs), max(r[1] for r in runs)
 
 
-def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
+def run_child(
+    path: Path, what: str, busy: bool = False, tree: str | None = None
+) -> tuple[float, float]:
     """(seconds inside the child, the child's own peak RSS in bytes); ``busy``: while a
     CPU-bound process competes for the cores."""
     if busy:
@@ -152,13 +162,17 @@ def run_child(path: Path, what: str, busy: bool = False) -> tuple[float, float]:
         )
         try:
             time.sleep(0.5)  # let it take its core
-            return run_child(path, what)
+            return run_child(path, what, tree=tree)
         finally:
             spinner.kill()
             spinner.wait()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        env = {**os.environ, "PYTHONPATH": tree} if tree else None
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(path), what, str(RATIO)], stdout=out, stderr=err
+            [sys.executable, "-c", CHILD, str(path), what, str(RATIO)],
+            stdout=out,
+            stderr=err,
+            env=env,
         )
         child.wait()
         out.seek(0)
@@ -222,6 +236,11 @@ def main() -> None:
         help="comma-separated",
     )
     parser.add_argument("--busy", action="store_true", help="also time each with a CPU hog")
+    parser.add_argument(
+        "--base",
+        help="another source tree (e.g. /work/wt/base): each analysis also runs from it, "
+        "alternating, and the line ends with this tree's time over the base's",
+    )
     args = parser.parse_args()
     analyses = args.analyses.split(",")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
@@ -229,6 +248,7 @@ def main() -> None:
         f"{'numel':>6} {'n':>3} {'analysis':>12} {'s/step':>8} {'x read':>7} "
         f"{'peak RSS':>9} {'RSS target':>10} {'x read+touch':>12}"
         + (f" {'busy/quiet':>10}" if args.busy else "")
+        + (f" {'new/base':>8}" if args.base else "")
     )
     print(header)
     for size in args.sizes.split(","):
@@ -252,6 +272,13 @@ def main() -> None:
                 print(f"{size:>6} {learners:>3} {'touch':>12} {touch:8.2f} (once)")
                 for what in analyses:
                     seconds, peak = median_run(folder, what, args.repeats)
+                    versus = ""
+                    if args.base:
+                        before, _ = median_run(folder, what, args.repeats, tree=args.base)
+                        again, peak_again = median_run(folder, what, args.repeats)
+                        seconds = statistics.median([seconds, again])
+                        peak = max(peak, peak_again)
+                        versus = f" {seconds / before:8.2f}"
                     floor = read_one if what == "fit" else read_all
                     per_step = seconds / args.steps  # fit: per row of learner 0
                     allowance = target + (learners * numel * 4 if "replay" in what else 0)
@@ -264,7 +291,7 @@ def main() -> None:
                         f"{size:>6} {learners:>3} {what:>12} {per_step:8.2f} "
                         f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB "
                         f"{allowance / 1e6:8.0f}MB "
-                        f"{'' if with_touch is None else f'{with_touch:12.2f}':>12}{busy}",
+                        f"{'' if with_touch is None else f'{with_touch:12.2f}':>12}{busy}{versus}",
                         flush=True,
                     )
             finally:

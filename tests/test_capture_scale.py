@@ -14,9 +14,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradstat import GradientCapture, open_capture
 from gradstat.capture import launch
-from gradstat.capture.budget import CapturePlan, format_bytes, parse_bytes
+from gradstat.capture.budget import CapturePlan
 from gradstat.capture.launch import CaptureOptions
 from gradstat.errors import DataError, GradstatWarning, UsageError
+from gradstat.sizes import format_bytes, parse_bytes
 from gradstat.store import compression
 from gradstat.store.compression import COMPRESSIONS
 from gradstat.store.dtypes import bfloat16_bits_to_float32
@@ -213,17 +214,20 @@ def test_expected_size_bounds_the_real_files(tmp_path, learners, rows, numel, dt
     assert actual <= plan.expected_bytes <= actual + 0.02 * plan.data_bytes + (400 << 10)
 
 
-def test_sizes_parse_and_print():
+def test_sizes_parse_and_print_in_one_convention():
+    """MB = 10^6 and MiB = 2^20 in every size option; a bare M is refused; sizes print
+    in decimal units."""
     assert parse_bytes("1000") == 1000
-    assert parse_bytes("500M") == parse_bytes("500MiB") == 500 << 20
-    assert parse_bytes("1.5TB") == 1_500_000_000_000
-    assert parse_bytes("2k") == 2048
-    for bad in ("", "ten", "5X", "0", "-3G"):
+    assert parse_bytes("500MB") == 500 * 10**6 and parse_bytes("500MiB") == 500 << 20
+    assert parse_bytes("1.5TB") == 1_500_000_000_000 and parse_bytes("2 kB") == 2000
+    for bad in ("", "ten", "5X", "0", "-3GB"):
         with pytest.raises(UsageError, match="max-bytes"):
-            parse_bytes(bad)
+            parse_bytes(bad, "--max-bytes")
+    with pytest.raises(UsageError, match=r"say 500MB \(decimal\) or 500MiB"):
+        parse_bytes("500M", "--max-bytes")
     assert format_bytes(512) == "512 B"
-    assert format_bytes(1.5 * 2**30) == "1.5 GiB"
-    assert format_bytes(6.4e12) == "5.82 TiB"
+    assert format_bytes(1.5e9) == "1.5 GB" and format_bytes(219.5e6) == "219.5 MB"
+    assert format_bytes(6.4e12) == "6.4 TB"
 
 
 def test_capture_refuses_a_capture_over_max_bytes(tmp_path, capsys):
@@ -236,13 +240,13 @@ def test_capture_refuses_a_capture_over_max_bytes(tmp_path, capsys):
         "--steps",
         "50",
         "--max-bytes",
-        "1M",
+        "1MB",
         "--out",
         out,
     )
     assert_clean_error(result, 2)
     message = result.stderr
-    assert "more than the limit of 1 MiB" in message
+    assert "more than the limit of 1 MB" in message
     assert "50 rows x 2 learners x 38,282 values x 4 B" in message
     for hint in ("--every", "--layers", "--record-ranks", "--dtype"):
         assert hint in message
@@ -254,8 +258,8 @@ def test_capture_refuses_a_capture_over_the_free_space(tmp_path, monkeypatch):
     monkeypatch.setattr(launch, "free_bytes", lambda _: 10 << 20)
     plan, free = launch.check_budget(options, tmp_path / "run")  # 3 MiB fits in 10 MiB
     assert free == 10 << 20 and plan.learners == 2 and plan.numel == 38282
-    monkeypatch.setattr(launch, "free_bytes", lambda _: 1 << 20)
-    with pytest.raises(UsageError, match=r"but only 1 MiB are free; record less: --every"):
+    monkeypatch.setattr(launch, "free_bytes", lambda _: 10**6)
+    with pytest.raises(UsageError, match=r"but only 1 MB are free; record less: --every"):
         launch.check_budget(options, tmp_path / "run")
     sampled = CaptureOptions(workload="digits", steps=10, record_ranks="1", nproc_per_node=4)
     assert sampled.plan().learners == 1

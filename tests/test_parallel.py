@@ -1,55 +1,65 @@
-"""The parallel runner's parts: JSON between processes, the thread policy, capture threads."""
+"""The unit runner: this process, --jobs workers, progress, errors, Ctrl-C, threads."""
 
 from __future__ import annotations
 
-import io
-import math
+import multiprocessing
 import os
+import signal
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from gradstat import cancel, threads
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.capture.launch import CaptureOptions, _worker_env
 from gradstat.compressors.cost import Link
-from gradstat.compressors.registry import parse_compressors
-from gradstat.errors import DataError, GradstatWarning, UsageError
-from gradstat.parallel import codec, threads
-from gradstat.parallel.pool import WorkerDied, _Worker
-from gradstat.parallel.runner import requested_jobs
-from gradstat.parallel.units import Task, finish, resolve_function
+from gradstat.errors import DataError, GradstatWarning, Interrupted, UsageError
+from gradstat.parallel import Task, run_units
+from gradstat.parallel.pool import WorkerDied
+from gradstat.parallel.units import Outcome, finish
 from gradstat.store import layer_table, open_capture, write_capture
 
 
-def test_typed_json_rebuilds_gradstat_dataclasses_and_tuples():
-    value = {
-        "specs": tuple(parse_compressors("topk,clt-k:beta=0.5")),
-        "link": Link(1.25e9, 5e-6),
-        "steps": (1, 2, 3),
-        "ratio": math.nan,
-    }
-    back = codec.from_typed(codec.decode(codec.encode(codec.to_typed(value))))
-    assert back["specs"] == value["specs"] and back["link"] == value["link"]
-    assert back["steps"] == (1, 2, 3) and math.isnan(back["ratio"])
+@pytest.fixture
+def small_cap(tmp_path):
+    grads = np.random.default_rng(0).normal(size=(2, 6, 40)).astype(np.float32)
+    with open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (40,))]))) as cap:
+        yield cap
 
 
-def test_typed_json_builds_nothing_outside_gradstat():
-    with pytest.raises(ValueError, match="not a gradstat class"):
-        codec.from_typed({"__dataclass__": "subprocess:Popen", "fields": {"args": "true"}})
-    with pytest.raises(ValueError, match="not a gradstat unit function"):
-        resolve_function("os:system")
+def steps_unit(cap, selection, params, compute, unit):
+    """A unit for these tests: the sum of learner 0's row at step ``unit``."""
+    if unit == params.get("fail_at"):
+        raise DataError(f"step {unit} is damaged")
+    if unit == params.get("die_at"):
+        os._exit(3)
+    if unit == params.get("interrupt_at"):  # Ctrl-C reaches the command's process
+        worker = multiprocessing.parent_process() is not None
+        os.kill(os.getppid() if worker else os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # Ctrl-C reaches the unit at its next check
+            cancel.check()
+            threading.Event().wait(0.01)
+    if params.get("warn"):
+        import warnings
+
+        warnings.warn("a gap", GradstatWarning, stacklevel=1)
+    return [{"step": unit, "sum": float(cap.read_row(cap.steps[unit], 0).sum())}]
+
+
+def _run(cap, jobs, **params):
+    task = Task(steps_unit, str(cap.path), None, params)
+    return run_units(cap, task, list(range(len(cap.steps))), Compute(jobs=jobs))
 
 
 def test_finish_reemits_each_warning_once_then_raises_the_first_error():
     outcomes = [
-        {"records": [{"a": 1}], "warnings": [["GradstatWarning", "gap"]]},
-        {"records": [{"a": 2}], "warnings": [["GradstatWarning", "gap"]]},
-        {"error": {"type": "DataError", "message": "step 3 is damaged"}, "warnings": []},
-        {"error": {"type": "UsageError", "message": "later"}, "warnings": []},
+        Outcome([{"a": 1}], [(GradstatWarning, "gap")]),
+        Outcome([{"a": 2}], [(GradstatWarning, "gap")]),
+        Outcome(error=DataError("step 3 is damaged")),
+        Outcome(error=UsageError("later")),
     ]
     with pytest.warns(GradstatWarning, match="gap") as caught:
         assert finish(outcomes[:2]) == [{"a": 1}, {"a": 2}]
@@ -59,39 +69,43 @@ def test_finish_reemits_each_warning_once_then_raises_the_first_error():
     assert len(caught) == 1
 
 
-def test_unit_error_of_an_unknown_type_names_it():
-    with pytest.raises(RuntimeError, match="LinAlgError: singular"):
-        finish([{"error": {"type": "LinAlgError", "message": "singular"}, "warnings": []}])
+def test_an_error_that_cannot_travel_is_named():
+    class Local(Exception):  # defined here: a pickle cannot find it again
+        pass
+
+    assert repr(Outcome(error=Local("singular")).portable().error) == (
+        "RuntimeError('Local: singular')"
+    )
 
 
-def test_task_message_round_trip_keeps_its_context():
-    task = Task(resolve_function, "/some/capture", (0, 2), Link(1e9, 1e-6), None)
-    again = Task.from_message(codec.decode(codec.encode(task.to_message())))
-    assert again.function is resolve_function
-    assert (again.capture, again.selection, again.params) == ("/some/capture", (0, 2), task.params)
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_records_warnings_and_errors_are_the_same_in_every_mode(small_cap, jobs):
+    expected = [
+        {"step": i, "sum": float(small_cap.read_row(s, 0).sum())}
+        for i, s in enumerate(small_cap.steps)
+    ]
+    with pytest.warns(GradstatWarning, match="a gap") as caught:
+        assert _run(small_cap, jobs, warn=True) == expected
+    assert len(caught) == 1
+    with pytest.raises(DataError, match="step 4 is damaged"):
+        _run(small_cap, jobs, fail_at=4)
 
 
-def test_default_jobs_is_this_nodes_share_of_the_cpus(monkeypatch):
-    cpus = threads.available_cpus()
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert threads.default_jobs() == cpus
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus + 1))
-    assert threads.default_jobs() == 1
-    with pytest.raises(UsageError):
-        threads.check_jobs(0)
+def test_a_worker_that_dies_is_one_error(small_cap):
+    with pytest.raises(WorkerDied, match="worker process stopped"):
+        _run(small_cap, 2, die_at=1)
 
 
-def test_worker_processes_start_where_bytes_times_cost_pay_for_them():
-    # 4 steps x 8 learners x 8M float32 = 1 GiB: the threshold for one pass; a small
-    # selection runs in this process unless its analysis costs many passes per byte.
-    class Cap:
-        numel, steps, learners = 8 << 20, range(4), range(8)
-
-    small = SimpleNamespace(steps=[0], learners=[0])
-    assert requested_jobs(Cap, small, None) == 1
-    assert requested_jobs(Cap, small, None, cost=32) is None  # the default: every CPU
-    assert requested_jobs(Cap, small, None, cost=31.9) == 1
-    assert requested_jobs(Cap, small, 3, cost=1) == 3  # asked for: always honoured
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_the_units_with_interrupted(small_cap, jobs, monkeypatch):
+    previous = signal.getsignal(signal.SIGINT)
+    cancel.install()
+    try:
+        with pytest.raises(Interrupted):
+            _run(small_cap, jobs, interrupt_at=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        cancel.reset()
 
 
 def test_unit_threads_default_to_one(monkeypatch):
@@ -113,25 +127,6 @@ def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_pat
     assert _worker_env(options)["OMP_NUM_THREADS"] == "3"
 
 
-def test_pool_takes_every_answer_that_arrived_together():
-    # Regression: the pool read answers with a buffered readline after select(); two
-    # answers arriving together were both pulled into Python's buffer, one returned, and
-    # select() never woke up for the other: overlap --jobs 2 waited forever.
-    read, write = os.pipe()
-    worker = object.__new__(_Worker)
-    worker.process = SimpleNamespace(stdout=os.fdopen(read, "rb"), wait=lambda: 0)
-    worker.partial = bytearray()
-    worker.log = io.BytesIO(b"the worker's last words\n")
-    os.write(write, b'{"index": 0}\n{"index": 1}\n{"ind')
-    assert [codec.decode(line) for line in worker.answers()] == [{"index": 0}, {"index": 1}]
-    os.write(write, b'ex": 2}\n')
-    assert [codec.decode(line) for line in worker.answers()] == [{"index": 2}]
-    os.close(write)
-    with pytest.raises(WorkerDied, match="last words"):
-        worker.answers()  # end of file: the worker is gone
-    worker.process.stdout.close()
-
-
 def test_many_quick_units_in_two_workers_finish(tmp_path):
     # the same bug end to end: 400 step pairs, each answered in milliseconds (run in a
     # thread: a hang fails the test instead of stopping the suite)
@@ -151,31 +146,14 @@ def test_many_quick_units_in_two_workers_finish(tmp_path):
     pd.testing.assert_frame_equal(results[2], results[1])
 
 
-def test_analysis_processes_ask_numpy_for_no_huge_pages():
-    # tune_allocators (the command line and its workers call it) turns numpy's
-    # transparent-huge-page advice off: faults that compact memory stalled analyses
-    import numpy as np
-
-    from gradstat.parallel.allocator import tune_allocators
-
-    switch = np._core.multiarray._set_madvise_hugepage
-    before = switch(True)
-    try:
-        tune_allocators()
-        assert switch(True) is False  # what tune_allocators left
-    finally:
-        switch(before)
-
-
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_replay_progress_moves_with_each_step_of_a_unit(tmp_path, monkeypatch, jobs):
-    """A replay unit is every step of its compressors: the progress display is told of
-    each step as it is done (in this process or from a worker), and the parts add up to
-    its length; the records are those of a run without a display."""
+    """A replay unit is every step of its compressors: the progress iterable yields once
+    a step (in this process as each is replayed, or from a worker), its length counts
+    the steps, and the records are those of a run without a display."""
     from gradstat.analysis import replay as replay_module
-    from gradstat.analysis.replay import Replay, ReplayParams, replay_unit
+    from gradstat.analysis.replay import Replay, ReplayParams
     from gradstat.analysis.selection import Selection
-    from gradstat.parallel.pool import run_pool
 
     steps = 5
     grads = np.random.default_rng(1).laplace(size=(2, steps, 300)).astype(np.float32)
@@ -190,32 +168,21 @@ def test_replay_progress_moves_with_each_step_of_a_unit(tmp_path, monkeypatch, j
             yield item
 
     monkeypatch.setattr(replay_module, "replay_streamed", counted)
-    events: list[str] = []
+    seen: list[int] = []
 
     def progress(items):
-        events.append(f"{len(items)} units")  # a display that moves once a unit (tqdm)
-        items.on_tick = lambda: events.append(f"step ({len(replayed)} replayed here)")
-        length = len(items)  # now counting steps
+        length = len(items)
         for item in items:
-            events.append("unit")
+            seen.append(len(replayed))
             yield item
-        events.append(f"of {length}")
+        seen.append(length)
 
     run = Replay(cap, Selection.of(cap), params, compute=Compute(jobs=jobs))
     records = run.run(progress)
     units = 2 if jobs == 2 else 1
-    assert events[0] == f"{units} units" and events[-1] == f"of {units * steps}"
-    assert len(events) == units * steps + 2 and events.count("unit") == units
+    assert seen[-1] == units * steps and len(seen) == units * steps + 1
     if jobs == 1:  # told of each step as it was replayed, not when the unit was done
-        assert events[1:steps] == [f"step ({i} replayed here)" for i in range(1, steps)]
-    else:  # the workers' tick lines: one a step of each unit
-        compute = Compute(jobs=1)
-        task = Task(replay_unit, str(cap.path), Selection.of(cap), params, compute).to_message()
-        ticks: list[int] = []
-        units_sent = [codec.to_typed((0,)), codec.to_typed((1,))]
-        for _ in run_pool(task, units_sent, 2, 1, on_tick=ticks.append):
-            pass
-        assert sorted(ticks) == [0] * steps + [1] * steps
+        assert seen[: steps - 1] == list(range(1, steps))
     quiet = Replay(cap, Selection.of(cap), params, compute=Compute(jobs=1)).run()
     pd.testing.assert_frame_equal(
         records.drop(columns="compress_seconds"), quiet.drop(columns="compress_seconds")

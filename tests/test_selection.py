@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from gradstat.analysis.buildup import BuildupParams, buildup
-from gradstat.analysis.compute import MAX_BLOCK, ROWS_ALIVE, Compute, parse_bytes
+from gradstat.analysis.compute import MAX_BLOCK, ROWS_ALIVE, Compute
 from gradstat.analysis.fit import Fit, FitParams, fit
 from gradstat.analysis.overlap import OverlapParams
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.errors import UsageError
+from gradstat.sizes import parse_bytes
 from gradstat.store import open_capture
 
 
@@ -92,5 +93,5 @@ def test_compute_validates_and_sizes_blocks():
     assert large.block_numel(MAX_BLOCK) == MAX_BLOCK == 16 << 20
     assert large.block_numel(10**9) == MAX_BLOCK
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
-    with pytest.raises(UsageError, match="memory='lots'"):
-        parse_bytes("lots")
+    with pytest.raises(UsageError, match="--memory 'lots'"):
+        parse_bytes("lots", "--memory")

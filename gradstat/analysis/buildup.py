@@ -20,8 +20,7 @@ from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
 from gradstat.analysis.topk_stream import release_workspace
-from gradstat.analysis.units import Work
-from gradstat.parallel import run_units
+from gradstat.parallel import Task, run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
     random_union,
@@ -68,9 +67,9 @@ def buildup(
     params = params or BuildupParams()
     compute = compute or Compute()
     units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up")
-    work = Work(buildup_unit, str(cap.path), selection, params)
+    task = Task(buildup_unit, str(cap.path), selection, params)
     try:
-        return pd.DataFrame(run_units(cap, work, units, compute, progress))
+        return pd.DataFrame(run_units(cap, task, units, compute, progress))
     finally:
         release_workspace()
 

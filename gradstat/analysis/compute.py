@@ -11,7 +11,6 @@ row of a scope does not fit, the streaming analyses work in column blocks
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -48,22 +47,6 @@ def available_memory() -> int:
     except OSError:
         pass
     return 4 << 30
-
-
-_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-
-
-def parse_bytes(text: str | int) -> int:
-    """Bytes from ``2GB``, ``512MiB``, ``1.5G`` or a plain number (decimal SI units;
-    ``iB`` units are powers of 1024)."""
-    if isinstance(text, int):
-        return text
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if not match:
-        raise UsageError(f"memory={text!r}: expected a size such as 2GB, 512MiB or 1.5G")
-    number, prefix, binary = match.groups()
-    unit = 1024 ** "_kmgt".index(prefix) if binary and prefix else _BYTE_UNITS[prefix]
-    return int(float(number) * unit)
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,8 @@ from gradstat.analysis.selection import (
     k_for,
     parse_ratios,
 )
-from gradstat.analysis.units import Work
 from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
-from gradstat.parallel import run_units
+from gradstat.parallel import Task, run_units
 from gradstat.stats.distributions import (
     DISTRIBUTIONS,
     METHODS,
@@ -277,11 +276,9 @@ def fit(
     compute = compute or Compute()
     steps = selection.steps
     units = [steps] if params.stages is None else [(step,) for step in steps]
-    # about a pass per distribution (fit, sort, KS/AD) and per estimator and ratio
-    cost = 1 + len(params.dists) + len(params.estimators) * len(params.ratios) / 2
-    work = Work(fit_unit, str(cap.path), selection, params, cost)
+    task = Task(fit_unit, str(cap.path), selection, params)
     try:
-        outcomes = run_units(cap, work, units, compute, progress)
+        outcomes = run_units(cap, task, units, compute, progress)
     finally:
         _process_buffers.release()
     records = pd.DataFrame(outcomes, columns=list(COLUMNS))

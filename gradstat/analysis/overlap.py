@@ -20,9 +20,8 @@ from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
 from gradstat.analysis.topk_stream import release_workspace
-from gradstat.analysis.units import Work
 from gradstat.errors import UsageError
-from gradstat.parallel import run_units
+from gradstat.parallel import Task, run_units
 from gradstat.stats.topk_sets import (
     jaccard,
     overlap,
@@ -78,9 +77,9 @@ def temporal_overlap(
         units = [steps]
     else:
         units = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
-    work = Work(overlap_unit, str(cap.path), selection, params)
+    task = Task(overlap_unit, str(cap.path), selection, params)
     try:
-        return pd.DataFrame(run_units(cap, work, units, compute, progress))
+        return pd.DataFrame(run_units(cap, task, units, compute, progress))
     finally:
         release_workspace()
 

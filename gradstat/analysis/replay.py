@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +37,6 @@ from gradstat.analysis.replay_stream import (
     replay_streamed,
 )
 from gradstat.analysis.selection import Selection, as_link, k_for, parse_ratios
-from gradstat.analysis.units import Work
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.registry import (
     CompressorSpec,
@@ -46,11 +45,10 @@ from gradstat.compressors.registry import (
     parse_compressors,
 )
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.parallel import planned_workers, run_units
-from gradstat.parallel.threads import torch_threads
-from gradstat.parallel.units import unit_progress
+from gradstat.parallel import Task, planned_workers, run_units
 from gradstat.stats.row_kernels import error_sums, squared_norm
 from gradstat.store import Capture, Layer, Scope
+from gradstat.threads import torch_threads
 
 #: Columns of the per-step records, in order.
 COLUMNS = (
@@ -267,16 +265,18 @@ class Replay:
         so one process reads each step once."""
         check_gaps([int(s) for s in self.capture.steps], self.steps)
         steps = len(self.steps)
-        work = Work(replay_unit, str(self.capture.path), self.selection, self.params, parts=steps)
+        task = Task(replay_unit, str(self.capture.path), self.selection, self.params, parts=steps)
         workers = planned_workers(self.capture, self.selection, self.compute.jobs)
         groups = min(len(self.schemes), workers)
         units = [tuple(range(g, len(self.schemes), groups)) for g in range(groups)]
-        records = run_units(self.capture, work, units, self.compute, progress)
+        records = run_units(self.capture, task, units, self.compute, progress)
         position = {step: i for i, step in enumerate(self.steps)}
         records.sort(key=lambda record: (position[record["step"]], record.pop("scheme")))
         return pd.DataFrame.from_records(records, columns=list(COLUMNS))
 
-    def replay_schemes(self, indices: Sequence[int]) -> list[dict]:
+    def replay_schemes(
+        self, indices: Sequence[int], tick: Callable[[], None] = lambda: None
+    ) -> list[dict]:
         """Records of the schemes ``indices`` over every step (key ``scheme``: the index),
         streamed one learner's row at a time; the error-feedback memories in RAM, or in a
         scratch file when they exceed the memory budget (``replay_stream``)."""
@@ -292,7 +292,7 @@ class Replay:
                 for i, (sc, scheme), result in zip(indices, chosen, results, strict=True):
                     record = self._record(step, sc.name, scheme, result, n)
                     records.append({**record, "scheme": i})
-                unit_progress()  # one more step of this unit
+                tick()  # one more step of this unit
         return records
 
     def _record(self, step: int, scope: str, scheme: Scheme, result: SchemeStep, n: int) -> dict:
@@ -339,9 +339,12 @@ def replay_unit(
     params: ReplayParams,
     compute: Compute,
     schemes: Sequence[int],
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of a group of schemes (indices into ``Replay.schemes``) over every step."""
-    return Replay(cap, selection, params, compute=compute, warn=False).replay_schemes(schemes)
+    """Records of a group of schemes (indices into ``Replay.schemes``) over every step;
+    ``tick()`` after each step."""
+    replay = Replay(cap, selection, params, compute=compute, warn=False)
+    return replay.replay_schemes(schemes, tick)
 
 
 def replay(

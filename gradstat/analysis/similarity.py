@@ -27,9 +27,8 @@ from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, k_for, parse_ratios
 from gradstat.analysis.topk_stream import StepSets, release_workspace, stream_step_sets
-from gradstat.analysis.units import Work
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.parallel import run_units
+from gradstat.parallel import Task, run_units
 from gradstat.stats.topk_sets import (
     TopkSetMetrics,
     energy_captured,
@@ -223,9 +222,9 @@ def similarity(
     params = params or SimilarityParams()
     compute = compute or Compute()
     units = plan_sets(cap, selection, [params.ratio], params.on, 2, "similarity")
-    work = Work(similarity_unit, str(cap.path), selection, params)
+    task = Task(similarity_unit, str(cap.path), selection, params)
     try:
-        step_records = run_units(cap, work, units, compute, progress)
+        step_records = run_units(cap, task, units, compute, progress)
     finally:
         release_workspace()
     pairs = [pair for record in step_records for pair in record.pop("pairs")]

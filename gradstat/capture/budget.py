@@ -13,12 +13,11 @@ Compression only shrinks files, so with it the estimate is an upper bound.
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradstat.errors import UsageError
+from gradstat.sizes import format_bytes
 from gradstat.store.dtypes import bytes_per_value
 from gradstat.store.schema import MAX_CHUNK_BYTES
 from gradstat.store.writer import META_BLOCK_BYTES
@@ -122,39 +121,3 @@ def budget_problem(
             f"are free; {suggestion}"
         )
     return None
-
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(nbytes: float) -> str:
-    """Binary units with three significant digits: ``512 B``, ``1.5 GiB``, ``6.1 TiB``."""
-    if abs(nbytes) < 1024:
-        return f"{int(nbytes)} B"
-    value = float(nbytes)
-    for unit in _UNITS[1:-1]:
-        value /= 1024
-        if abs(value) < 1024:
-            return f"{value:.3g} {unit}"
-    return f"{value / 1024:.3g} {_UNITS[-1]}"
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``--max-bytes``: a number of bytes with an optional unit.
-
-    ``K M G T P`` and ``KiB MiB ...`` are powers of 1024; ``KB MB GB TB PB`` powers
-    of 1000; e.g. ``500M``, ``20GiB``, ``1.5TB``, ``1000000``.
-    """
-    match = _SIZE.match(str(text))
-    if match is None:
-        raise UsageError(f"--max-bytes {text!r}: expected a size such as 500M, 20GiB or 1.5TB")
-    number, prefix, suffix = match.groups()
-    power = "kmgtp".index(prefix.lower()) + 1 if prefix else 0
-    base = 1000 if suffix.lower() == "b" and prefix else 1024
-    value = int(float(number) * base**power)
-    if value <= 0:
-        raise UsageError(f"--max-bytes {text!r} must be positive")
-    return value

@@ -9,13 +9,11 @@ disk or Ctrl-C into one clear error.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import queue
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import threading
@@ -37,18 +35,17 @@ from gradstat.capture.nodes import (
     missing_text,
     waiting_text,
 )
-from gradstat.capture.worker import PROGRESS_PREFIX
+from gradstat.capture.worker import LAUNCHER_PID_ENV, PROGRESS_PREFIX
 from gradstat.capture.workloads import build_workload, default_lr, resolve_size, workload_spec
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
-from gradstat.parallel.threads import available_cpus, worker_environment
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
 from gradstat.store.schema import SUPPORTED_DTYPES
+from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
 #: Seconds between two "waiting for nodes" lines.
 WAIT_REPORT_SECONDS = 10.0
-PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
@@ -285,8 +282,9 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
 def _worker_env(options: CaptureOptions) -> dict[str, str]:
     # never oversubscribed: each learner gets its share of the CPUs this process may use
     # (GRADSTAT_THREADS overrides); OMP_NUM_THREADS also silences torchrun's warning
+    # the learners end when this launcher is gone (killed too)
     threads = os.environ.get("GRADSTAT_THREADS") or available_cpus() // options.nproc_per_node
-    return worker_environment(max(1, int(threads)))
+    return {**worker_environment(max(1, int(threads))), LAUNCHER_PID_ENV: str(os.getpid())}
 
 
 def _progress_report(line: str) -> dict | None:
@@ -298,14 +296,6 @@ def _progress_report(line: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return report if isinstance(report, dict) else None
-
-
-def _stop_with_parent() -> None:
-    """Have torchrun receive SIGTERM if the launcher dies, even by SIGKILL (Linux), so
-    that no learner keeps training unobserved; torchrun then stops its workers."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _failure_reason(lines: deque[str]) -> str:
@@ -420,7 +410,6 @@ def run_capture(
             stderr=subprocess.STDOUT,
             text=True,
             env=_worker_env(options),
-            preexec_fn=_stop_with_parent,
         )
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=_forward_lines, args=(process.stdout, lines), daemon=True).start()

@@ -8,11 +8,10 @@ launcher as ``gradstat-progress`` lines on stdout; warnings go to stderr as
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +26,10 @@ from gradstat.capture.workloads import build_workload, fully_shard_workload
 from gradstat.errors import GradstatError
 
 PROGRESS_PREFIX = "gradstat-progress "
-PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+#: The launcher's process id, in the learners' environment: they end when it is gone.
+LAUNCHER_PID_ENV = "GRADSTAT_LAUNCHER_PID"
+#: Seconds between a learner's looks at torchrun and the launcher.
+WATCH_EVERY = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,12 +174,27 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
 
 def _die_with_launcher() -> None:
     """torchrun starts each learner in a session of its own, so a learner would train on
-    unobserved if torchrun were killed; ask Linux to kill it with its parent instead."""
-    if sys.platform.startswith("linux"):
-        parent = os.getppid()
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os._exit(1)
+    unobserved if torchrun or the launcher were killed: a daemon thread ends this
+    learner within ``WATCH_EVERY`` seconds of either being gone."""
+    parent, launcher = os.getppid(), int(os.environ.get(LAUNCHER_PID_ENV, "0"))
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCH_EVERY)
+            if os.getppid() != parent or (launcher and not _alive(launcher)):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="gradstat-watch-launcher", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,7 +78,7 @@ def capture_command(
     max_bytes: str = typer.Option(
         None,
         "--max-bytes",
-        help="Refuse to start if the capture would exceed this size, e.g. 500M, 20GiB, 1.5TB.",
+        help="Refuse to start if the capture would exceed this size, e.g. 500MB, 20GiB, 1.5TB.",
     ),
     batch_size: int = typer.Option(32, "--batch-size", help="Per-learner batch size."),
     lr: float = typer.Option(
@@ -143,8 +143,9 @@ def capture_command(
 
     Example: gradstat capture --workload digits --nproc-per-node 4 --steps 100 --every 5
     """
-    from gradstat.capture.budget import format_bytes, parse_bytes, recorded_rows
+    from gradstat.capture.budget import recorded_rows
     from gradstat.capture.launch import CaptureOptions, recorded, run_capture
+    from gradstat.sizes import format_bytes, parse_bytes
 
     options = CaptureOptions(
         workload=workload,
@@ -171,7 +172,7 @@ def capture_command(
         ratio=ratio,
         record_ranks=record_ranks,
         compression=compression,
-        max_bytes=None if max_bytes is None else parse_bytes(max_bytes),
+        max_bytes=None if max_bytes is None else parse_bytes(max_bytes, "--max-bytes"),
         fsdp=fsdp,
     )
     options.check()

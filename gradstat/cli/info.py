@@ -11,19 +11,12 @@ from rich.table import Table
 from gradstat.cli.options import Capture, Csv, Json
 from gradstat.cli.output import console, to_json, write_csv
 from gradstat.errors import DataError
+from gradstat.sizes import format_bytes
 
 Verify = Annotated[
     bool,
     typer.Option("--verify", help="Also read every row and check it against its CRC-32C (slow)."),
 ]
-
-
-def _size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{nbytes} B"
-        nbytes /= 1024
-    return str(nbytes)
 
 
 def info_command(
@@ -118,7 +111,7 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("trained with", _compressor_text(summary)),
         ("HDF5 filter", _filter_text(summary["compression"])),
         ("layers", str(len(summary["layers"]))),
-        ("size", _size(summary["bytes"])),
+        ("size", format_bytes(summary["bytes"])),
         ("verified", summary["verification"]),
     ]
     loss = summary["loss"]

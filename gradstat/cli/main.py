@@ -17,9 +17,8 @@ import click
 import typer
 from rich.markup import escape
 
-from gradstat import __version__
+from gradstat import __version__, cancel
 from gradstat.cli.command import Command, Group, unwrap
-from gradstat.cli.interrupts import keep_interrupts
 from gradstat.cli.output import err_console, warn
 from gradstat.errors import GradstatError
 
@@ -79,9 +78,6 @@ class Commands(Group):
     def resolve_command(self, ctx, args):
         name = args[0] if args else None
         if name in COMMANDS and not isinstance(self.commands.get(name), Command):
-            from gradstat.parallel.allocator import tune_allocators
-
-            tune_allocators()  # before the command's first large array
             self.commands[name] = load_command(name)
         elif name not in COMMANDS:  # a typo: "Did you mean" needs every name
             for known in COMMANDS:
@@ -140,23 +136,34 @@ def _error(message: str, code: int) -> None:
 def _run(command):
     """``command()``, or under torchrun on rank 0 with the other ranks computing its units
     (torch.distributed loads only then, or when a script already started a group)."""
-    from gradstat.parallel.environment import launched_by_torchrun
+    from gradstat.threads import launched_by_torchrun
 
     if launched_by_torchrun() or "torch.distributed" in sys.modules:
+        from gradstat.parallel import follow
         from gradstat.parallel.distributed import run_command
 
-        return run_command(command)
+        return run_command(command, follow)
     return command()
+
+
+def _unraisable(unraisable) -> None:
+    """A Ctrl-C that Python could not raise (it came in a weakref callback or a
+    finalizer) is left to :func:`cancel.check` at the end of the command: the flag is
+    set. Anything else goes to Python's own hook."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gradstat`` console script."""
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
-    sys.unraisablehook = keep_interrupts
+    sys.unraisablehook = _unraisable
+    cancel.install()
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
         result = _run(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
+        cancel.check()  # a Ctrl-C that came where nothing raised it (a callback)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -216,12 +215,9 @@ def progress(
 ) -> Iterator[T]:
     """Iterate with progress on stderr: a bar with count, elapsed time and time left on a
     terminal; otherwise (a log file, CI) one plain line every few seconds."""
-    relay = _Relay()
-    if hasattr(items, "on_tick"):  # the parts of long units (a replay's steps), counted
-        items.on_tick = relay  # in the length from here on
     total = total if total is not None else (len(items) if hasattr(items, "__len__") else None)
     if not err_console.is_terminal:
-        yield from _plain_progress(items, description, total, relay)
+        yield from _plain_progress(items, description, total)
         return
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -232,7 +228,6 @@ def progress(
     )
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(description, total=total)
-        relay.target = partial(bar.advance, task)
         for item in items:
             yield item
             bar.advance(task)
@@ -290,23 +285,8 @@ class _PlainProgress:
         err_console.print(line, highlight=False)
 
 
-class _Relay:
-    """What a long unit's parts call (``on_tick``, :mod:`gradstat.analysis.progress`):
-    the display's advance, once the display exists."""
-
-    def __init__(self) -> None:
-        self.target: Callable[[], None] | None = None
-
-    def __call__(self) -> None:
-        if self.target is not None:
-            self.target()
-
-
-def _plain_progress(
-    items: Iterable[T], description: str, total: int | None, relay: _Relay
-) -> Iterator[T]:
+def _plain_progress(items: Iterable[T], description: str, total: int | None) -> Iterator[T]:
     report = _PlainProgress(description, total)
-    relay.target = report.advance
     try:
         for item in items:
             yield item

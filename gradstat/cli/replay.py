@@ -74,9 +74,9 @@ from gradstat.compressors.registry import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
-from gradstat.parallel.threads import torch_threads
 from gradstat.report.answers import replay_answer
 from gradstat.store import open_capture
+from gradstat.threads import torch_threads
 
 Out = Annotated[
     Path | None,

@@ -33,8 +33,8 @@ from gradstat.cli.replay import Target, TargetFile
 from gradstat.compressors.cost import Link
 from gradstat.compressors.targets import resolve_target
 from gradstat.errors import UsageError
-from gradstat.parallel.threads import torch_threads
 from gradstat.store import open_capture
+from gradstat.threads import torch_threads
 
 HtmlOut = Annotated[
     Path,

@@ -1,146 +1,82 @@
-"""Run units in ``--jobs`` worker processes (:mod:`gradstat.parallel.worker`).
-
-Workers are fresh interpreters (no fork of a process that holds open HDF5 files or
-torch's thread pools), each on its own share of the CPUs (:mod:`~gradstat.parallel.threads`).
-Each worker gets a contiguous run of the units (:func:`contiguous`), so that units
-sharing data (overlap's consecutive step pairs) meet in one process, and holds two at a
-time so that it never waits for its next one; outcomes come back as JSON lines and are
-put back in unit order by the caller.
-"""
+"""``--jobs N``: N spawned ``concurrent.futures`` workers, each running one contiguous
+run of the units (neighbouring step pairs meet in one process) on ``threads`` torch
+threads; they ignore SIGINT and stop at their next check once the parent sets the stop
+event. Tasks and outcomes are pickled between these processes only."""
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import os
-import selectors
-import subprocess
-import sys
-import tempfile
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any
+import multiprocessing
+import pickle
+import queue
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
+from gradstat import cancel
 from gradstat.errors import GradstatError
-from gradstat.parallel.codec import decode, encode
-from gradstat.parallel.threads import worker_environment
+from gradstat.parallel.units import Task, run_unit
 
-#: Units a worker holds at once: one running, one waiting.
-IN_FLIGHT = 2
+_events: list[Any] = []  # in a worker: the queue its events go to
 
 
 class WorkerDied(GradstatError):
     """A worker process stopped without answering (killed, out of memory)."""
 
 
-class _Worker:
-    def __init__(self, header: bytes, threads: int) -> None:
-        self.log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gradstat.parallel.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            env=worker_environment(threads),
-        )
-        self.pending = 0
-        self.queue: deque[tuple[int, Any]] = deque()
-        self.partial = bytearray()  # the start of an answer line still arriving
-        self.send(header)
-
-    def answers(self) -> list[bytes]:
-        """The complete answer lines that have arrived, after one read of what is there.
-
-        Reads the pipe's file descriptor directly: a buffered ``readline`` would pull two
-        quick answers into Python's buffer and return one, and ``select`` would never
-        report the other (the pipe is empty), so the pool would wait for it forever
-        (it did, on ``overlap --jobs 2``)."""
-        assert self.process.stdout is not None
-        chunk = os.read(self.process.stdout.fileno(), 1 << 20)
-        if not chunk:
-            raise self.died()
-        self.partial += chunk
-        *lines, rest = self.partial.split(b"\n")
-        self.partial = bytearray(rest)
-        return lines
-
-    def send(self, line: bytes) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + b"\n")
-        self.process.stdin.flush()
-
-    def died(self) -> WorkerDied:
-        code = self.process.wait()
-        self.log.seek(0)
-        lines = [line for line in self.log.read().decode(errors="replace").splitlines() if line]
-        reason = f": {lines[-1]}" if lines else ""
-        return WorkerDied(f"a --jobs worker process stopped (exit code {code}){reason}")
-
-    def stop(self) -> None:
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            with contextlib.suppress(OSError):  # a dead worker's pipe
-                self.process.stdin.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self.log.close()
-
-
 def run_pool(
-    task: dict,
-    units: Sequence[Any],
-    jobs: int,
-    threads: int = 1,
-    on_tick: Callable[[int], None] | None = None,
-) -> Iterator[tuple[int, dict]]:
-    """Yield ``(index, outcome)`` of every unit (typed JSON) as ``jobs`` workers running
-    ``task`` (a task message) finish them, in any order. ``on_tick(index)``: a unit
-    reported a part of its work done (a worker's tick line)."""
-    header = encode({"task": task, "threads": threads})
-    workers: list[_Worker] = []
-    selector = selectors.DefaultSelector()
-    try:
-        for start, stop in contiguous(len(units), min(jobs, len(units))):
-            worker = _Worker(header, threads)
-            workers.append(worker)
-            worker.queue.extend((i, units[i]) for i in range(start, stop))
-            assert worker.process.stdout is not None
-            selector.register(worker.process.stdout, selectors.EVENT_READ, worker)
-        for worker in workers:
-            _feed(worker)
-        remaining = len(units)
-        while remaining:
-            for key, _ in selector.select():
-                worker = key.data
-                for line in worker.answers():
-                    answer = decode(line)
-                    if answer.get("tick"):
-                        if on_tick is not None:
-                            on_tick(answer["index"])
-                        continue
-                    worker.pending -= 1
-                    remaining -= 1
-                    _feed(worker)
-                    index = answer.pop("index")
-                    yield index, answer
-    finally:
-        selector.close()
-        for worker in workers:
-            worker.stop()
+    task: Task, compute: Any, chunks: list[list[tuple[int, Any]]], threads: int
+) -> Iterator[tuple[int, Any]]:
+    """Run each chunk of ``(index, unit)`` in its own worker; yield ``(index, None)`` for
+    each part a unit reports and ``(index, outcome)`` when it ends."""
+    context = multiprocessing.get_context("spawn")
+    events, stop = context.Queue(), context.Event()
+    chunk_of = {index: c for c, chunk in enumerate(chunks) for index, _ in chunk}
+    left = [len(chunk) for chunk in chunks]  # outcomes each chunk still owes
+    with ProcessPoolExecutor(len(chunks), context, _start, (events, stop, threads)) as pool:
+        futures = [pool.submit(_run_chunk, task, compute, chunk) for chunk in chunks]
+        try:
+            while any(left):
+                cancel.check()  # on Ctrl-C, the workers stop at the stop event
+                try:
+                    index, data = events.get(timeout=0.1)
+                except queue.Empty:
+                    _check(futures)
+                    continue
+                outcome = None if data is None else pickle.loads(data)
+                if outcome is not None:
+                    c = chunk_of[index]
+                    left[c] = 0 if outcome.error is not None else left[c] - 1
+                yield index, outcome
+        finally:
+            stop.set()
 
 
-def contiguous(count: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``(start, stop)`` runs of ``range(count)``, sizes within one."""
-    bounds = [count * part // parts for part in range(parts + 1)]
-    return list(itertools.pairwise(bounds))
+def _check(futures: list) -> None:
+    for future in futures:
+        if future.done() and future.exception() is not None:
+            raise WorkerDied(f"a --jobs worker process stopped: {future.exception()}")
 
 
-def _feed(worker: _Worker) -> None:
-    while worker.queue and worker.pending < IN_FLIGHT:
-        index, unit = worker.queue.popleft()
-        worker.send(encode({"index": index, "unit": unit}))
-        worker.pending += 1
+def _start(events: Any, stop: Any, threads: int) -> None:
+    import torch
+
+    cancel.follow_event(stop)
+    torch.set_num_threads(threads)
+    _events.append(events)
+
+
+def _run_chunk(task: Task, compute: Any, chunk: list[tuple[int, Any]]) -> None:
+    from gradstat.store import open_capture
+
+    events = _events[0]
+    with open_capture(task.capture) as cap:
+        for index, unit in chunk:
+
+            def tick(index: int = index) -> None:
+                cancel.check()
+                events.put((index, None))
+
+            outcome = run_unit(task, cap, compute, unit, tick).portable()
+            events.put((index, pickle.dumps(outcome)))
+            if outcome.error is not None:
+                return

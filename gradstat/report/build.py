@@ -35,7 +35,6 @@ from gradstat.analysis.similarity import SimilarityParams, similarity, similarit
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.errors import GradstatError
-from gradstat.parallel.threads import torch_threads
 from gradstat.plots.capture import plot_loss
 from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
@@ -45,6 +44,7 @@ from gradstat.report.html import Section, render
 from gradstat.report.training import TITLE as TRAINING_TITLE
 from gradstat.report.training import training_section
 from gradstat.store import Capture
+from gradstat.threads import torch_threads
 
 
 @dataclass

@@ -1,14 +1,10 @@
-"""The thread policy: one torch thread per process, parallelism across units in processes.
+"""The CPUs, threads and torchrun environment of gradstat's processes (read without
+importing torch): one torch thread each unless ``GRADSTAT_THREADS``.
 
-Measured on a shared 2-core machine (``benchmarks/parallel.py`` and issue 9): torch's
-intra-op threads speed single large element-wise ops up by at most 1.1-2x on a quiet
-machine, but when another process competes for the cores, ops on vectors of 2^17-2^20
-elements ran 2-100x *slower* on two threads than on one (the threads wait for each
-other at every op's barrier while one of them is descheduled). Worker processes that each
-use one thread lose only their fair share of the machine instead. So every analysis runs
-its units on one torch thread per process and gets its parallelism from ``--jobs``
-worker processes (and torchrun ranks); ``GRADSTAT_THREADS=N`` overrides the per-process
-count for whoever has measured that more helps on their machine.
+Torch's intra-op threads wait for each other at every op's barrier; on a shared machine
+one descheduled thread stalls the rest (figures: docs/large.md). Analyses run their
+units on :func:`unit_threads` torch threads and get their parallelism from ``--jobs``
+worker processes and torchrun ranks.
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from gradstat.errors import UsageError
 
@@ -42,26 +36,20 @@ def available_cpus() -> int:
     return max(1, cpus)
 
 
+def launched_by_torchrun() -> bool:
+    """Whether this process is one of several ranks started by torchrun."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        return False
+
+
 def local_processes() -> int:
     """How many gradstat processes share this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return 1
-
-
-def default_jobs() -> int:
-    """Worker processes per gradstat process: this node's CPUs over its gradstat ranks."""
-    return max(1, available_cpus() // local_processes())
-
-
-def check_jobs(jobs: int | None) -> int:
-    """``jobs`` validated (``None``: :func:`default_jobs`)."""
-    if jobs is None:
-        return default_jobs()
-    if jobs < 1:
-        raise UsageError(f"jobs must be at least 1, got {jobs}")
-    return jobs
 
 
 def unit_threads() -> int:
@@ -89,6 +77,8 @@ def worker_environment(threads: int) -> dict[str, str]:
 @contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """Run with ``threads`` torch intra-op threads, then restore the previous count."""
+    import torch
+
     previous = torch.get_num_threads()
     if threads != previous:
         torch.set_num_threads(threads)
