@@ -42,10 +42,14 @@ class Net(nn.Module):
         self.norm = nn.LayerNorm(OUT)
         self.gain = nn.Parameter(torch.ones(2))  # fewer rows than learners
         self.head = nn.Linear(OUT, VOCAB)
+        self.spare = nn.Parameter(torch.ones(3))  # used only while use_spare is set
+        self.use_spare = True
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.norm(self.block2(self.block1(self.emb(tokens))))
         x = x * self.gain.sum()
+        if self.use_spare:
+            x = x * self.spare.mean()
         return self.head(x)
 
 
@@ -62,6 +66,9 @@ CASES = {
     # accumulation without set_requires_gradient_sync(False): every micro-batch is
     # reduce-scattered, the row restarts and holds the last one (and a warning says so)
     "always-sync": {"micro": 2, "always_sync": True},
+    # step 0 leaves a root parameter without gradient: FSDP reduce-scatters the others
+    # only, the step is not recorded (a warning says so); step 1 is
+    "unused": {"unused": True},
 }
 
 
@@ -73,6 +80,10 @@ def batch(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]
 
 def loss_of(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(model(tokens).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(param.numel()) if param.grad is None else param.grad.reshape(-1)
 
 
 def run_case(name: str, out: Path) -> None:
@@ -111,6 +122,8 @@ def run_case(name: str, out: Path) -> None:
     names = [layer.name for layer in capture.layers]
     references = []
     for step in range(STEPS):
+        if settings.get("unused"):
+            model.use_spare = replica.use_spare = step > 0
         with torch.no_grad():  # the replica takes the FSDP model's parameters (collective)
             full = {n: p.full_tensor() for n, p in model.named_parameters()}
             for n, p in replica.named_parameters():
@@ -129,12 +142,13 @@ def run_case(name: str, out: Path) -> None:
         optimizer.step()
         capture.step(step, loss.item())
         grads = dict(replica.named_parameters())
-        row = torch.cat([grads[n].grad.reshape(-1) for n in names])
+        row = torch.cat([_grad(grads[n]) for n in names])
         if "reduce" in settings:  # FSDP reduces in that dtype: the input is rounded to it
             row = row.to(settings["reduce"]).float()
         if dtype == "bfloat16":
             row = row.to(torch.bfloat16).float()
-        references.append(row.numpy())
+        if not (settings.get("unused") and step == 0):
+            references.append(row.numpy())
     capture.close()
     np.save(out / name / f"ref-rank{rank}.npy", np.stack(references))
 

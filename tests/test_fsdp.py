@@ -16,7 +16,7 @@ from gradstat.capture.workloads import build_workload
 from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
 SCRIPT = TESTS / "fsdp_train.py"
-ALL = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync"
+ALL = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync,unused"
 # fp16: FSDP divides by 2 before the reduce-scatter; undone, values below fp16's
 # normal range lose their last bits (6e-8, the smallest subnormal)
 TOLERANCE = {"fp16-reduce": 6e-8}
@@ -34,13 +34,15 @@ def two_ranks(tmp_path_factory) -> Path:
     return _train(tmp_path_factory.mktemp("fsdp2"), 2, ALL)
 
 
-def _assert_rows_are_local_gradients(folder: Path, world: int, learners: list[int]) -> None:
+def _assert_rows_are_local_gradients(
+    folder: Path, world: int, learners: list[int], steps: tuple[int, ...] = (0, 1)
+) -> None:
     atol = TOLERANCE.get(folder.name, 0.0)
     with open_capture(folder) as cap:
         assert cap.status == "complete"
         assert cap.world_size == world
         assert list(cap.learners) == learners
-        assert list(cap.steps) == [0, 1]
+        assert list(cap.steps) == list(steps)
         for row, (_step, grads) in enumerate(cap.iter_steps()):
             for index, learner in enumerate(learners):
                 reference = np.load(folder / f"ref-rank{learner}.npy")[row]
@@ -53,7 +55,8 @@ def _assert_rows_are_local_gradients(folder: Path, world: int, learners: list[in
 @pytest.mark.parametrize("case", ALL.split(","))
 def test_two_learners_record_their_local_gradients(two_ranks, case):
     learners = [0] if case == "bf16-store" else [0, 1]
-    _assert_rows_are_local_gradients(two_ranks / case, 2, learners)
+    steps = (1,) if case == "unused" else (0, 1)
+    _assert_rows_are_local_gradients(two_ranks / case, 2, learners, steps)
 
 
 def test_layers_and_storage_dtype_and_record_ranks(two_ranks):
@@ -73,6 +76,29 @@ def test_layers_and_storage_dtype_and_record_ranks(two_ranks):
 def test_accumulation_without_disabling_sync_warns_and_keeps_the_last_backward(two_ranks):
     stderr = (two_ranks / "stderr.txt").read_text()
     assert "set_requires_gradient_sync(False)" in stderr
+
+
+def test_a_step_with_an_unused_parameter_is_not_recorded_and_warns(two_ranks):
+    stderr = (two_ranks / "stderr.txt").read_text()
+    assert "FSDP unit (root) reduce-scattered only some of its parameters" in stderr
+
+
+def test_refusals_are_one_line_usage_errors(monkeypatch):
+    from torch import nn
+
+    from gradstat.capture import fsdp
+    from gradstat.capture.hook import GradientCapture
+    from gradstat.errors import UsageError
+
+    with pytest.raises(UsageError, match="DistributedDataParallel or fully_shard"):
+        GradientCapture._fsdp_units(nn.Linear(2, 2), None, None)
+
+    class OldFSDPModule:  # a torch whose FSDP2 has no custom reduce-scatter
+        pass
+
+    monkeypatch.setattr(fsdp, "FSDPModule", OldFSDPModule)
+    with pytest.raises(UsageError, match=r"needs torch >= 2.11 .*this is torch"):
+        fsdp.check_fsdp_support()
 
 
 def test_three_learners(tmp_path):
