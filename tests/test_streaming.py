@@ -14,9 +14,10 @@ import torch
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.compute import MIN_BLOCK, ROWS_ALIVE, Compute
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.row_workspace import Workspace, scope_pieces
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
-from gradstat.analysis.topk_stream import Workspace, _pair_mean, scope_pieces, stream_step_sets
+from gradstat.analysis.topk_stream import _pair_mean, stream_step_sets
 from gradstat.errors import DataError
 from gradstat.stats.row_kernels import MeanOf, Room, scan_row_pair
 from gradstat.stats.topk_sets import energy_captured, topk_indices

@@ -32,24 +32,29 @@ def topk_sparsify(p: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(p).scatter_(-1, idx, p.gather(-1, idx))
 
 
-def replay_steps(recorded: Sequence[int], selected: Sequence[int]) -> list[int]:
-    """Recorded steps the replay must walk: from the first recorded to the last selected.
-
-    Warns (``GradstatWarning``) when those training steps are not consecutive, since the
-    memory then misses the gradients of the steps that were not recorded.
-    """
-    recorded = [int(s) for s in recorded]
-    last = max(int(s) for s in selected)
-    walk = [s for s in recorded if s <= last]
-    gaps = np.diff(walk)
+def warn_gaps(steps: Sequence[int], what: str) -> None:
+    """Warn (``GradstatWarning``) when error feedback walks ``steps`` (training steps)
+    that are not consecutive: its memories then miss the gradients of the steps that
+    were not recorded, and differ from training."""
+    gaps = np.diff(np.asarray(steps, dtype=np.int64))
     if gaps.size and (gaps != 1).any():
+        first = int(np.flatnonzero(gaps != 1)[0])
         warnings.warn(
-            f"--on ef replays error feedback over recorded steps {walk[0]}..{walk[-1]}, but "
-            f"training steps between them were not recorded (gaps up to {int(gaps.max())}); "
-            "the memory misses those gradients",
+            f"{what} runs error feedback over steps {steps[0]}..{steps[-1]}, but training "
+            f"steps between them were not recorded ({int((gaps != 1).sum())} gap(s), gaps "
+            f"up to {int(gaps.max())}, e.g. step {steps[first]} -> {steps[first + 1]}): "
+            "the memories miss those gradients",
             GradstatWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+
+
+def replay_steps(recorded: Sequence[int], selected: Sequence[int]) -> list[int]:
+    """Recorded steps the replay must walk: from the first recorded to the last selected
+    (:func:`warn_gaps` when they are not consecutive)."""
+    last = max(int(s) for s in selected)
+    walk = [int(s) for s in recorded if int(s) <= last]
+    warn_gaps(walk, "--on ef")
     return walk
 
 

@@ -15,9 +15,20 @@ import torch
 from gradstat.errors import DataError
 
 
-def require_finite(step: int, grads: torch.Tensor, learners: Sequence[int], what: str) -> None:
-    """Raise ``DataError`` naming the first learner of ``grads[learners, d]`` with NaN/Inf."""
-    bad = (~torch.isfinite(grads)).sum(dim=-1)
+def require_finite(
+    step: int,
+    grads: torch.Tensor,
+    learners: Sequence[int],
+    what: str,
+    known_finite: bool | torch.Tensor = False,
+) -> None:
+    """Raise ``DataError`` naming the first of ``learners`` whose row of ``grads`` (one
+    row per learner, or a single row) holds NaN/Inf, with the exact count.
+    ``known_finite``: a quick answer that is True only when every value is finite (the
+    row scan's flag), which skips the count."""
+    if bool(known_finite):
+        return
+    bad = (~torch.isfinite(grads.reshape(len(learners), -1))).sum(dim=-1)
     if bool(bad.any()):
         row = int(torch.nonzero(bad)[0])
         raise DataError(

@@ -17,9 +17,9 @@ import torch
 
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.progress import Progress, no_progress
+from gradstat.analysis.row_workspace import release_workspace
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
-from gradstat.analysis.topk_stream import release_workspace
 from gradstat.errors import UsageError
 from gradstat.parallel import Task, run_units
 from gradstat.stats.topk_sets import (

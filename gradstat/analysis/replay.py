@@ -29,6 +29,7 @@ import torch
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
+from gradstat.analysis.ef_vectors import warn_gaps
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay_stream import (
     SchemeStep,
@@ -91,24 +92,6 @@ def scope_shapes(layers: Sequence[Layer], scope: Scope) -> list[tuple[int, ...]]
 def dense_seconds(numel: int, n: int, link: Link, bytes_per_value: int = 4) -> float:
     """Predicted time of the uncompressed ring all-reduce (fp32: 4 bytes, fp16: 2)."""
     return allreduce_seconds(numel * bytes_per_value, n, link)
-
-
-def check_gaps(recorded: Sequence[int], chosen: Sequence[int]) -> None:
-    """Warn when the replayed steps are not consecutive training steps."""
-    positions = np.searchsorted(np.asarray(recorded), np.asarray(chosen))
-    jumps = [
-        (a, b)
-        for a, b, pa, pb in zip(chosen, chosen[1:], positions, positions[1:], strict=False)
-        if b - a != 1 or pb - pa != 1
-    ]
-    if jumps:
-        a, b = jumps[0]
-        warnings.warn(
-            f"the replayed steps have {len(jumps)} gap(s), e.g. step {a} -> {b}: error "
-            "feedback skips the missing steps, so memories differ from training",
-            GradstatWarning,
-            stacklevel=3,
-        )
 
 
 def _error_and_cosine(
@@ -263,7 +246,7 @@ class Replay:
         Units: as many groups of schemes as processes will run them (``--jobs`` x
         torchrun ranks; schemes dealt round-robin), each group replayed over every step,
         so one process reads each step once."""
-        check_gaps([int(s) for s in self.capture.steps], self.steps)
+        warn_gaps(self.steps, "replay")
         steps = len(self.steps)
         task = Task(replay_unit, str(self.capture.path), self.selection, self.params, parts=steps)
         workers = planned_workers(self.capture, self.selection, self.compute.jobs)

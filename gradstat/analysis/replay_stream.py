@@ -23,7 +23,7 @@ import torch
 
 from gradstat.analysis.ef_store import MemoryRows
 from gradstat.analysis.finite import require_finite
-from gradstat.analysis.topk_stream import Workspace
+from gradstat.analysis.row_workspace import Workspace
 from gradstat.compressors.base import SparseRow, StepOutcome, Stream
 from gradstat.compressors.registry import Scheme
 from gradstat.stats.row_kernels import add_checked

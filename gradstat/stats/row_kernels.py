@@ -44,7 +44,7 @@ NONFINITE = 1 << 31
 ROOM = 1 << 16
 
 
-def _threshold(threshold: float | None, inclusive: bool = True) -> np.float32:
+def _float32_limit(threshold: float | None, inclusive: bool = True) -> np.float32:
     """The float32 ``t`` of the loops' ``|x| >= t`` that passes exactly ``|x| >= threshold``
     (``>`` unless ``inclusive``), the threshold rounded to float32 as numpy compares a
     float32 array with a Python float: NaN (nothing passes) for None, NaN and ``> inf``;
@@ -142,7 +142,7 @@ def scan_row(
         total = error = x  # unused
     else:
         mode = loops.SUM_FIRST if first else loops.SUM_ADD
-    limit = _threshold(threshold)
+    limit = _float32_limit(threshold)
     count, flags = loops.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
     return Found(*_found(loops, x, limit, room, count), _finite(flags))
 
@@ -186,8 +186,10 @@ def scan_row_pair(
     values: 21 ms against 24 ms)."""
     loops = _loops()
     a, b = rows
-    limits = _threshold(thresholds[0]), _threshold(thresholds[1])
-    n, mean_limit = (0, _threshold(None)) if mean is None else (mean.n, _threshold(mean.threshold))
+    limits = _float32_limit(thresholds[0]), _float32_limit(thresholds[1])
+    n, mean_limit = (
+        (0, _float32_limit(None)) if mean is None else (mean.n, _float32_limit(mean.threshold))
+    )
     room = rooms[1] if mean is None else mean.room  # n = 0: never written
     outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
     mean_outs = room.indices, room.magnitudes
@@ -216,7 +218,7 @@ def mean_row(
     candidates ``|mean| >= threshold`` (indices and magnitudes, as :func:`scan_row`) and
     its sum of squares in float64."""
     loops = _loops()
-    limit = _threshold(threshold)
+    limit = _float32_limit(threshold)
     count, squares = loops.mean_scan(
         total, error, np.float32(n), mean, limit, room.indices, room.magnitudes
     )
@@ -228,7 +230,7 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
     in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
     loops = _loops()
-    limit = _threshold(threshold, inclusive)
+    limit = _float32_limit(threshold, inclusive)
     room = Room(min(ROOM, x.size))
     count = loops.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
     return _found(loops, x, limit, room, count)[0]
@@ -241,7 +243,7 @@ def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True)
     2.7 ms at 0.1% passing, 7.5-7.7 ms at 10-50%, against 9.6-25 ms for numpy's abs,
     compare and compress)."""
     loops = _loops()
-    limit = _threshold(threshold, inclusive)
+    limit = _float32_limit(threshold, inclusive)
     out = np.empty(int(loops.count_at_least(x, limit)) + 1, dtype=np.float32)
     return out[: loops.compact_at_least(x, limit, out)]
 
@@ -249,7 +251,7 @@ def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True)
 def count_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> int:
     """How many values :func:`indices_at_least` selects (one pass in vector instructions:
     8M values 1.1-1.3 ms)."""
-    return int(_loops().count_at_least(x, _threshold(threshold, inclusive)))
+    return int(_loops().count_at_least(x, _float32_limit(threshold, inclusive)))
 
 
 def magnitude_sums(x: np.ndarray) -> tuple[float, float, float, float, int]:
@@ -312,6 +314,6 @@ def add_and_candidates(
     corrected row ``p = m + g``, its top-k candidates, and the part of its norm no top-k
     can send. When more are found than ``room`` holds, a second pass."""
     loops = _loops()
-    limit = _threshold(threshold)
+    limit = _float32_limit(threshold)
     count, squares = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
     return *_found(loops, x, limit, room, count), float(squares)
