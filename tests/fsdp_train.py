@@ -26,6 +26,7 @@ from torch.distributed.tensor import Shard
 
 from gradstat import GradientCapture
 from gradstat.capture.worker import exit_without_teardown
+from gradstat.errors import UsageError
 
 VOCAB, WIDTH, HIDDEN, OUT = 37, 6, 13, 12
 STEPS, BATCH, LENGTH = 2, 3, 4
@@ -69,6 +70,8 @@ CASES = {
     # step 0 leaves a root parameter without gradient: FSDP reduce-scatters the others
     # only, the step is not recorded (a warning says so); step 1 is
     "unused": {"unused": True},
+    # HSDP whose shard dim has one learner: never reduce-scattered, refused in one line
+    "replicate-only": {"replicate_only": True},
 }
 
 
@@ -93,11 +96,11 @@ def run_case(name: str, out: Path) -> None:
     torch.manual_seed(0)
     model = Net()
     replica = copy.deepcopy(model)
-    mesh = (
-        init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-        if settings.get("hsdp")
-        else init_device_mesh("cpu", (world,))
-    )
+    if settings.get("hsdp") or settings.get("replicate_only"):
+        shape = (world, 1) if settings.get("replicate_only") else (2, world // 2)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     options: dict = {"mesh": mesh}
     if "reduce" in settings:
         options["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=settings["reduce"])
@@ -112,13 +115,18 @@ def run_case(name: str, out: Path) -> None:
     fully_shard(model, **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     dtype = settings.get("dtype", "float32")
-    capture = GradientCapture(
-        model,
-        out / name,
-        dtype=dtype,
-        record_ranks=settings.get("record_ranks"),
-        layers=settings.get("layers"),
-    )
+    try:
+        capture = GradientCapture(
+            model,
+            out / name,
+            dtype=dtype,
+            record_ranks=settings.get("record_ranks"),
+            layers=settings.get("layers"),
+        )
+    except UsageError as exc:  # what the case expects: saved for the test
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / f"error-rank{rank}.txt").write_text(str(exc))
+        return
     names = [layer.name for layer in capture.layers]
     references = []
     for step in range(STEPS):

@@ -16,7 +16,8 @@ from gradstat.capture.workloads import build_workload
 from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
 SCRIPT = TESTS / "fsdp_train.py"
-ALL = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync,unused"
+CASES = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync,unused"
+ALL = CASES + ",replicate-only"
 # fp16: FSDP divides by 2 before the reduce-scatter; undone, values below fp16's
 # normal range lose their last bits (6e-8, the smallest subnormal)
 TOLERANCE = {"fp16-reduce": 6e-8}
@@ -52,7 +53,7 @@ def _assert_rows_are_local_gradients(
                 assert not np.allclose(grads[0].numpy(), grads[1].numpy()), "learners differ"
 
 
-@pytest.mark.parametrize("case", ALL.split(","))
+@pytest.mark.parametrize("case", CASES.split(","))
 def test_two_learners_record_their_local_gradients(two_ranks, case):
     learners = [0] if case == "bf16-store" else [0, 1]
     steps = (1,) if case == "unused" else (0, 1)
@@ -81,6 +82,13 @@ def test_accumulation_without_disabling_sync_warns_and_keeps_the_last_backward(t
 def test_a_step_with_an_unused_parameter_is_not_recorded_and_warns(two_ranks):
     stderr = (two_ranks / "stderr.txt").read_text()
     assert "FSDP unit (root) reduce-scattered only some of its parameters" in stderr
+
+
+def test_hsdp_without_sharding_is_refused_on_every_rank(two_ranks):
+    for rank in range(2):
+        message = (two_ranks / "replicate-only" / f"error-rank{rank}.txt").read_text()
+        assert "replicated over 2 learners without sharding" in message
+    assert not (two_ranks / "replicate-only" / "capture.h5").exists()
 
 
 def test_refusals_are_one_line_usage_errors(monkeypatch):

@@ -193,6 +193,7 @@ class GradientCapture:
         # hook first, files after: a model that cannot take the hook leaves nothing behind
         records = self.rank in self.recorded_ranks
         if self._units:
+            self._check_layouts()
             if records:
                 self._install_fsdp()
         else:
@@ -268,14 +269,18 @@ class GradientCapture:
             raise UsageError("this FSDP model already records into a GradientCapture")
         return units
 
-    def _install_fsdp(self) -> None:
-        for unit, layout in self._layouts:
+    def _check_layouts(self) -> None:
+        """On every rank, before any unit is touched: what gradstat cannot record."""
+        for _, layout in self._layouts:
             if layout.shard == 1 and layout.replicate > 1:
                 raise UsageError(
                     f"FSDP unit {layout.name} is replicated over {layout.replicate} learners "
                     "without sharding (a mesh whose shard dim has size 1): its local "
                     "gradient never reaches a reduce-scatter; record it under DDP instead"
                 )
+
+    def _install_fsdp(self) -> None:
+        for unit, layout in self._layouts:
             fsdp.install(
                 unit,
                 lambda flat, world, layout=layout: self._record_unit(layout, flat, world),
