@@ -7,6 +7,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
@@ -65,12 +66,15 @@ def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys)
     parser.feed(page)
     parser.close()
     assert parser.errors == [] and parser.stack == []
-    assert parser.ids == ["summary", *(spec.key for spec in SECTIONS)]
+    # the sections in order, then the full-size overlay the figures open in
+    assert parser.ids == ["summary", *(spec.key for spec in SECTIONS), "zoom"]
     for spec in SECTIONS:
         assert f"<h2>{spec.title}</h2>" in page
     assert "Not available" not in page, re.findall(r"Not available: [^<]*", page)
-    assert len(parser.images) >= 5
-    assert all(src.startswith("data:image/png;base64,") for src in parser.images)
+    figures = parser.images[:-1]  # the overlay's image takes a figure's when opened
+    assert len(figures) >= 5 and parser.images[-1] == ""
+    assert all(src.startswith("data:image/png;base64,") for src in figures)
+    assert page.count('<a href="#zoom"') == len(figures)  # every figure opens full size
     assert "http://" not in page and "https://" not in page  # nothing to fetch
     assert "Assumed: cluster" in page and "target: cpu-here" in page  # what it assumed
 
@@ -148,3 +152,32 @@ def test_readme_quick_start_is_what_ci_and_make_run():
     )
     assert "-c constraints.txt" in makefile
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
+
+
+def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
+    from gradstat.report.build import ReportContext, ReportSettings, _distinct
+    from gradstat.report.html import table_html
+    from gradstat.store import open_capture
+
+    with open_capture(real_capture) as cap:
+        settings = ReportSettings(ratios=(0.01,), compressors="fp16,topk,clt-k")
+        ctx = ReportContext(cap, settings, lambda key: lambda units: units)
+        priced = ctx.priced.set_index(["compressor", "ratio"])
+        ranking = ctx.recommendation.ranking.set_index(["compressor", "ratio"])
+        # the replay section's times are the recommendation's, configuration by one
+        for key, row in priced.iterrows():
+            assert row["seconds"] == ranking.loc[key, "seconds"]
+            assert row["compress_seconds"] == ranking.loc[key, "compress_seconds"]
+        assert ctx.target is ctx.recommendation.target  # one profile, measured once
+    quality = pd.DataFrame(
+        [
+            ("sidco-exp", 0.01, "1", 2.5, 2.0, 3.0, 5),
+            ("fit:exp", 0.01, "1", 2.5, 2.0, 3.0, 5),  # SIDCo-E stage 1 is that quantile
+            ("fit:gamma", 0.01, "1", 1.5, 1.0, 2.0, 5),
+        ],
+        columns=["estimator", "ratio", "stages", "q median", "q min", "q max", "n"],
+    )
+    assert list(_distinct(quality)["estimator"]) == ["sidco-exp", "fit:gamma"]
+    wide = pd.DataFrame([["model", *range(15)]], columns=["scope", *(f"c{i}" for i in range(15))])
+    page = table_html(wide)
+    assert page.count("<tr>") == 16 and "<th>model</th>" in page  # one row per column

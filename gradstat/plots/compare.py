@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gradstat.plots.style import new_figure
+from gradstat.plots.style import compressor_color, new_figure
 
 
 def plot_compare(losses: pd.DataFrame, errors: pd.DataFrame) -> Figure:
@@ -18,9 +18,11 @@ def plot_compare(losses: pd.DataFrame, errors: pd.DataFrame) -> Figure:
     curves, error = axes[0]
     colors = {}
     for i, (run, data) in enumerate(losses.groupby("run", sort=False)):
-        color = f"C{i % 10}"
-        colors[run] = color
         label = data["label"].iloc[0]
+        # the compressor's colour of every figure; a second run of it: the cycle's
+        color = compressor_color(label.split(" at ")[0])
+        color = color if color not in colors.values() else f"C{i % 10}"
+        colors[run] = color
         for _, learner in data.groupby("learner"):
             curves.plot(learner["step"], learner["loss"], color=color, alpha=0.3, linewidth=0.7)
         mean = data.groupby("step")["loss"].mean()

@@ -2,10 +2,11 @@
 distribution describes |g| and where the thresholds at each ratio fall.
 
 Panels: the histogram of |g| on log-spaced bins (as the density of ln|g|) with the
-fitted densities; the log-log
-complementary CDF with the fitted tails, the empirical top-k threshold at each ratio
-(dashed) and each distribution's fitted threshold (markers); one Q-Q plot per
-distribution (fitted against empirical quantiles, log-log, with the diagonal).
+fitted densities; the log-log complementary CDF of the upper half of |g| (the tail the
+thresholds are read from) with the fitted tails, the empirical top-k threshold at each
+ratio (dashed, labelled at the top) and each distribution's fitted threshold (open
+circles); one Q-Q plot per distribution (fitted against empirical quantiles, log-log,
+with the diagonal; quantiles off the scale counted in a note).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
         xlim=(low, high),
         ylim=(0, 1.08 * peak),
         xlabel="|g|",
-        ylabel="density of ln|g|  (x f(x))",
-        title="histogram and fitted densities",
+        ylabel="density of ln |g|",
+        title="histogram of |g| (log bins), fitted densities",
     )
 
     ccdf = cells[1]
@@ -90,27 +91,39 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
     for name, dist in dists.items():
         ccdf.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name])
     thresholds = records[(records["kind"] == "fit") & records["error"].isna()]
+    # The tail is what thresholds are read from: the CCDF starts at the median of |g|,
+    # not at the smallest magnitude, so its curves separate where they matter.
+    tail_low = float(np.quantile(x, 0.5))
     for ratio, group in thresholds.groupby("ratio"):
         density = float(group["k"].iloc[0]) / float(group["nonzero"].iloc[0])
-        ccdf.axvline(float(group["empirical"].iloc[0]), color="0.4", ls="--", lw=0.8)
+        empirical_threshold = float(group["empirical"].iloc[0])
+        ccdf.axvline(empirical_threshold, color="0.4", ls="--", lw=0.8)
+        ccdf.axhline(density, color="0.75", ls=":", lw=0.8)
+        # the label on the dashed line at the top, clear of every marker
         ccdf.annotate(
             f"k/d = {ratio:g}",
-            (float(group["empirical"].iloc[0]), density),
-            xytext=(-4, 0),
+            (empirical_threshold, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -3),
             textcoords="offset points",
-            ha="right",
+            rotation=90,
+            ha="left",
+            va="top",
             fontsize=7,
+            color="0.3",
         )
         for row in group.itertuples(index=False):
-            ccdf.plot(row.threshold, density, "o", color=colors[row.dist], ms=4)
+            ccdf.plot(
+                row.threshold, density, "o", mfc="none", mew=1.2, color=colors[row.dist], ms=5
+            )
     ccdf.set(
         xscale="log",
         yscale="log",
-        xlim=(low, 1.2 * high),
-        ylim=(0.5 / n, 1.5),
+        xlim=(tail_low, 1.2 * high),
+        ylim=(0.5 / n, 0.7),
         xlabel="|g|",
         ylabel="P(|g| > x)",
-        title="CCDF; dashed: top-k threshold",
+        title="tail (CCDF); dashed: top-k threshold,\ncircles: fitted thresholds",
     )
 
     probabilities = np.unique(
@@ -122,15 +135,20 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
         fitted = np.array([dist.magnitude_isf(1.0 - p) for p in probabilities])
         inside = (fitted >= lo) & (fitted <= hi)
         ax.plot(fitted[inside], empirical[inside], ".", color=colors[name])
-        # Quantiles off the scale are drawn at its edge as open triangles.
-        ax.plot(
-            np.clip(fitted[~inside], lo, hi),
-            empirical[~inside],
-            ">",
-            mfc="none",
-            color=colors[name],
-            ms=4,
-        )
+        # Quantiles off the scale are counted, not piled on its edge.
+        below, above = int((fitted < lo).sum()), int((fitted > hi).sum())
+        off = [f"{below} below {lo:.1g}"] * bool(below) + [f"{above} above {hi:.1g}"] * bool(above)
+        if off:
+            ax.text(
+                0.97,
+                0.03,
+                f"fitted quantiles off scale: {', '.join(off)}",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="0.3",
+            )
         ax.plot([lo, hi], [lo, hi], color="0.4", lw=0.8)
         ax.set(
             xscale="log",

@@ -1,10 +1,16 @@
 """Figures of a compressor replay, from the per-step records of
 :func:`gradstat.analysis.replay.replay`.
 
-Three panels: mean relative error against mean bytes per learner (one point per
-compressor and rate, log-log: the trade-off a compressor designer picks from), the
-relative error over steps (does error feedback keep it bounded?), and build-up ``U/k``
-over steps for the sparse exchanges (ScaleCom, arXiv 2104.11125).
+Three panels on a 2 x 2 grid (the fourth cell holds the legend), 4:3 so it fits a paper
+column: mean relative error against mean bytes per learner (one point per compressor
+and rate, log-log: the trade-off a compressor designer picks from), the relative error
+over steps (does error feedback keep it bounded?), and build-up ``U/k`` over steps for
+the sparse exchanges (ScaleCom, arXiv 2104.11125). Colours are keyed by compressor as
+in every figure (:func:`~gradstat.plots.style.compressor_color`), markers and line
+styles by ratio, so two rates of one compressor stay apart where their lines coincide.
+Casts (fp16, bf16) whose error is orders of magnitude below the others' are drawn at the
+bottom edge of the trade-off panel with their value, and left out of the error over
+steps, so they do not squeeze every sparsifier into one blob.
 """
 
 from __future__ import annotations
@@ -14,10 +20,17 @@ import math
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from gradstat.plots.style import legend_below, new_figure
+from gradstat.plots.style import compressor_color, new_figure, plain_log_axis
 
 MARKERS = "osD^vP*X"
+LINESTYLES = ("-", "--", ":", "-.")
+#: A configuration whose mean error is below this fraction of the median configuration's
+#: is drawn apart (at the trade-off panel's bottom edge), e.g. fp16 at 1e-8.
+APART = 1e-3
+#: Points closer than this on both log axes (in decades) are said to coincide.
+COINCIDE = 0.02
 
 
 def _label(compressor: str, ratio: float) -> str:
@@ -27,48 +40,119 @@ def _label(compressor: str, ratio: float) -> str:
 def plot_replay(records: pd.DataFrame) -> Figure:
     """Error vs bytes, error over steps and build-up over steps (first scope only).
 
-    Each compressor keeps one colour in every panel and each ratio one marker, named in
-    one legend under the panels, so no label sits on a point or a line.
+    Each compressor keeps one colour in every panel and each ratio one marker and line
+    style, named in one legend beside the panels, so no label sits on a point or a line;
+    points that coincide say so in the legend (``= topk 0.01``).
     """
     scope = records["scope"].iloc[0]
     data = records[records["scope"] == scope].copy()
     data["label"] = [_label(c, r) for c, r in zip(data["compressor"], data["ratio"], strict=True)]
-    colors = {name: f"C{i}" for i, name in enumerate(data["compressor"].unique())}
     ratios = sorted(data["ratio"].dropna().unique(), reverse=True)
     markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(ratios)}
+    lines = {r: LINESTYLES[i % len(LINESTYLES)] for i, r in enumerate(ratios)}
 
     def style(group: pd.DataFrame) -> dict:
         ratio = group["ratio"].iloc[0]
-        marker = "o" if math.isnan(ratio) else markers[ratio]
-        return {"color": colors[group["compressor"].iloc[0]], "marker": marker}
+        fixed = math.isnan(ratio)
+        return {
+            "color": compressor_color(group["compressor"].iloc[0]),
+            "marker": "o" if fixed else markers[ratio],
+            "ls": "-" if fixed else lines[ratio],
+        }
 
-    fig, axes = new_figure(1, 3, width=5.0, height=4.0)
-    trade, error, buildup = axes[0]
+    means = data.groupby("label", sort=False)[["bytes_per_learner", "rel_error"]].mean()
+    typical = float(means["rel_error"].median())
+    apart = set(means.index[means["rel_error"] < APART * typical]) if typical > 0 else set()
+    kept = means.drop(index=list(apart))
+    fig, axes = new_figure(2, 2, width=4.6, height=3.5)
+    (trade, error), (buildup, key) = axes
+    floor = float(kept["rel_error"][kept["rel_error"] > 0].min()) / 2 if len(kept) else 1e-3
+    placed: list[tuple[str, float, float]] = []
+    handles: list[Line2D] = []
+    curves: list[tuple[str, np.ndarray]] = []
+    stacked: dict[float, int] = {}  # labels drawn at the bottom edge, per x
     for label, group in data.groupby("label", sort=False):
         look = style(group)
-        trade.plot(
-            group["bytes_per_learner"].mean(),
-            group["rel_error"].mean(),
-            ls="none",
-            ms=7,
-            label=label,
-            **look,
+        x, y = means.loc[label, "bytes_per_learner"], means.loc[label, "rel_error"]
+        same = [
+            other
+            for other, ox, oy in placed
+            if y > 0
+            and oy > 0
+            and abs(math.log10(x / ox)) < COINCIDE
+            and abs(math.log10(y / oy)) < COINCIDE
+        ]
+        curve = group["buildup"].to_numpy(dtype=float)
+        twin = next(
+            (
+                o
+                for o, c in curves
+                if c.shape == curve.shape and np.allclose(c, curve, equal_nan=True)
+            ),
+            None,
         )
-        error.plot(group["step"], group["rel_error"], ms=3, lw=1, **look)
+        notes = [f"= {same[0]} in error vs traffic"] if same else []
+        if twin is not None and np.isfinite(curve).any():
+            notes.append(f"build-up = {twin}'s")
+        shown = label + (f" ({'; '.join(notes)})" if notes else "")
+        curves.append((label, curve))
+        marker = "v" if label in apart else look["marker"]
+        handles.append(Line2D([], [], **{**look, "marker": marker}, mfc="none", label=shown))
+        if label in apart:
+            trade.plot(x, floor, ls="none", ms=8, marker="v", color=look["color"])
+            above = stacked.get(x, 0)
+            stacked[x] = above + 1
+            trade.annotate(
+                f"{label}: {y:.1g}",
+                (x, floor),
+                xytext=(-6, 7 + 9 * above),
+                textcoords="offset points",
+                ha="right",
+                fontsize=7,
+                color=look["color"],
+            )
+        else:
+            # open markers, a size larger for each point they cover: both stay visible
+            trade.plot(
+                x,
+                y,
+                ls="none",
+                ms=7 + 4 * len(same),
+                mfc="none",
+                mew=1.6,
+                marker=look["marker"],
+                color=look["color"],
+            )
+            error.plot(group["step"], group["rel_error"], ms=2.5, lw=1, **look)
+        placed.append((label, x, y))
         if np.isfinite(group["buildup"]).any():
-            buildup.plot(group["step"], group["buildup"], ms=3, lw=1, **look)
+            buildup.plot(group["step"], group["buildup"], ms=2.5, lw=1, **look)
     trade.set_xscale("log")
-    if (data["rel_error"] > 0).any():
+    if (kept["rel_error"] > 0).any():
         trade.set_yscale("log")
         error.set_yscale("log")
+        if apart:
+            top = float(kept["rel_error"].max()) * 1.5
+            trade.set_ylim(floor / 1.6, top)
     trade.set(
         xlabel="bytes sent per learner per step",
         ylabel="mean relative error ||ĝ - g||² / ||g||²",
         title=f"error vs traffic ({scope})",
     )
-    error.set(xlabel="training step", ylabel="relative error", title="error over steps")
+    left_out = (
+        f"; {', '.join(sorted(apart))} (error < {APART:g} x typical) left out" if apart else ""
+    )
+    error.set(xlabel="training step", ylabel="relative error", title="error over steps" + left_out)
+    if apart:
+        error.title.set_fontsize("small")
     buildup.set(
         xlabel="training step", ylabel="build-up U / k", title="build-up of the sparse exchanges"
     )
-    legend_below(fig, trade, ncols=6)
+    for ax in (trade, error):
+        plain_log_axis(ax, "y")
+    plain_log_axis(trade, "x")
+    key.axis("off")
+    key.legend(
+        handles=handles, loc="center", fontsize="small", frameon=False, title="compressor, ratio"
+    )
     return fig

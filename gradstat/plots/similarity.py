@@ -20,6 +20,27 @@ def _scopes_note(df: pd.DataFrame) -> str:
     return f", mean of {scopes} scopes" if scopes > 1 else f", scope {df['scope'].iloc[0]}"
 
 
+def random_baseline(ax, level: float) -> None:
+    """The overlap of random sets (k/d, often 0.001) as a dark dashed line labelled on
+    the plot, on a y axis that starts a little below 0 so the line is not hidden in the
+    x axis."""
+    ax.axhline(
+        level, color="0.25", linestyle="--", linewidth=1.2, label=f"random sets ({level:.2%})"
+    )
+    ax.annotate(
+        f"random sets: {level:.2%}",
+        (1.0, level),
+        xycoords=("axes fraction", "data"),
+        xytext=(-4, 3),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        color="0.25",
+    )
+    ax.set_ylim(-0.04, 1.02)
+
+
 def plot_similarity(pairs: pd.DataFrame) -> Figure:
     """Heatmap of the mean learner x learner overlap (with the mean gradient's set), and
     each learner's overlap with the mean gradient's top-k over steps, against random."""
@@ -35,9 +56,12 @@ def plot_similarity(pairs: pd.DataFrame) -> Figure:
         fmt=".2f",
         cmap="viridis",
         square=True,
-        cbar_kws={"label": "overlap |A n B| / k"},
+        cbar_kws={"label": "overlap |A ∩ B| / k"},
     )
-    heat.set_title(f"mean top-k overlap over {pairs['step'].nunique()} steps{_scopes_note(pairs)}")
+    heat.set_title(
+        f"mean top-k overlap, ratio {pairs['ratio'].iloc[0]:g}, over "
+        f"{pairs['step'].nunique()} steps{_scopes_note(pairs)}"
+    )
     heat.set_xlabel("learner")
     heat.set_ylabel("learner")
     glob = pairs[pairs["learner_b"] == "mean"]
@@ -46,8 +70,7 @@ def plot_similarity(pairs: pd.DataFrame) -> Figure:
         line.plot(
             rows["step"], rows["overlap"], marker="o", markersize=3, label=f"learner {learner}"
         )
-    line.axhline(pairs["random_overlap"].mean(), color="grey", linestyle="--", label="random (k/d)")
-    line.set_ylim(0.0, 1.02)
+    random_baseline(line, pairs["random_overlap"].mean())
     line.xaxis.set_major_locator(MaxNLocator(integer=True))
     line.set_xlabel("training step")
     line.set_ylabel("overlap with top-k of the mean")
@@ -61,11 +84,22 @@ def plot_buildup(records: pd.DataFrame) -> Figure:
     fig, axes = new_figure(1, 1, width=6.0, height=4.2)
     ax = axes[0, 0]
     palette = sns.color_palette(n_colors=records["ratio"].nunique())
-    for color, (ratio, rows) in zip(palette, records.groupby("ratio", sort=False), strict=True):
+    groups = records.groupby("ratio", sort=False)
+    for i, (color, (ratio, rows)) in enumerate(zip(palette, groups, strict=True)):
         by_m = rows.groupby("m")
         stats = by_m["buildup"].agg(["mean", "min", "max"])
-        ax.plot(stats.index, stats["mean"], marker="o", color=color, label=f"ratio {ratio:g}")
-        ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2)
+        # min..max over steps as error bars, offset a little per ratio: bands of two
+        # ratios blend into one colour and hide the B = m line
+        shift = 0.06 * (i - 0.5 * (len(groups) - 1))
+        ax.errorbar(
+            stats.index + shift,
+            stats["mean"],
+            yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+            marker="o",
+            color=color,
+            capsize=4,
+            label=f"ratio {ratio:g}",
+        )
         ax.plot(
             stats.index,
             by_m["random_buildup"].mean(),
@@ -73,24 +107,25 @@ def plot_buildup(records: pd.DataFrame) -> Figure:
             marker="x",
             color=color,
             zorder=3,
-            label=f"random sets, ratio {ratio:g}",
+            label=f"random, ratio {ratio:g}",
         )
     top = int(records["m"].max())
-    # Under the random baselines (they lie just below B = m at small ratios).
+    # Over everything, thin and dark: the random baselines lie just below it.
     ax.plot(
         [1, top],
         [1, top],
-        color="0.6",
-        linewidth=3,
-        alpha=0.4,
-        zorder=1,
+        color="0.2",
+        linewidth=1.0,
+        linestyle=":",
+        zorder=4,
         label="disjoint sets (B = m)",
     )
     ax.set_xlabel("learners m")
     ax.set_ylabel("build-up B(m) = E[U(m)] / k")
     ax.set_xticks(range(1, top + 1))
     ax.set_title(
-        f"build-up over {records['step'].nunique()} steps{_scopes_note(records)} (band: min..max)"
+        f"build-up over {records['step'].nunique()} steps{_scopes_note(records)}; "
+        "bars: min..max over steps"
     )
     legend_below(fig, ax, ncols=3)
     return fig
@@ -112,10 +147,9 @@ def plot_overlap(records: pd.DataFrame) -> Figure:
             color="black" if is_mean else None,
             label="mean gradient" if is_mean else f"learner {learner}",
         )
-    ax.axhline(records["random_overlap"].mean(), color="grey", linestyle="--", label="random (k/d)")
+    random_baseline(ax, records["random_overlap"].mean())
     gaps = records["gap"]
     gap = f"{gaps.min()}" if gaps.min() == gaps.max() else f"{gaps.min()}..{gaps.max()}"
-    ax.set_ylim(0.0, 1.02)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step t")
     ax.set_ylabel("overlap of top-k(t) and top-k(t + gap)")

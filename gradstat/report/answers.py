@@ -53,12 +53,15 @@ def closest_estimators(quality: pd.DataFrame, notes: bool = True) -> list[str]:
             f"(range {best['q min']:.3g} to {best['q max']:.3g})."
         )
     fallback = quality[kinds.isin(FALLBACK)] if notes else quality.iloc[:0]
-    for row in fallback.to_dict(orient="records"):
-        if row["q median"] == 1:
+    for name, rows in fallback.groupby("estimator", sort=False):
+        exact = [
+            _ratio_text(r) for r, q in zip(rows["ratio"], rows["q median"], strict=True) if q == 1
+        ]
+        if exact:
+            at = f"ratio {exact[0]}" if len(exact) == 1 else f"ratios {', '.join(exact)}"
             lines.append(
-                f"At ratio {_ratio_text(row['ratio'])}, {row['estimator']}'s median q of 1 is "
-                "its exact top-k fallback (its sampled threshold selected over 1.3 k), not "
-                "an estimate."
+                f"At {at}, {name}'s median q of 1 is its exact top-k fallback (its sampled "
+                "threshold selected over 1.3 k), not an estimate."
             )
     return lines
 

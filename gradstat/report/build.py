@@ -171,7 +171,7 @@ def _overview(ctx: ReportContext) -> Part:
             "steps; each learner's curve is its own batch, so the spread between curves is "
             "the data-parallel noise that makes their gradients differ."
         )
-        figures.append(plot_loss(steps, cap.losses, f"{cap.path.name}: training loss per learner"))
+        figures.append(plot_loss(steps, cap.losses, f"{cap.workload}: training loss per learner"))
     return Part(reading, figures, [("capture", facts)])
 
 
@@ -212,7 +212,7 @@ def _fit(ctx: ReportContext) -> Part:
         sample=200_000,
     )
     records = analysis.run(ctx.progress("fit"))
-    ranking, quality = rank_distributions(records), quality_summary(records)
+    ranking, quality = rank_distributions(records), _distinct(quality_summary(records))
     stages = _stages_text(quality, "sidco-gpd")
     reading = (
         f"Distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
@@ -233,6 +233,20 @@ def _fit(ctx: ReportContext) -> Part:
         ],
         [answers.best_fit(ranking), *answers.closest_estimators(quality, notes=False)[-1:]],
     )
+
+
+def _distinct(quality: pd.DataFrame) -> pd.DataFrame:
+    """The estimator table without the rows of a fitted distribution's own quantile
+    (``fit:exp``) that repeat an estimator's row (SIDCo-E with one stage is that very
+    quantile): one row per distinct answer."""
+    keys = ["ratio", "q median", "q min", "q max"]
+    fitted = quality["estimator"].str.startswith("fit:")
+    seen = set(map(tuple, quality.loc[~fitted, keys].to_numpy().tolist()))
+    repeat = [
+        f and tuple(row) in seen
+        for f, row in zip(fitted, quality[keys].to_numpy().tolist(), strict=True)
+    ]
+    return quality[~pd.Series(repeat, index=quality.index)]
 
 
 def _similarity(ctx: ReportContext) -> Part:
@@ -525,7 +539,7 @@ def build_report(
         f"status {cap.status} · gradstat {__version__}"
     )
     return render(
-        f"gradstat report: {cap.path.name}",
+        f"gradstat report: {cap.workload}, {cap.learners_text()}, {len(cap.steps)} steps",
         subtitle,
         sections,
         summary=verdicts,

@@ -3,8 +3,10 @@ reading, embedded figures and tables.
 
 No network is needed to view it: figures are PNGs embedded as ``data:`` URIs and the
 style sheet is inline. It reads on a phone: a viewport meta tag, figures that stack
-full width below 700 px, tables that scroll sideways instead of being cut, and numbers
-that never break across lines.
+full width below 700 px and open at full size when clicked or tapped (one overlay, a few
+lines of inline script; the page stays whole without it), tables that scroll sideways
+with a shadow at the edge that hides more columns instead of being cut, wide tables of
+one or two rows turned into a column each, and numbers that never break across lines.
 """
 
 from __future__ import annotations
@@ -34,12 +36,24 @@ h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
 p.reading { background: #f5f7fa; border-left: 4px solid #4a7ab5; padding: .6em 1em; }
 p.error { background: #fdf0f0; border-left: 4px solid #b54a4a; padding: .6em 1em; }
 .figures { display: flex; flex-wrap: wrap; gap: 1em; }
-.figures img { flex: 0 1 auto; min-width: 0; max-width: 100%; height: auto; margin: .5em 0; }
-.scroll { overflow-x: auto; max-width: 100%; }
+.figures a { flex: 0 1 auto; min-width: 0; max-width: 100%; cursor: zoom-in; }
+.figures img { max-width: 100%; height: auto; margin: .5em 0 0; display: block; }
+.figures .hint { font-size: .8em; color: #666; }
+#zoom { display: none; position: fixed; inset: 0; background: rgba(255,255,255,.97);
+        overflow: auto; z-index: 10; cursor: zoom-out; }
+#zoom.open { display: block; }
+#zoom img { display: block; margin: 0 auto; max-width: none; }
+.scroll { overflow-x: auto; max-width: 100%;
+  background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)),
+    linear-gradient(to right, rgba(255,255,255,0), #fff 70%) 100% 0,
+    radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.25), rgba(0,0,0,0)),
+    radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.25), rgba(0,0,0,0)) 100% 0;
+  background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 14px 100%, 14px 100%;
+  background-attachment: local, local, scroll, scroll; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
 td { white-space: nowrap; font-variant-numeric: tabular-nums; }
-th { background: #eef; vertical-align: bottom; }
+th { background: rgba(80,80,220,.09); vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 table.facts td { white-space: normal; text-align: left; overflow-wrap: break-word; }
 table.facts td:first-child { white-space: nowrap; font-weight: bold; }
@@ -51,6 +65,18 @@ nav a { white-space: nowrap; }
   table.facts tr { display: block; border-bottom: 1px solid #ddd; padding: .3em 0; }
 }
 """
+
+
+#: The full-size overlay: a click on a figure shows it at its own pixel size (scrolling
+#: where it is larger than the window); a click on the overlay closes it.
+ZOOM = """<div id="zoom" title="close"><img alt="figure at full size"></div>
+<script>
+const zoom = document.getElementById("zoom");
+document.querySelectorAll(".figures a").forEach((link) => link.addEventListener("click",
+  (event) => { event.preventDefault(); zoom.firstChild.src = link.querySelector("img").src;
+               zoom.classList.add("open"); }));
+zoom.addEventListener("click", () => zoom.classList.remove("open"));
+</script>"""
 
 
 @dataclass
@@ -73,8 +99,28 @@ def figure_png(fig: Figure, dpi: int = 110) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+#: A table of at most this many rows and more than WIDE columns reads as one column
+#: per row (the columns become rows): 16 columns of one row do not fit a page.
+SHORT, WIDE = 2, 8
+
+
+def _stand_up(df: pd.DataFrame) -> pd.DataFrame:
+    """A short, wide table transposed: its columns as rows, one column per row."""
+    first = df.columns[0]
+    names = [format_cell(v) for v in df[first]]
+    rest = df.drop(columns=[first])
+    table = pd.DataFrame(
+        {name: [format_cell(v) for v in row] for name, row in zip(names, rest.values, strict=True)}
+    )
+    table.insert(0, str(first), [str(c) for c in rest.columns])
+    return table
+
+
 def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str:
-    """A table in a sideways-scrolling box; cells formatted as in the terminal."""
+    """A table in a sideways-scrolling box; cells formatted as in the terminal; a short,
+    wide table stood up (:func:`_stand_up`)."""
+    if len(df) <= SHORT and len(df.columns) > WIDE:
+        df = _stand_up(df)
     shown = df.head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     rows = "".join(
@@ -139,7 +185,9 @@ def render(
             parts.append(f'<p class="reading">{html.escape(section.reading)}</p>')
             if section.figures:
                 images = "".join(
-                    f'<img alt="{html.escape(section.title)}" src="{figure_png(fig, dpi)}">'
+                    f'<a href="#zoom" title="full size"><img alt="{html.escape(section.title)}" '
+                    f'src="{figure_png(fig, dpi)}"><span class="hint">click or tap for full '
+                    "size</span></a>"
                     for fig in section.figures
                 )
                 parts.append(f'<div class="figures">{images}</div>')
@@ -149,5 +197,6 @@ def render(
                 else:
                     parts.append(f"<h3>{html.escape(caption)}</h3>{table_html(df)}")
         parts.append("</section>")
+    parts.append(ZOOM)
     parts.append("</body></html>")
     return "\n".join(parts)
