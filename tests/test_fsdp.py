@@ -137,6 +137,10 @@ def test_every_analysis_runs_on_an_fsdp_capture(capsys, two_ranks, command):
     result = run_cli(capsys, command[0], two_ranks / "plain", *command[1:], "--json")
     assert result.code == 0, result.stdout + result.stderr
     assert result.stdout.strip().startswith("{")
+    if command[0] == "info":
+        assert '"data_parallel": "fsdp2"' in result.stdout
+        text = run_cli(capsys, "info", two_ranks / "plain").stdout
+        assert "FSDP2 reduce-scatter" in text
 
 
 def test_cli_fsdp_capture_records_each_learners_first_gradient(tmp_path, capsys):

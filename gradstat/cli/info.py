@@ -75,6 +75,8 @@ def _compressor_text(summary: dict) -> str:
     and settings, and that /sent holds what each learner sent."""
     compressor = summary.get("compressor")
     if compressor is None:
+        if summary.get("data_parallel") == "fsdp2":
+            return "no gradient compressor (FSDP2 reduce-scatter)"
         return "no gradient compressor (plain all-reduce)"
     text = compressor["name"]
     if compressor["ratio"] is not None:

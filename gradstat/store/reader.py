@@ -313,6 +313,7 @@ class Capture:
             "world_size": self.world_size,
             "recorded_ranks": self.learners,
             "backend": self.meta.get("backend"),
+            "data_parallel": self.meta.get("data_parallel", "ddp"),  # or fsdp2
             "dtype": self.dtype,
             "compression": self.meta.get("compression", "none"),
             "numel": self.numel,
