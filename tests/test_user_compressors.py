@@ -159,6 +159,38 @@ def test_recommend_ranks_it_among_the_built_ins(synthetic_capture, capsys):
         assert ours["within_budget"] and ours["seconds"] > 0
 
 
+def test_ratio_and_seed_reach_the_constructor_by_name(synthetic_capture, capsys, tmp_path):
+    """A constructor taking ``ratio`` (not GRACE's ``compress_ratio``) gets each density
+    of --ratios; one taking ``seed`` gets --seed; its own text parameter arrives too."""
+    path, grads = synthetic_capture
+    mine = write(
+        tmp_path / "named.py",
+        """
+        import torch
+
+
+        class TopK:
+            def __init__(self, ratio, seed, mode="magnitude"):
+                if seed != 5 or mode != "fast":
+                    raise ValueError(f"seed {seed}, mode {mode}")
+                self.ratio = ratio
+
+            def compress(self, tensor, name):
+                k = max(1, int(tensor.numel() * self.ratio))
+                _, indices = torch.topk(tensor.abs(), k)
+                return [indices, tensor[indices]], tensor.numel()
+
+            def decompress(self, tensors, ctx):
+                indices, values = tensors
+                return torch.zeros(ctx).index_put_((indices,), values)
+        """,
+    )
+    spec = f"{mine}:TopK:mode=fast"
+    records = replay_records(capsys, path, spec, "--jobs", "1", "--seed", "5")
+    assert {r["compressor"] for r in records} == {spec}
+    assert_matches_reference(records, grads)
+
+
 def test_random_draws_follow_the_seed(synthetic_capture, capsys):
     path, _ = synthetic_capture
     spec = f"{EXAMPLE}:Quantize:bits=2"
