@@ -453,14 +453,17 @@ def test_each_mistake_is_one_line_naming_spec_method_and_line(
 
 
 def test_a_failure_in_a_worker_process_is_named_the_same():
-    """Errors travel from --jobs workers as (type, message): the user's failure comes
-    back as the same class, with its exit code and line."""
+    """A --jobs worker's outcome travels pickled: the user's failure comes back as the
+    same class, with its message and exit code, and is raised as one process would."""
+    import pickle
+
     from gradstat.errors import UserCodeError
-    from gradstat.parallel.units import raise_error
+    from gradstat.parallel.units import Outcome, finish
 
     message = "bad.py:Mine: compress raised ZeroDivisionError: integer division (at bad.py:10)"
-    with pytest.raises(UserCodeError, match=r"^bad\.py:Mine: compress raised") as caught:
-        raise_error({"type": "UserCodeError", "message": message})
+    travelled = pickle.loads(pickle.dumps(Outcome(error=UserCodeError(message)).portable()))
+    with pytest.raises(UserCodeError) as caught:
+        finish([travelled])
     assert str(caught.value) == message and caught.value.exit_code == 1
 
 
