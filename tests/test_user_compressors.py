@@ -409,6 +409,7 @@ CASES = {
                            2, "No module named 'nosuchdep'", "nosuchdep"),
     "no such module": (None, "nosuchmodule_xyz:Mine", 2, "no module named", None),
     # ":Top:" is also an emoji code, which must not be printed as one
+    "no class named": (GOOD, "bad.py", 2, "name the class too, as bad.py:CLASS", None),
     "no class": (GOOD, "bad.py:Top", 2, "has no class 'Top' (it has: Mine)", None),
     "no compress": (_broken(GOOD, "def compress(", "def kompress("), "", 2,
                     "has no compress method", None),

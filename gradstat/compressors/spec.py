@@ -172,6 +172,8 @@ def _load_class(source: str) -> type:
     target = source
     if ":" not in source:
         found = entry_points().get(source)
+        if found is None and _is_file(source):
+            raise UsageError(f"{source}: name the class too, as {source}:CLASS")
         if found is None:
             raise UsageError(f"unknown compressor {source!r}")
         target = found.value
