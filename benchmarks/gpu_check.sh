@@ -66,7 +66,7 @@ DEPENDENCIES=(numpy h5py crc32c typer rich scipy pandas matplotlib seaborn numba
 missing=$(missing_of "${DEPENDENCIES[@]}")
 if [[ -n $missing ]]; then
   wheels=${WHEELS:-$ROOT/wheels}
-  have=$(ls "$wheels" 2>/dev/null | sed -E 's/-[0-9].*//; s/_/-/g' | tr 'A-Z' 'a-z' | sort -u | tr '\n' ' ')
+  have=$({ ls "$wheels" 2>/dev/null || true; } | sed -E 's/-[0-9].*//; s/_/-/g' | tr 'A-Z' 'a-z' | sort -u | tr '\n' ' ')
   installable=()
   for dist in $missing; do
     [[ " $have " == *" ${dist,,} "* ]] && installable+=("$dist")
@@ -79,7 +79,9 @@ if [[ -n $missing ]]; then
     py=.venv-gpu/bin/python
     missing=$(missing_of "${DEPENDENCIES[@]}")
   fi
-  [[ -n $missing ]] && say "still missing: $missing (steps that need them are skipped; make wheels/ with benchmarks/gpu_check_wheels.sh)"
+  if [[ -n $missing ]]; then
+    say "still missing: $missing (steps that need them are skipped; make wheels/ with benchmarks/gpu_check_wheels.sh)"
+  fi
 fi
 needs() {  # needs STEP MODULE...: true when every module imports, else a skip line
   local step=$1 lacking
