@@ -307,8 +307,9 @@ def test_import_gradstat_stays_light():
 def test_one_cut_of_the_row_serves_every_sidco_variant(synthetic_capture, monkeypatch):
     # fit takes the SIDCo variants' stage-1 exceedances lowest level first, so that the
     # row is cut once and the other sets come from that cut: the records must equal a run
-    # without it, which cuts the row for each variant and the top-k candidates
-    from gradstat.analysis import fit as fit_module
+    # without it, which cuts the row for each variant and the top-k candidates (the
+    # passes' path: MLE fits; moment fits take every set from the row's bins)
+    from gradstat.analysis import fit_row as fit_module
     from gradstat.stats.passes import RowPasses
 
     path, _ = synthetic_capture
@@ -325,7 +326,7 @@ def test_one_cut_of_the_row_serves_every_sidco_variant(synthetic_capture, monkey
     def run() -> pd.DataFrame:
         cuts.clear()
         with open_capture(path) as cap:
-            return Fit(cap, steps="0", learners=[0], ratios=(0.1, 0.01)).run()
+            return Fit(cap, steps="0", learners=[0], ratios=(0.1, 0.01), method="mle").run()
 
     shared = run()
     assert sum(cuts) == 1

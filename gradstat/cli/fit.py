@@ -68,7 +68,8 @@ Sample = Annotated[
     typer.Option(
         "--sample",
         callback=between(0),
-        help="Subsample size for MLE fits and KS/AD scores (0: every value).",
+        help="Subsample size of MLE fits and their KS/AD (0: every value); moment fits "
+        "score every value.",
     ),
 ]
 PlotStep = Annotated[

@@ -209,7 +209,19 @@ class Distribution:
         return cls._fit_mle(x) if method == "mle" else cls._fit_moments(x)
 
     @classmethod
+    def fit_from_moments(cls, n: int, mean: float, var: float) -> Distribution:
+        """The moments fit from the count, mean and variance (ddof 0) of the values it
+        fits (signed if ``signed``, else magnitudes): what :meth:`fit` computes from them."""
+        if n < 2:
+            raise DataError(f"a {cls.name} fit needs at least 2 non-zero values")
+        return cls._from_mean_var(mean, var)
+
+    @classmethod
     def _fit_moments(cls, x: torch.Tensor) -> Distribution:
+        return cls._from_mean_var(*_mean_var(x))
+
+    @classmethod
+    def _from_mean_var(cls, mean: float, var: float) -> Distribution:
         raise NotImplementedError
 
     @classmethod
@@ -373,8 +385,8 @@ class Exponential(Distribution):
         return cls(loc=0.0, scale=mean)
 
     @classmethod
-    def _fit_moments(cls, x):
-        return cls.from_mean(_mean_var(x)[0])
+    def _from_mean_var(cls, mean, var):
+        return cls.from_mean(mean)
 
     def _logpdf(self, z):
         return -z
@@ -410,8 +422,7 @@ class Gamma(Distribution):
         return cls(a=a, loc=0.0, scale=mean / a)
 
     @classmethod
-    def _fit_moments(cls, x):
-        mean, var = _mean_var(x)
+    def _from_mean_var(cls, mean, var):
         _check_spread(var, cls.name)
         return cls(a=mean * mean / var, loc=0.0, scale=var / mean)
 
@@ -459,8 +470,8 @@ class GenPareto(Distribution):
         return cls(c=(1.0 - ratio) / 2.0, loc=0.0, scale=mean * (ratio + 1.0) / 2.0)
 
     @classmethod
-    def _fit_moments(cls, x):
-        return cls.from_moments(*_mean_var(x))
+    def _from_mean_var(cls, mean, var):
+        return cls.from_moments(mean, var)
 
     @classmethod
     def _fit_mle(cls, x):
@@ -518,8 +529,7 @@ class Normal(_GaussianTails, Distribution):
     lower = -math.inf
 
     @classmethod
-    def _fit_moments(cls, x):
-        mean, var = _mean_var(x)
+    def _from_mean_var(cls, mean, var):
         _check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var))
 
@@ -541,8 +551,7 @@ class Laplace(Distribution):
     lower = -math.inf
 
     @classmethod
-    def _fit_moments(cls, x):
-        mean, var = _mean_var(x)
+    def _from_mean_var(cls, mean, var):
         _check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var / 2.0))
 
@@ -580,8 +589,7 @@ class LogNormal(_GaussianTails, Distribution):
     name, scipy_name, free, closed = "lognormal", "lognorm", ("s", "scale"), False
 
     @classmethod
-    def _fit_moments(cls, x):
-        mean, var = _mean_var(x)
+    def _from_mean_var(cls, mean, var):
         _check_spread(var, cls.name)
         s2 = math.log1p(var / (mean * mean))
         return cls(s=math.sqrt(s2), loc=0.0, scale=mean * math.exp(-s2 / 2.0))
@@ -617,8 +625,7 @@ class Weibull(Distribution):
     name, scipy_name, free, closed = "weibull", "weibull_min", ("c", "scale"), False
 
     @classmethod
-    def _fit_moments(cls, x):
-        mean, var = _mean_var(x)
+    def _from_mean_var(cls, mean, var):
         _check_spread(var, cls.name)
         cv2 = var / (mean * mean)
         c = mle.expand_root(lambda c: cv2 - _weibull_cv2(c), 0.1, 10.0)

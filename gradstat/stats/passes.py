@@ -274,6 +274,16 @@ def pool_log_sum(magnitudes: np.ndarray) -> float:
     )
 
 
+def zeros_selected(threshold: float, inclusive: bool) -> bool:
+    """Whether zeros pass ``|x| > threshold`` (``>=`` when inclusive) as float32 compares
+    (the threshold rounded to float32: a positive one under half the smallest subnormal
+    is 0), or the threshold is NaN: then sets of non-zero magnitudes cannot answer."""
+    if math.isnan(threshold):
+        return True
+    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
+        return threshold < 0 or (inclusive and np.float32(threshold) <= 0)
+
+
 def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
     """Whether the set {|x| > floor} ({|x| >= floor} for an inclusive pool) holds every
     magnitude the query selects: {|x| >= t} needs t > floor (t >= floor for an
@@ -369,7 +379,7 @@ class RowPasses:
 
     def count(self, threshold: float, inclusive: bool = False) -> int:
         """How many |x| exceed ``threshold`` (``>=`` when ``inclusive``)."""
-        if self._zeros_selected(threshold, inclusive):
+        if zeros_selected(threshold, inclusive):
             return count(self.values, threshold, inclusive)
         pool = self._pool(threshold, inclusive)
         found = self._scan(pool, threshold, inclusive, keep=False)
@@ -380,7 +390,7 @@ class RowPasses:
 
     def exceed(self, threshold: float, inclusive: bool = False) -> torch.Tensor:
         """The |x| above ``threshold`` (``>=`` when ``inclusive``), in the row's order."""
-        if self._zeros_selected(threshold, inclusive):
+        if zeros_selected(threshold, inclusive):
             return exceed(self.values, threshold, inclusive)
         for kept in self._pools:
             if kept[0] == threshold and kept[1] == inclusive:
@@ -404,10 +414,6 @@ class RowPasses:
                 n, total, float(above.square().sum()), minimum
             )
         return self._exceedance_sums[key]
-
-    def _zeros_selected(self, threshold: float, inclusive: bool) -> bool:
-        """Whether zeros pass (then the pools, which hold no zeros, cannot answer)."""
-        return threshold < 0 or (inclusive and threshold <= 0) or math.isnan(threshold)
 
     def _pool(self, threshold: float, inclusive: bool) -> torch.Tensor | None:
         """The smallest kept set that holds every |x| the query selects; None: the row

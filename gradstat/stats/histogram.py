@@ -1,0 +1,418 @@
+"""One pass per row for every count, sum, quantile and goodness-of-fit question of ``fit``.
+
+Non-negative float32 values order as their bit patterns do as integers, so the bins
+``bits(|x|) >> SHIFT`` (2^8 bins an octave, each 2^-8 of its value wide) are intervals of
+|x| in ascending order. One pass (:func:`bin_sums`) takes each bin's count, float64 sum and
+sum of squares, and the row's zeros, signed sum and maximum. A count at a bin edge is then
+exact from the counts alone; a count at any other threshold is exact from the counts
+above the threshold's bin plus a count over that bin's own values. Those come from the
+*pool*: a second pass (:func:`bucket`) that groups by bin every |x| in the bins holding the
+upper ``POOL_SHARE`` of the non-zeros (a stable counting sort: the bins are contiguous
+slices). A bin under the pool is read by a pass of its own, kept (rare: fit's thresholds
+sit in the upper half).
+
+:class:`RowHistogram` answers what the threshold estimators ask of a row (the interface of
+:class:`~gradstat.stats.passes.RowPasses`) and what a distribution fit needs: the moments
+of every non-zero |x|, the k-th largest |x|, sums of a smooth function over every value
+(the log-likelihood, the log sum; quadratic in each bin, error below 1e-8 relative), and
+KS and Anderson-Darling on the whole row (:mod:`gradstat.stats.histogram_fit`).
+
+Three ways to build the bins, the same numbers: numpy (:func:`bin_sums_numpy`, the plain
+reference), numba (:mod:`gradstat.stats._histogram_loops`, one pass; CPU rows of at least
+``COMPILED_MIN_NUMEL``) and torch (:func:`bin_sums_torch`, ``torch.bincount`` on the bit
+patterns: any device, e.g. ``--device cuda``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gradstat.stats import passes as row_passes
+from gradstat.stats.passes import ExceedanceSums, MagnitudeSums
+
+#: Bits below the bin index: 23 - 15 = 8 mantissa bits in the bin, 2^8 bins an octave.
+SHIFT = 15
+#: Bins of non-negative finite float32 values, and one more for +inf (thresholds).
+NBINS = (0x7F800000 >> SHIFT) + 1
+#: Share of the non-zeros the pool holds at least (the bins from the median up).
+POOL_SHARE = 0.5
+#: Bit patterns below this are subnormal.
+NORMAL_BITS = 0x00800000
+_CHUNK = 1 << 18
+#: The compiled loops start (numba's import, about 0.7 s once a process) from this size.
+COMPILED_MIN_NUMEL = row_passes.COMPILED_MIN_NUMEL
+
+
+@dataclass(frozen=True)
+class BinSums:
+    """Per bin: ``counts`` (int64), float64 ``sums`` and ``squares`` of |x| (``NBINS``
+    each; zeros and NaN/Inf in none); the row's ``zeros`` (+0 and -0), ``nonfinite``
+    (NaN, +-Inf), float64 ``signed_total`` of the finite values, the largest bit pattern
+    ``top_bits`` of a finite |x| (0 when all are zero)."""
+
+    counts: np.ndarray
+    sums: np.ndarray
+    squares: np.ndarray
+    zeros: int
+    nonfinite: int
+    signed_total: float
+    top_bits: int
+
+
+def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(NBINS, np.int64), np.zeros(NBINS), np.zeros(NBINS)
+
+
+def bin_sums_numpy(row: np.ndarray) -> BinSums:
+    """The plain reference: chunk by chunk, ``np.bincount`` of the bit patterns."""
+    counts, sums, squares = _empty()
+    zeros, nonfinite, signed, top = 0, 0, 0.0, 0
+    for lo in range(0, row.size, _CHUNK):
+        part = row[lo : lo + _CHUNK]
+        finite = np.isfinite(part)
+        if not finite.all():
+            nonfinite += int(part.size - np.count_nonzero(finite))
+            part = part[finite]
+        a = np.abs(part).astype(np.float64)
+        bits = np.abs(part).view(np.uint32)
+        index = (bits >> SHIFT).astype(np.intp)
+        counts += np.bincount(index, minlength=NBINS)
+        sums += np.bincount(index, weights=a, minlength=NBINS)
+        squares += np.bincount(index, weights=a * a, minlength=NBINS)
+        zero = int(np.count_nonzero(bits == 0))
+        zeros += zero
+        counts[0] -= zero
+        signed += float(np.sum(part, dtype=np.float64))
+        top = max(top, int(bits.max(initial=0)))
+    return BinSums(counts, sums, squares, zeros, nonfinite, signed, top)
+
+
+def bin_sums_torch(values: torch.Tensor) -> BinSums:
+    """``torch.bincount`` of the bit patterns on the values' device (float64 weights)."""
+    counts, sums, squares = _empty()
+    zeros, nonfinite, signed, top = 0, 0, 0.0, 0
+    for part in values.reshape(-1).split(1 << 22):
+        finite = torch.isfinite(part)
+        if not bool(finite.all()):
+            nonfinite += part.numel() - int(torch.count_nonzero(finite))
+            part = part[finite]
+        a = part.abs()
+        bits = a.view(torch.int32)
+        index = (bits >> SHIFT).long()
+        wide = a.double()
+        counts += torch.bincount(index, minlength=NBINS).cpu().numpy()
+        sums += torch.bincount(index, weights=wide, minlength=NBINS).cpu().numpy()
+        squares += torch.bincount(index, weights=wide * wide, minlength=NBINS).cpu().numpy()
+        zero = int(torch.count_nonzero(bits == 0))
+        zeros += zero
+        counts[0] -= zero
+        signed += float(part.double().sum())
+        top = max(top, int(bits.max()) if bits.numel() else 0)
+    return BinSums(counts, sums, squares, zeros, nonfinite, signed, top)
+
+
+def bin_sums_compiled(row: np.ndarray) -> BinSums:
+    """The numba loop (one pass); the same numbers as :func:`bin_sums_numpy` up to the
+    order of float64 additions."""
+    counts, sums, squares = _empty()
+    zeros, nonfinite, signed, top = _loops().bin_sums(row, SHIFT, counts, sums, squares)
+    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), float(signed), int(top))
+
+
+def bucket_numpy(row: np.ndarray, floor: int) -> np.ndarray:
+    """The plain reference of the pool: the |x| of bins ``floor`` and up, grouped by bin
+    in ascending order, each bin's in the row's order (a stable sort of the bins)."""
+    a = np.abs(row)
+    bits = a.view(np.uint32)
+    index = bits >> SHIFT
+    keep = (bits != 0) & (index >= floor) & np.isfinite(a)
+    order = np.argsort(index[keep], kind="stable")
+    return a[keep][order]
+
+
+def bucket_torch(values: torch.Tensor, floor: int) -> np.ndarray:
+    """The pool by a stable ``torch.sort`` of the bins on the values' device."""
+    a = values.reshape(-1).abs()
+    bits = a.view(torch.int32)
+    index = bits >> SHIFT
+    keep = (bits != 0) & (index >= floor) & torch.isfinite(a)
+    order = torch.sort(index[keep], stable=True).indices
+    return a[keep][order].cpu().numpy()
+
+
+def bucket_compiled(row: np.ndarray, floor: int, counts: np.ndarray) -> np.ndarray:
+    """The pool by the numba counting sort (:func:`bucket_numpy`'s result)."""
+    sizes = counts[floor:]
+    starts = np.zeros(sizes.size, np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    out = np.empty(int(sizes.sum()), np.float32)
+    _loops().bucket(row, SHIFT, floor, starts, out)
+    return out
+
+
+def _loops():
+    """:mod:`gradstat.stats._histogram_loops`, imported on first use (numba's start)."""
+    if "gradstat.stats._histogram_loops" not in sys.modules:
+        from gradstat.stats import row_kernels
+
+        row_kernels._loops()  # the same cache folder rule as the row loops
+    from gradstat.stats import _histogram_loops
+
+    return _histogram_loops
+
+
+def float32_limit(threshold: float, inclusive: bool) -> np.float32:
+    """The float32 ``t`` such that ``|x| >= t`` selects exactly what numpy's float32
+    comparison of ``|x|`` with ``threshold`` selects (``>`` unless ``inclusive``): the
+    threshold rounded to float32; for ``>``, the next float32 up (NaN: nothing)."""
+    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
+        limit = np.float32(threshold)
+    if inclusive or limit != limit:
+        return limit
+    if limit == np.inf:
+        return np.float32(np.nan)
+    return np.nextafter(limit, np.float32(np.inf))
+
+
+def bin_edges(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) edge of each bin as float64: every |x| of bin j lies in [lower, upper)."""
+    low = (bins.astype(np.uint32) << SHIFT).view(np.float32).astype(np.float64)
+    high = ((bins.astype(np.uint32) + 1) << SHIFT).view(np.float32).astype(np.float64)
+    return low, high
+
+
+def _plain(values: torch.Tensor) -> np.ndarray | None:
+    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
+        return values.reshape(-1).numpy()
+    return None
+
+
+class RowHistogram:
+    """The bins of one row ``values`` (signed, float32) and what they answer. NaN and Inf
+    stay out of the bins (``bins.nonfinite`` counts them); the answers that scan the row
+    itself (thresholds at or below 0) want a finite row.
+
+    ``compiled``: the numba loops may build the bins of a long CPU row (False: numpy's);
+    other devices and dtypes use torch's. The pool is built on the first question a bin's
+    values must answer. Counts and sums are exact (float64 sums); :meth:`exceed` returns
+    its set grouped by bin, not in the row's order.
+    """
+
+    def __init__(self, values: torch.Tensor, *, compiled: bool = True) -> None:
+        self.values = values.reshape(-1)
+        row = _plain(self.values) if values.dtype == torch.float32 else None
+        self._row = row
+        if row is not None and compiled and row.size >= COMPILED_MIN_NUMEL:
+            self.mode = "compiled"
+            self.bins = bin_sums_compiled(row)
+        elif row is not None:
+            self.mode = "numpy"
+            self.bins = bin_sums_numpy(row)
+        else:
+            self.mode = "torch"
+            self.bins = bin_sums_torch(self.values.float())
+        counts = self.bins.counts
+        # above[j]: the |x| in bins j and up; the same for the sums (float64)
+        self.above = np.zeros(NBINS + 1, np.int64)
+        self.above[:-1] = np.cumsum(counts[::-1])[::-1]
+        self._above_sums = np.zeros(NBINS + 1)
+        self._above_sums[:-1] = np.cumsum(self.bins.sums[::-1])[::-1]
+        self._above_squares = np.zeros(NBINS + 1)
+        self._above_squares[:-1] = np.cumsum(self.bins.squares[::-1])[::-1]
+        self.nonzeros = int(self.above[0])
+        self._pool: np.ndarray | None = None
+        self._floor = NBINS
+        self._starts: np.ndarray | None = None
+        self._kept: dict[int, np.ndarray] = {}
+        self._sums: MagnitudeSums | None = None
+        self._exceedance: dict[tuple[float, bool], ExceedanceSums] = {}
+
+    @property
+    def numel(self) -> int:
+        return self.values.numel()
+
+    # --- the pool and the values of one bin ------------------------------------------
+    def _build_pool(self) -> None:
+        need = math.ceil(POOL_SHARE * self.nonzeros)
+        floor = int(np.count_nonzero(self.above[:-1] >= max(need, 1))) - 1
+        floor = max(floor, 0)
+        if self.mode == "compiled":
+            pool = bucket_compiled(self._row, floor, self.bins.counts)
+        elif self.mode == "numpy":
+            pool = bucket_numpy(self._row, floor)
+        else:
+            pool = bucket_torch(self.values.float(), floor)
+        starts = np.zeros(NBINS - floor + 1, np.int64)
+        np.cumsum(self.bins.counts[floor:], out=starts[1:])
+        self._pool, self._floor, self._starts = pool, floor, starts
+
+    def bin_values(self, j: int) -> np.ndarray:
+        """The |x| of bin ``j`` (float32, unordered within the bin)."""
+        if self._pool is None:
+            self._build_pool()
+        assert self._starts is not None and self._pool is not None
+        if j >= self._floor:
+            at = j - self._floor
+            return self._pool[self._starts[at] : self._starts[at + 1]]
+        if j not in self._kept:  # under the pool: a pass of its own over the row
+            self.prefetch([j])
+        return self._kept[j]
+
+    def prefetch(self, bins) -> None:
+        """Read the values of those of ``bins`` under the pool in one pass over the row."""
+        if self._pool is None:
+            self._build_pool()
+        wanted = sorted({int(j) for j in bins if j < self._floor and j not in self._kept})
+        if not wanted:
+            return
+        sizes = self.bins.counts[wanted]
+        starts = np.zeros(len(wanted) + 1, np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        if self.mode == "compiled":
+            slot = np.full(NBINS, -1, np.int32)
+            slot[wanted] = np.arange(len(wanted), dtype=np.int32)
+            out = np.empty(int(starts[-1]), np.float32)
+            _loops().gather(self._row, SHIFT, slot, starts[:-1], out)
+        else:
+            a = self.values.float().abs()
+            index = a.view(torch.int32) >> SHIFT
+            chosen = torch.from_numpy(np.asarray(wanted, np.int64)).to(a.device)
+            keep = torch.isin(index, chosen) & (a != 0) & torch.isfinite(a)
+            order = torch.sort(index[keep], stable=True).indices
+            out = a[keep][order].cpu().numpy()
+        for at, j in enumerate(wanted):
+            self._kept[j] = out[starts[at] : starts[at + 1]]
+
+    def _split(self, limit: np.float32) -> tuple[int, np.ndarray]:
+        """(bin of ``limit``, that bin's |x| >= limit)."""
+        bits = int(np.float32(limit).view(np.uint32))
+        j = bits >> SHIFT
+        if j >= NBINS:
+            return NBINS, np.empty(0, np.float32)
+        if bits & ((1 << SHIFT) - 1) == 0:  # on the bin's lower edge: all of it
+            return j, self.bin_values(j) if self.bins.counts[j] else np.empty(0, np.float32)
+        values = self.bin_values(j) if self.bins.counts[j] else np.empty(0, np.float32)
+        return j, values[values.view(np.uint32) >= bits]
+
+    # --- what the threshold estimators ask (RowPasses' interface) --------------------
+    def sums(self, log: bool = False) -> MagnitudeSums:
+        """Count, sum and sum of squares of |x|, signed sum and maximum; the sum of
+        ln|x| over the non-zeros when ``log`` (quadratic in each bin)."""
+        if self._sums is None:
+            b = self.bins
+            maximum = float(np.uint32(b.top_bits).view(np.float32))
+            total, squares = float(b.sums.sum()), float(b.squares.sum())
+            row_passes._require_finite_sums(total, squares)
+            self._sums = MagnitudeSums(
+                self.numel, self.nonzeros, total, squares, math.nan, b.signed_total, maximum
+            )
+        if log and math.isnan(self._sums.log_sum):
+            log_sum = self.expectation(np.log)
+            self._sums = MagnitudeSums(**{**self._sums.__dict__, "log_sum": log_sum})
+        return self._sums
+
+    def count(self, threshold: float, inclusive: bool = False) -> int:
+        """How many |x| exceed ``threshold`` (``>=`` when ``inclusive``), exactly."""
+        if row_passes.zeros_selected(threshold, inclusive):
+            return row_passes.count(self.values, threshold, inclusive)
+        limit = float32_limit(threshold, inclusive)
+        if limit != limit:
+            return 0
+        j, part = self._split(limit)
+        return int(self.above[min(j + 1, NBINS)]) + part.size
+
+    def exceed(self, threshold: float, inclusive: bool = False) -> torch.Tensor:
+        """The |x| above ``threshold`` (``>=`` when ``inclusive``), grouped by bin."""
+        limit = float32_limit(threshold, inclusive)
+        if row_passes.zeros_selected(threshold, inclusive) or limit != limit:
+            return row_passes.exceed(self.values, threshold, inclusive)
+        if self._pool is None:
+            self._build_pool()
+        j, part = self._split(limit)
+        if j >= NBINS:
+            return torch.from_numpy(part)
+        if j < self._floor:  # under the pool: a pass over the row
+            return row_passes.exceed(self.values, threshold, inclusive)
+        assert self._pool is not None and self._starts is not None
+        rest = self._pool[self._starts[j - self._floor + 1] :]
+        return torch.from_numpy(np.concatenate([part, rest]))
+
+    def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
+        """Count, float64 sum and sum of squares, and minimum of :meth:`exceed`'s set."""
+        key = (threshold, inclusive)
+        if key in self._exceedance:
+            return self._exceedance[key]
+        limit = float32_limit(threshold, inclusive)
+        if row_passes.zeros_selected(threshold, inclusive) or limit != limit:
+            above = row_passes.exceed(self.values, threshold, inclusive).double()
+            n = above.numel()
+            result = ExceedanceSums(
+                n,
+                float(above.sum()),
+                float(above.square().sum()),
+                float(above.amin()) if n else math.nan,
+            )
+        else:
+            j, part = self._split(limit)
+            nxt = min(j + 1, NBINS)
+            wide = part.astype(np.float64)
+            n = int(self.above[nxt]) + part.size
+            total = float(self._above_sums[nxt]) + float(wide.sum())
+            squares = float(self._above_squares[nxt]) + float(np.dot(wide, wide))
+            if part.size:
+                minimum = float(part.min())
+            elif n:
+                first = nxt + int(np.flatnonzero(self.bins.counts[nxt:])[0])
+                minimum = float(self.bin_values(first).min())
+            else:
+                minimum = math.nan
+            result = ExceedanceSums(n, total, squares, minimum)
+        self._exceedance[key] = result
+        return result
+
+    # --- what a distribution fit asks ------------------------------------------------
+    def kth_largest(self, k: int) -> float:
+        """The k-th largest |x| (1 <= k <= nonzeros), exactly."""
+        if not 1 <= k <= self.nonzeros:
+            raise ValueError(f"k={k} outside 1..{self.nonzeros}")
+        j = int(np.count_nonzero(self.above[:-1] >= k)) - 1
+        rank = k - int(self.above[j + 1])  # from the top of bin j, 1-based
+        values = self.bin_values(j)
+        return float(np.partition(values, values.size - rank)[values.size - rank])
+
+    def occupied(self) -> np.ndarray:
+        """The bins holding some |x|, ascending."""
+        return np.flatnonzero(self.bins.counts)
+
+    def expectation(self, function) -> float:
+        """sum of ``function(|x|)`` over the non-zeros: in each bin of normal floats the
+        quadratic through ``function`` at the bin's centre c and c +- h/2 (h the
+        half-width), summed with the bin's count, sum and sum of squares (exact for
+        quadratics; the error per value is of order h^3 times the third derivative: with
+        h 2^-9 of the value, 1e-8 relative and less for ln and the fitted log-densities);
+        each subnormal value itself (their bins are wide relative to their values)."""
+        counts = self.bins.counts
+        bins = np.flatnonzero(counts)
+        small = bins[bins < (NORMAL_BITS >> SHIFT)]
+        exact = 0.0
+        if small.size:
+            self.prefetch(small)
+            values = np.concatenate([self.bin_values(int(j)) for j in small])
+            exact = float(np.sum(function(values.astype(np.float64))))
+            bins = bins[small.size :]
+        if bins.size == 0:
+            return exact
+        low, high = bin_edges(bins)
+        c, h = (low + high) / 2.0, (high - low) / 2.0
+        m = counts[bins].astype(np.float64)
+        s1 = self.bins.sums[bins] - m * c  # sum of (x - c)
+        s2 = self.bins.squares[bins] - 2.0 * c * self.bins.sums[bins] + m * c * c
+        left, mid, right = function(c - h / 2), function(c), function(c + h / 2)
+        slope = (right - left) / h
+        curve = (right - 2.0 * mid + left) / (h * h / 4.0)
+        return exact + float(np.sum(m * mid + slope * s1 + 0.5 * curve * s2))

@@ -1,0 +1,187 @@
+"""The row histogram (issue 28): its three builds agree, and every count, sum, quantile and
+score it gives equals a plain numpy or scipy computation on the whole row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from gradstat.analysis.fit import FitParams
+from gradstat.analysis.fit_row import _Fitter
+from gradstat.stats import histogram
+from gradstat.stats.distributions import get_distribution
+from gradstat.stats.histogram import (
+    RowHistogram,
+    bin_sums_compiled,
+    bin_sums_numpy,
+    bin_sums_torch,
+    bucket_compiled,
+    bucket_numpy,
+    bucket_torch,
+)
+from gradstat.stats.histogram_fit import anderson_darling, fit_moments, ks, loglik
+from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
+from gradstat.store.scope import Scope
+
+
+def _row(n: int = 60_000, seed: int = 0) -> np.ndarray:
+    """Heavy-tailed values with ties, +0 and -0, subnormals and a few huge ones."""
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32) * 1e-3
+    g[::97] = 0.0
+    g[1::89] = -0.0
+    g[2::101] = np.float32(1e-3)  # a tie of about 1% of the row
+    g[3::103] = -np.float32(1e-3)
+    g[4::211] = np.float32(1e-42)  # subnormal
+    g[5::307] = rng.random(g[5::307].size).astype(np.float32) * np.float32(1e-39)
+    g[6] = np.float32(3e38)
+    return g
+
+
+def _count(a: np.ndarray, threshold: float, inclusive: bool) -> int:
+    with np.errstate(over="ignore"):
+        t = np.float32(threshold)
+    return int(np.count_nonzero(a >= t if inclusive else a > t))
+
+
+@pytest.fixture(scope="module")
+def row():
+    return _row()
+
+
+def test_the_three_builds_agree(row):
+    numpy_, compiled = bin_sums_numpy(row), bin_sums_compiled(row)
+    torch_ = bin_sums_torch(torch.from_numpy(row))
+    for other in (compiled, torch_):
+        assert np.array_equal(other.counts, numpy_.counts)
+        np.testing.assert_allclose(other.sums, numpy_.sums, rtol=1e-12)
+        np.testing.assert_allclose(other.squares, numpy_.squares, rtol=1e-12)
+        assert (other.zeros, other.top_bits) == (numpy_.zeros, numpy_.top_bits)
+        assert other.signed_total == pytest.approx(numpy_.signed_total, rel=1e-12)
+    a = np.abs(row)
+    assert numpy_.zeros == np.count_nonzero(a == 0)
+    assert numpy_.counts.sum() == np.count_nonzero(a)
+    assert numpy_.sums.sum() == pytest.approx(a.astype(np.float64).sum(), rel=1e-12)
+    for floor in (0, 20_000, int(numpy_.top_bits >> histogram.SHIFT)):
+        pool = bucket_numpy(row, floor)
+        assert np.array_equal(bucket_compiled(row, floor, numpy_.counts), pool)
+        assert np.array_equal(bucket_torch(torch.from_numpy(row), floor), pool)
+        chosen = a[(a > 0) & ((a.view(np.uint32) >> histogram.SHIFT) >= floor)]
+        assert np.array_equal(np.sort(pool), np.sort(chosen))
+
+
+def test_nan_and_inf_stay_out_of_the_bins(row):
+    bad = row.copy()
+    bad[10:13] = [np.nan, np.inf, -np.inf]
+    for build in (bin_sums_numpy, bin_sums_compiled):
+        bins = build(bad)
+        assert bins.nonfinite == 3
+        assert bins.counts.sum() == np.count_nonzero(np.abs(row)) - np.count_nonzero(row[10:13])
+    assert bin_sums_torch(torch.from_numpy(bad)).nonfinite == 3
+
+
+@pytest.mark.parametrize("mode", ["compiled", "numpy", "torch"])
+def test_every_count_is_the_exact_count(row, mode, monkeypatch):
+    monkeypatch.setattr(histogram, "COMPILED_MIN_NUMEL", 0)
+    values = torch.from_numpy(row)
+    if mode == "torch":  # a strided view takes the torch path, as another device does
+        values = torch.from_numpy(np.repeat(row, 2))[::2]
+    hist = RowHistogram(values, compiled=mode == "compiled")
+    assert hist.mode == mode
+    a = np.abs(row)
+    nonzero = np.sort(a[a > 0])
+    edges = (np.arange(0, 2**16, 997, dtype=np.uint32) << 15).view(np.float32)
+    thresholds = [*nonzero[:: len(nonzero) // 50], *edges, 1e-3, 1e-42, 0.0, 5e-324, 3e38, 1e39]
+    thresholds += [float(np.nextafter(np.float32(1e-3), np.float32(1))), -1.0]
+    for t in thresholds:
+        for inclusive in (True, False):
+            assert hist.count(float(t), inclusive) == _count(a, t, inclusive), (t, inclusive)
+    for t in (1e-3, float(nonzero[len(nonzero) // 3]), float(nonzero[-100]), 1e-40):
+        above = np.sort(hist.exceed(t, True).numpy())
+        assert np.array_equal(above, np.sort(a[a >= np.float32(t)]))
+        sums = hist.exceedance_sums(t)
+        chosen = a[a > np.float32(t)].astype(np.float64)
+        assert sums.n == chosen.size and sums.minimum == chosen.min()
+        assert sums.total == pytest.approx(chosen.sum(), rel=1e-12)
+        assert sums.squares == pytest.approx(np.dot(chosen, chosen), rel=1e-12)
+    for k in (1, 2, 17, 600, len(nonzero) // 2, len(nonzero) - 1, len(nonzero)):
+        assert hist.kth_largest(k) == nonzero[-k]
+    sums = hist.sums(log=True)
+    assert sums.nonzeros == nonzero.size and sums.maximum == nonzero[-1]
+    assert sums.log_sum == pytest.approx(np.log(nonzero.astype(np.float64)).sum(), rel=1e-10)
+
+
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e != "hard"] + ["hard"])
+def test_each_estimators_count_is_a_numpy_count(row, estimator):
+    values = torch.from_numpy(row)
+    a = np.abs(row)
+    for ratio in (0.1, 0.01, 0.001):
+        for stages in (1, 3):
+            result = estimate_threshold(
+                values,
+                ratio,
+                estimator,
+                stages=stages,
+                threshold=1e-3,
+                generator=torch.Generator().manual_seed(0),
+                shared=RowHistogram(values),
+            )
+            assert result.selected == _count(a, result.threshold, result.inclusive)
+
+
+@pytest.mark.parametrize("name", ["gpd", "exp", "gamma", "lognormal", "weibull", "normal"])
+def test_scores_on_the_whole_row_match_scipy(row, name):
+    values = torch.from_numpy(row)
+    hist = RowHistogram(values)
+    dist = fit_moments(get_distribution(name), hist)
+    a = np.abs(row)
+    x = np.sort(a[a > 0]).astype(np.float64)
+    frozen = dist.magnitudes().to_scipy() if not dist.signed else None
+
+    def cdf(v):
+        return dist.magnitudes().cdf(torch.from_numpy(v)).numpy()
+
+    assert abs(ks(dist, hist) - stats.kstest(x, cdf).statistic) < 1e-3
+    if frozen is not None:  # A^2 from scipy's logs over the sorted whole row
+        i = np.arange(1, x.size + 1)
+        logs = frozen.logcdf(x) + frozen.logsf(x[::-1])
+        reference = -x.size - np.sum((2 * i - 1) * logs) / x.size
+        assert anderson_darling(dist, hist) == pytest.approx(reference, rel=1e-3)
+        assert loglik(dist, hist) == pytest.approx(frozen.logpdf(x).sum(), rel=1e-6)
+
+
+def test_binned_records_equal_the_passes_records(row):
+    """The records before (magnitudes and passes, KS/AD on every value) and after (the
+    bins): counts, k, q and the empirical quantiles equal; what moved by design (float64
+    sums instead of float32 ones) within 1e-6, KS and AD within 1e-3. (Without the huge
+    value: its float32 square, in the passes' sums, overflows.)"""
+    values = torch.from_numpy(np.where(np.abs(row) > 1, np.float32(0.5), row))
+    params = FitParams(dists="gpd,gamma,exp", sample=0, stages=(1, 2, 3))
+    scope = Scope("model", ((0, row.size),))
+    binned = _Fitter(params)
+    passes = _Fitter(params)
+    passes.binned = False
+    after = binned.one(0, 0, scope, values.clone())
+    before = passes.one(0, 0, scope, values.clone())
+    assert len(after) == len(before)
+    for old, new in zip(before, after, strict=True):
+        same = ("kind", "dist", "estimator", "ratio", "stages", "k", "numel", "nonzero", "zeros")
+        for key in same:
+            assert old[key] == new[key], key
+        for key in ("selected", "empirical"):
+            if old["estimator"] not in ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd"):
+                assert old[key] == new[key], (key, old["estimator"])
+        if old["threshold"] is not None:
+            assert new["threshold"] == pytest.approx(old["threshold"], rel=1e-6)
+            assert new["selected"] == pytest.approx(old["selected"], rel=1e-3, abs=2)
+        if old["kind"] == "fit":
+            assert abs(new["ks"] - old["ks"]) < 1e-3
+            assert new["ad"] == pytest.approx(old["ad"], rel=1e-3)
+            for key, value in old["params"].items():
+                assert new["params"][key] == pytest.approx(value, rel=1e-9, abs=1e-300)
+            assert new["n_fit"] == old["n_fit"]
+            assert math.isclose(new["loglik"], old["loglik"], rel_tol=1e-6)
