@@ -83,6 +83,13 @@ def test_import_gradstat_is_light_and_the_capture_api_loads_on_use():
     assert out[:3] == ["[]", "GradientCapture open_capture", "True"]
 
 
+def test_the_help_lists_the_registrys_compressors():
+    from gradstat.compressors.names import BUILTIN
+    from gradstat.compressors.registry import REGISTRY
+
+    assert tuple(REGISTRY) == BUILTIN
+
+
 def test_the_listed_help_is_the_docstring_each_command_runs_with():
     from gradstat.cli.main import COMMANDS, _docstring, load_command
 

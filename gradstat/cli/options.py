@@ -16,7 +16,7 @@ import typer
 from gradstat import defaults
 from gradstat.cli.paths import csv_path, plot_path
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
-from gradstat.compressors.registry import REGISTRY
+from gradstat.compressors.names import BUILTIN
 from gradstat.defaults import ratios_text
 
 if TYPE_CHECKING:  # the analyses import torch: --help and --version never load them
@@ -247,7 +247,7 @@ def list_compressors(value: str | None) -> str | None:
 
 #: What the help of every option naming compressors says about the names.
 COMPRESSOR_NAMES = (
-    f"NAME[:PARAM=VALUE] with NAME one of {', '.join(REGISTRY)} (docs/replay.md), or your "
+    f"NAME[:PARAM=VALUE] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), or your "
     "own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); 'list' describes them."
 )
 Compressors = Annotated[
