@@ -80,7 +80,9 @@ def run_child(path: Path, what: str, steps: int, jobs: int | None) -> float:
     return json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
 
 
-def measure(path: Path, what: str, steps: int, repeats: int, busy: bool) -> dict[str, float]:
+def measure(
+    path: Path, what: str, steps: int, repeats: int, busy: bool, modes: dict
+) -> dict[str, float]:
     """Median seconds of each mode, the modes alternating; ``busy``: beside a CPU hog."""
     spinner = None
     if busy:  # spins while its parent lives, also if the parent is killed
@@ -89,9 +91,9 @@ def measure(path: Path, what: str, steps: int, repeats: int, busy: bool) -> dict
         )
         time.sleep(0.5)
     try:
-        runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+        runs: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(repeats):
-            for mode, jobs in MODES.items():
+            for mode, jobs in modes.items():
                 runs[mode].append(run_child(path, what, steps, jobs))
         return {mode: statistics.median(times) for mode, times in runs.items()}
     finally:
@@ -110,9 +112,16 @@ def main() -> None:
         "--max-gb", type=float, default=5.0, help="skip captures larger than this (GB)"
     )
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--same-default",
+        action="store_true",
+        help="do not run the default separately: it is Compute(jobs=None), the same code "
+        "path as --jobs 1 (one process), so its column is the --jobs 1 time",
+    )
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp/parallel"))
     args = parser.parse_args()
     step_counts = sorted(int(s) for s in args.steps.split(","))
+    modes = {m: j for m, j in MODES.items() if not (args.same_default and m == "default")}
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(
         f"{'numel':>5} {'n':>3} {'steps':>5} {'analysis':>10} {'load':>5} "
@@ -133,7 +142,8 @@ def main() -> None:
                 for steps in counts:
                     for what in args.analyses.split(","):
                         for busy in (False, True):
-                            t = measure(folder, what, steps, args.repeats, busy)
+                            t = measure(folder, what, steps, args.repeats, busy, modes)
+                            t.setdefault("default", t["--jobs 1"])
                             ratio = t["default"] / min(t["--jobs 1"], t["--jobs 2"])
                             worst = max(worst, ratio)
                             print(

@@ -172,20 +172,12 @@ class Workspace:
         after: Callable[[np.ndarray], Any] | None = None,
     ) -> Iterator[Any]:
         """Each learner's columns ``[start, stop)`` in turn, read in the background ahead
-        of the caller: one row ahead, and a row handed out stays valid until the next is;
-        with ``pairs``, two rows ahead, and a row stays valid until two more are handed
-        out (a pair's first row is kept while its second is scanned, and the next pair is
-        read meanwhile). ``then``: ``(step, start, stop)`` of the first learner's read
-        likely asked for next (the next column block, or the walk's next step), read ahead
-        once this call's last row is queued, into a buffer no row still valid uses, so
-        that it overlaps this call's last scans; a later call for exactly that read takes
-        it. ``after``: work on each row done by the reading thread once the row is read,
-        in learner order, beside the caller's work on the rows before it; the rows then
-        come as ``(row, after(row))``. A row read ahead is only read: the call that takes
-        it has its ``after`` run first in line on the reading thread (the call before
-        may still be using what ``after`` writes to)."""
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
+        of the caller (``depth`` rows ahead); a row handed out stays valid until ``depth``
+        more are. ``then``: ``(step, start, stop)`` of the first learner's read likely
+        asked for next (the next block or step), read ahead into a free buffer once this
+        call's last row is queued; a later call for exactly that read takes it. ``after``:
+        work the reading thread does on each row read; rows then come as (row, after(row))."""
+        self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
         depth = self.depth  # reads in flight, and rows handed out that stay valid
         queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
         handed: list[int] = []  # the buffers of the rows handed out, in order
@@ -193,27 +185,14 @@ class Workspace:
         def read(
             at: int, learner: int, columns: tuple[int, int] = (start, stop), ahead: bool = False
         ) -> tuple[Future, int]:
-            in_use = handed[-depth:] + [b for _, b in queue]
-            if self._ahead is not None:
-                in_use.append(self._ahead[2])
-            into = next(b for b in range(len(self.buffers)) if b not in in_use)
-            self._forget(into)  # the row it stood for is no longer valid
+            into = self._free_buffer(handed[-depth:] + [b for _, b in queue])
             block = (cap, at, learner, scope, *columns, self.buffers[into])
             if after is None or ahead:
                 return self._reader.submit(read_block, *block), into
             return self._reader.submit(_then, after, read_block, *block), into
 
         wanted = (str(cap.path), step, learners[0], scope, start, stop)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == wanted:
-            future, into = ahead[1:3]
-            if after is not None:  # queued behind the read on the one reading thread
-                future = self._reader.submit(_then, after, future.result)
-            queue.append((future, into))
-        else:
-            if ahead is not None:  # not the row wanted: let it land, then drop it
-                self._drop(ahead)
-            queue.append(read(step, learners[0]))
+        queue.append(self._take_ahead(wanted, after) or read(step, learners[0]))
         queued = 1  # learners whose read is queued
         try:
             for learner in learners:
@@ -231,6 +210,30 @@ class Workspace:
                 yield result  # the next reads are queued behind it meanwhile
         finally:  # a read in flight must not land in a buffer someone reuses
             wait([future for future, _ in queue])
+
+    def _free_buffer(self, in_use: list[int]) -> int:
+        """A buffer neither ``in_use`` nor the read ahead's; the view that stood for it
+        (if any) is given back, as that row is no longer valid."""
+        if self._ahead is not None:
+            in_use = [*in_use, self._ahead[2]]
+        into = next(b for b in range(len(self.buffers)) if b not in in_use)
+        self._forget(into)
+        return into
+
+    def _take_ahead(self, wanted: tuple, after: Callable | None) -> tuple[Future, int] | None:
+        """The read ahead, if it is the ``wanted`` row (with ``after`` queued behind it on
+        the one reading thread); else None, and a read ahead of another row is let land
+        and dropped."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0] != wanted:
+            self._drop(ahead)
+            return None
+        future, into = ahead[1:3]
+        if after is not None:
+            future = self._reader.submit(_then, after, future.result)
+        return future, into
 
     def _note_view(self, into: int, cap: Capture, learner: int, row: np.ndarray) -> None:
         """Remember a row handed out in place of buffer ``into`` when it is a view of the

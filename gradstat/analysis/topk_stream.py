@@ -18,8 +18,9 @@ candidate is taken while its block's mean is at hand.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -309,58 +310,104 @@ def stream_step_sets(
     total = torch.zeros((), dtype=torch.float64, device=device)
     blocks = list(column_blocks(d, block))
     for b, (start, stop) in enumerate(blocks):
-        candidates = []
         if b + 1 < len(blocks):
             ahead = (step, *blocks[b + 1])
         else:
             ahead = None if then is None else (then, *blocks[0])
         rows = space.rows(cap, step, learners, scope, start, stop, ahead)
-        held = None  # the first row of a pair (space.pairs), until its second comes
-        made = None  # the mean's top-k and squares, when the step's last pair made it
-        for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
-            x = torch.from_numpy(view).to(device)
-            row = (step, learner, i == 0)
-            if not space.pairs:
-                candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
-            elif held is None:
-                held = (x, row)
-            else:
-                mean_of = n if with_mean and i == n - 1 else None
-                floors = (running[i - 1].floor, running[i].floor, running[n].floor)
-                tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
-                candidates.extend(tops)
-                held = None
-        if held is not None:
-            floor = running[n - 1].floor
-            candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
+        candidates, last, made = _scan_block(
+            rows, step, learners, start, kmax, space, running, with_mean, device
+        )
         if with_mean:  # the mean goes where the last row was (no longer needed)
-            if made is not None:  # in the sum's row
-                mean = space.sums.total[: stop - start]
-                top, squares = made
-                total += squares
-            elif device.type == "cpu":  # where the last row was, unless it is the file's
-                own = x.data_ptr() in (buffer.ctypes.data for buffer in space.buffers)
-                mean = x if own else torch.from_numpy(space.spare()[: stop - start])
-                top, squares = _mean_top(kmax, start, n, mean, space, running[n].floor)
-                total += squares
-            else:
-                mean = space.sums.mean(n, out=x)
-                for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
-                    total += chunk.square().sum().double()
-                top = _scan_row(mean, kmax, start, space, None, running[n].floor)
+            top, mean = _mean_block(last, made, (start, stop), n, kmax, space, running, total)
             candidates.append(top)
             for c in candidates:
                 c.mean_values = mean[c.indices - start].double()
         for i, c in enumerate(candidates):
             running[i].add(c)
-    rows = [r.joined() for r in running[: n + 1 if with_mean else n]]
+    return _step_sets(running, ks, n, d, total if with_mean else None)
+
+
+def _scan_block(
+    rows: Iterator[np.ndarray],
+    step: int,
+    learners: Sequence[int],
+    start: int,
+    kmax: int,
+    space: Workspace,
+    running: list[_RowCandidates],
+    with_mean: bool,
+    device: torch.device,
+) -> tuple[list[_Running], torch.Tensor, Any]:
+    """Each learner's top-k candidates of one block (scanned in pairs where
+    ``space.pairs``), the last row as a tensor, and the mean's ``(top, squares)`` when
+    the step's last pair made it (else None)."""
+    n = len(learners)
+    candidates: list[_Running] = []
+    held = made = x = None  # held: a pair's first row, until its second comes
+    for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
+        x = torch.from_numpy(view).to(device)
+        row = (step, learner, i == 0)
+        if not space.pairs:
+            candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
+        elif held is None:
+            held = (x, row)
+        else:
+            mean_of = n if with_mean and i == n - 1 else None
+            floors = (running[i - 1].floor, running[i].floor, running[n].floor)
+            tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
+            candidates.extend(tops)
+            held = None
+    if held is not None:
+        floor = running[n - 1].floor
+        candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
+    return candidates, x, made
+
+
+def _mean_block(
+    x: torch.Tensor,
+    made: Any,
+    columns: tuple[int, int],
+    n: int,
+    kmax: int,
+    space: Workspace,
+    running: list[_RowCandidates],
+    total: torch.Tensor,
+) -> tuple[_Running, torch.Tensor]:
+    """The mean gradient's top-k candidates of one block and the mean itself (in the
+    sum's row, or where the last row ``x`` was); its sum of squares is added to
+    ``total`` in place."""
+    start, stop = columns
+    floor = running[n].floor
+    if made is not None:  # in the sum's row
+        top, squares = made
+        total += squares
+        return top, space.sums.total[: stop - start]
+    if x.device.type == "cpu":  # where the last row was, unless it is the file's
+        own = x.data_ptr() in (buffer.ctypes.data for buffer in space.buffers)
+        mean = x if own else torch.from_numpy(space.spare()[: stop - start])
+        top, squares = _mean_top(kmax, start, n, mean, space, floor)
+        total += squares
+        return top, mean
+    mean = space.sums.mean(n, out=x)
+    for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
+        total += chunk.square().sum().double()
+    return _scan_row(mean, kmax, start, space, None, floor), mean
+
+
+def _step_sets(
+    running: list[_RowCandidates], ks: Sequence[int], n: int, d: int, total: Any
+) -> list[StepSets]:
+    """The :class:`StepSets` of each k from the rows' joined candidates (the mean's
+    last, with the energies, where ``total`` is its sum of squares)."""
+    rows = [r.joined() for r in running[: n if total is None else n + 1]]
     out = []
     for k in ks:
         tops = [r.top(k) for r in rows]
         indices = torch.stack([t.indices for t in tops])
         sparse = bool(torch.stack([t.magnitudes.min() for t in tops[:n]]).eq(0).any())
         energy = None
-        if with_mean:
+        if total is not None:
             energy = torch.stack([t.mean_values.square().sum() for t in tops]) / total
         out.append(StepSets(k, d, indices, energy, sparse))
     return out

@@ -1,6 +1,6 @@
 """Reading captures: validate the schema, trust only committed rows, load lazily.
 
-Rank files are always opened directly in SWMR-read mode (DESIGN.md): that works on a
+Rank files are always opened directly in SWMR-read mode (docs/format.md): that works on a
 complete capture, on one still being written, and on one whose writer was killed (where
 plain read mode fails on the "open for write" flag and virtual datasets cannot resolve).
 """

@@ -16,7 +16,7 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 FORMAT_NAME = "gradstat-capture"
 ROOT_FILE = "capture.h5"
-#: Largest chunk of one /grad row, in bytes (DESIGN.md: one row by <= 1 MiB).
+#: Largest chunk of one /grad row, in bytes (docs/format.md: one row by <= 1 MiB).
 MAX_CHUNK_BYTES = 1 << 20
 #: Storage types of /grad rows (gradstat/store/dtypes.py maps them to HDF5 types).
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")

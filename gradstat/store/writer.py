@@ -1,6 +1,6 @@
 """Writing captures: one SWMR rank file per learner plus the root ``capture.h5``.
 
-Crash safety follows DESIGN.md: each rank file is opened in SWMR mode, every row is
+Crash safety follows docs/format.md: each rank file is opened in SWMR mode, every row is
 flushed before the ``committed`` attribute is raised, so a reader (or a SIGKILL) sees
 either the old or the new committed count, never a half-written row. Each row's CRC-32C
 goes to ``/crc32`` with it (schema 2; gradstat/store/verify.py checks it on every read).
