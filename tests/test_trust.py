@@ -85,7 +85,7 @@ def test_a_real_replay_excludes_its_warm_up(real_capture, capsys):
         steps = records[records["compressor"] == row["compressor"]]["compress_seconds"]
         assert row["compress_seconds"] == pytest.approx(steps.iloc[1:].median())
         assert row["compress_spread"] >= 0
-    assert "+-" in run_cli(capsys, "replay", real_capture, "--ratios", "0.01").stdout
+    assert "±" in run_cli(capsys, "replay", real_capture, "--ratios", "0.01").stdout
 
 
 @pytest.mark.filterwarnings("ignore:cpu-here")  # a busy test machine may be noisy
@@ -238,3 +238,23 @@ def test_the_python_api_takes_text_or_values_with_the_commands_defaults(syntheti
         assert set(records["compressor"]) == {"topk", "dgc"}
         result = similarity(cap, None, SimilarityParams("0.1"))
         pd.testing.assert_frame_equal(similarity_summary(result), similarity_summary(result.steps))
+
+
+def test_docs_outputs_are_regenerated_from_their_commands():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "scripts" / "docs_outputs.py"
+    spec = importlib.util.spec_from_file_location("docs_outputs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = (
+        f"text\n{module.MARKER}\n```\n$ gradstat info captures/a \\\n    --json\nold output\n```\n"
+        "```\n$ gradstat info unmarked\nkept\n```\n"
+    )
+    seen = []
+    new = module.regenerate(doc, lambda command: seen.append(command) or "new output\n")
+    assert seen == ["gradstat info captures/a \\\n    --json"]
+    assert "new output" in new and "old output" not in new and "kept" in new
+    assert module.regenerate(new, lambda command: "new output\n") == new  # up to date
+    assert "docs_outputs.py -->" in (path.parent.parent / "docs" / "replay.md").read_text()

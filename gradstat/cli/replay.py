@@ -117,9 +117,9 @@ OVER_BUDGET_SHOWN = 5
 
 def _display(summary: pd.DataFrame) -> pd.DataFrame:
     """Times in ms, whole bytes, ``-`` as the ratio of fixed-rate compressors, yes/no."""
-    compress_ms = [f"{v * 1e3:.4g}" for v in summary["compress_seconds"]]
+    compress_ms = [f"{v * 1e3:.3g}" for v in summary["compress_seconds"]]
     if "compress_spread" in summary:  # a replay's measured times: with their spread
-        cells = [f"+-{50 * v:.0f}%" for v in summary["compress_spread"]]
+        cells = [f"±{50 * v:.0f}%" for v in summary["compress_spread"]]
         compress_ms = [f"{t} {c:>5}" for t, c in zip(compress_ms, cells, strict=True)]
         compress_ms = [c.rjust(max(map(len, compress_ms))) for c in compress_ms]
     shown = summary.assign(
@@ -212,7 +212,7 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
                 "feedback), so it exceeds `gradstat buildup`'s on the raw gradients; "
                 "bytes sent per learner per step; comm = predicted communication; "
                 "compress = time per learner here, median over the steps after the first "
-                "(+- half its interquartile range); speed-up = dense fp32 all-reduce "
+                "(± half its interquartile range); speed-up = dense fp32 all-reduce "
                 f"({dense:.3g} ms) / (comm + compress).",
             )
         )

@@ -227,10 +227,10 @@ def time_operations(runs: dict, call=_cpu_call, repeats: int = REPEATS) -> dict[
 
 
 def spread_text(target: Target, rate: str) -> str:
-    """``" (+-12 % over 9 calls)"`` for a measured rate, ``""`` for a stated one."""
+    """``" (±12 % over 9 calls)"`` for a measured rate, ``""`` for a stated one."""
     if rate not in target.spread:
         return ""
-    return f" (+-{50 * target.spread[rate]:.0f} % over {REPEATS} calls)"
+    return f" (±{50 * target.spread[rate]:.0f} % over {REPEATS} calls)"
 
 
 def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Target:
@@ -331,7 +331,7 @@ def _warn_noisy(target: Target) -> None:
         worst = max(noisy, key=noisy.get)
         warnings.warn(
             f"{target.name}: {len(noisy)} measured rate(s) vary by more than "
-            f"+-{50 * NOISY_SPREAD:.0f} % between calls (worst {worst}"
+            f"±{50 * NOISY_SPREAD:.0f} % between calls (worst {worst}"
             f"{spread_text(target, worst)}): the machine is busy, so compression times "
             "and the recommendation may change between runs; pass --target-file with a "
             "profile measured on a quiet machine to fix them",

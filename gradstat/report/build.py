@@ -223,13 +223,16 @@ def _fit(ctx: ReportContext) -> Part:
     )
     step, learner, scope = analysis.steps[0], analysis.learners[0], analysis.scopes[0]
     magnitudes = magnitude_sample(cap, step, learner, scope)
-    figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.path.name)
+    figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.workload)
     return Part(
         reading,
         [figure],
         [
             ("distributions ranked by KS", _human(ranking)),
-            ("threshold estimators: q = selected / k", _human(quality)),
+            (
+                "threshold estimators: median q = selected / k (range over records)",
+                _by_ratio(quality),
+            ),
         ],
         [answers.best_fit(ranking), *answers.closest_estimators(quality, notes=False)[-1:]],
     )
@@ -247,6 +250,20 @@ def _distinct(quality: pd.DataFrame) -> pd.DataFrame:
         for f, row in zip(fitted, quality[keys].to_numpy().tolist(), strict=True)
     ]
     return quality[~pd.Series(repeat, index=quality.index)]
+
+
+def _by_ratio(quality: pd.DataFrame) -> pd.DataFrame:
+    """One row per (estimator, stages), per ratio its median q and range ``min..max``:
+    half the rows of one row per ratio, each estimator's ratios side by side."""
+    table = quality[["estimator", "stages"]].drop_duplicates().reset_index(drop=True)
+    for ratio, rows in quality.groupby("ratio", sort=False):
+        rows = table.merge(rows, on=["estimator", "stages"], how="left")
+        table[f"q at {ratio:g}"] = rows["q median"]
+        table[f"range at {ratio:g}"] = [
+            "" if pd.isna(low) else f"{low:.3g}..{high:.3g}"
+            for low, high in zip(rows["q min"], rows["q max"], strict=True)
+        ]
+    return table
 
 
 def _similarity(ctx: ReportContext) -> Part:
@@ -447,7 +464,7 @@ def _human(table: pd.DataFrame) -> pd.DataFrame:
         if str(column).endswith("seconds") or column == "seconds":
             table[column] = table[column] * 1e3
         if str(column).endswith("_spread"):  # interquartile range / median
-            table[column] = [f"+-{50 * v:.0f} %" for v in table[column]]
+            table[column] = [f"±{50 * v:.0f} %" for v in table[column]]
     names = {c: HEADERS.get(c, c) for c in table.columns}
     names |= {c: f"threshold error at {c[5:]}" for c in table.columns if str(c).startswith("qerr@")}
     return table.rename(columns=names)

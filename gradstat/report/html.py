@@ -50,6 +50,7 @@ p.error { background: #fdf0f0; border-left: 4px solid #b54a4a; padding: .6em 1em
     radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.25), rgba(0,0,0,0)) 100% 0;
   background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 14px 100%, 14px 100%;
   background-attachment: local, local, scroll, scroll; }
+.scroll.plain { background: none; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1em; }
 th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
 td { white-space: nowrap; font-variant-numeric: tabular-nums; }
@@ -141,7 +142,7 @@ def _facts(df: pd.DataFrame) -> str:
         f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
         for k, v in df.itertuples(index=False)
     )
-    return f'<div class="scroll"><table class="facts"><tbody>{rows}</tbody></table></div>'
+    return f'<div class="scroll plain"><table class="facts"><tbody>{rows}</tbody></table></div>'
 
 
 def _summary(summary: list[tuple[str, list[str]]], provenance: pd.DataFrame | None) -> str:
