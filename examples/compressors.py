@@ -34,7 +34,7 @@ class TopK:
     def decompress(self, tensors, ctx):
         indices, values = tensors
         numel, shape = ctx
-        dense = torch.zeros(numel, dtype=values.dtype)
+        dense = torch.zeros(numel, dtype=values.dtype, device=values.device)
         dense.scatter_(0, indices, values)
         return dense.view(shape)
 

@@ -125,11 +125,16 @@ def seed_for(seed: int, step: int, learner: int) -> int:
 
 
 @contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """torch's and numpy's global CPU generators seeded with ``seed`` inside, restored after."""
+def seeded(seed: int, device: torch.device | None = None) -> Iterator[None]:
+    """torch's and numpy's global generators seeded with ``seed`` inside, restored after:
+    the CPU's, and a CUDA ``device``'s where the tensor lives on one."""
     state = np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    cuda = [device.index or 0] if device is not None and device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
         np.random.seed(seed)
         try:
             yield
@@ -224,7 +229,7 @@ class UserCompressor(Compressor):
         step, self._calls = self._calls, self._calls + 1
         obj, blame = self.obj, self.blame
         memory = self._learner_memory() if self.own_memory else None
-        with seeded(seed_for(self.seed, step, self.learner)):
+        with seeded(seed_for(self.seed, step, self.learner), tensor.device):
             if memory is not None:
                 tensor = blame.call("memory.compensate", memory.compensate, tensor, name)
             result = blame.call("compress", obj.compress, tensor, name)
