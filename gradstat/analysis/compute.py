@@ -30,10 +30,7 @@ MIN_BLOCK = 1 << 16
 MIN_MEMORY = 1 << 20
 #: Largest column block, whatever the budget: six float32 buffers of 16M values are
 #: 384 MiB. Longer rows (32M-1B values) are read in blocks (the row's CRC-32C runs on from
-#: block to block) and a top-k over blocks is exact. Measured, similarity of 4 learners x
-#: 32M values, 3 steps: 1.08-1.11 s and 738 MB peak in blocks of 16M, 1.10-1.11 s and
-#: 993 MB in whole rows, 1.25 s in blocks of 8M (per-block work starts to show); at 128M:
-#: 6.1 s and 1.43 GB in blocks of 64M, 7.7-8.2 s and 2.45 GB in whole rows.
+#: block to block) and a top-k over blocks is exact (figures: docs/large.md).
 MAX_BLOCK = 1 << 24
 
 

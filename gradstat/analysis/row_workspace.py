@@ -276,7 +276,7 @@ class Workspace:
 
 
 #: This process's buffers, kept from unit to unit: a fresh row costs its page faults
-#: (measured: 30 ms a step of 8M values). The analyses release them when they finish.
+#: (docs/large.md). The analyses release them when they finish.
 _process_workspace = Workspace()
 
 

@@ -1,7 +1,7 @@
 """The compiled loops behind :mod:`gradstat.stats.row_kernels` (numba, no fast-math:
 each float operation is the one written, in the order written; the one exception are
 the float64 sums of squares, which may be added in any order (``_SUMS``: LLVM then
-vectorizes them, 8M values 0.9 ms against 2.9 ms in side-by-side partial sums; each
+vectorizes them; each
 term is a float32 value squared in float64, exactly, and the sum stays float64-accurate
 in any order). Compiled once and cached next to this file (numba's ``cache=True``), so a
 later process only loads them."""
@@ -12,12 +12,11 @@ from numba import njit
 #: What :func:`scan` does with the running compensated sum.
 SUM_NONE, SUM_FIRST, SUM_ADD = 0, 1, 2
 #: Values per piece of :func:`scan`: x, the sum and its compensation stay in L2
-#: (3 x 64 KiB); 8M values, one thread: 7.2 ms at 16K against 15 ms for one loop over all.
+#: (3 x 64 KiB).
 PIECE = 1 << 14
 #: Values per block of :func:`candidates`' first test: LLVM vectorizes the count of a
 #: block, and one block in six holds a candidate at k/d = 0.1% (blocks of 16 were not
-#: vectorized, blocks of 128 hold a candidate too often). 8M values in cache: 1.2 ms
-#: against 2.7 ms testing blocks of 16 one value at a time.
+#: vectorized, blocks of 128 hold a candidate too often).
 BLOCK = 64
 
 #: A value's exponent bits; all set for Inf and NaN.
@@ -90,8 +89,8 @@ def kahan_add_pair(a, b, s, c, first):
 def kahan_mean_pair(a, b, s, c, first, n):
     """:func:`kahan_add_pair` of a step's last two rows of ``n``: the mean ``(s - c) / n``
     of the new sum goes into ``s`` (float32, as :func:`compensated_mean`) and ``c`` is
-    not written. (A loop of its own: a flag for it in :func:`kahan_add_pair` slowed the
-    other pairs by 1-3 ms per pair of 8M values, measured both ways round.)"""
+    not written. (A loop of its own: a flag for it in :func:`kahan_add_pair` slows the
+    other pairs.)"""
     a_bits, b_bits = a.view(np.int32), b.view(np.int32)
     a_flags = b_flags = 0
     for j in range(a.size):
@@ -145,7 +144,7 @@ def search(x, lo, hi, threshold, out, magnitudes, count, offset):
 def block_hits(x, b, threshold):
     """How many |x_j| >= threshold in the block of ``BLOCK`` values from ``b``. (Inlined
     where it is called, as numba's IR: as a call of its own, or written as a loop with
-    a variable end, the count was not vectorized, 13 ms against 1.2 ms per 8M values.)"""
+    a variable end, the count is not vectorized.)"""
     hits = 0
     for j in range(b, b + BLOCK):
         hits += np.int32(abs(x[j]) >= threshold)
@@ -230,7 +229,7 @@ def mean_scan(s, c, n, mean, threshold, out, magnitudes):
 @njit(**_OPTIONS)
 def compensated_mean(s, c, n, mean):
     """mean = (s - c) / n, elementwise (a loop of its own: LLVM vectorizes it over a
-    slice, not over a range of a longer array: 3.8 ms against 17 ms per 8M values)."""
+    slice, not over a range of a longer array)."""
     for j in range(s.size):
         mean[j] = (s[j] - c[j]) / n
 
@@ -283,8 +282,8 @@ def piece_sums(x):
 def abs_max_bits(x):
     """The bit pattern of max |x_j| (float32): the largest of the patterns with the sign
     bit cleared, whose integer order is the order of the magnitudes (an integer maximum
-    is vectorized, a float one that must respect NaN is not: 12 ms against 44 ms for
-    32M values; NaN patterns sort above Inf, and the sums then say NaN anyway)."""
+    is vectorized, a float one that must respect NaN is not; NaN patterns sort above
+    Inf, and the sums then say NaN anyway)."""
     bits = x.view(np.int32)
     maximum = np.int32(0)
     for j in range(x.size):

@@ -6,8 +6,8 @@ to the running compensated sum of the step (Kahan 1965: y = x - c, t = s + y,
 c = (t - s) - y, s = t) and collect the candidates |x| >= t of its top-k (the sampled
 threshold of :func:`gradstat.stats.topk_sets.topk_indices`). numpy runs these as eight
 passes (abs, compare, nonzero, sum and Kahan's four), each over memory; the row is longer
-than any cache, so the loop here does all of it in one pass over cache-sized pieces.
-Measured on 8M values, one thread: 7 ms against 19.5 ms. The sum is bit for bit numpy's
+than any cache, so the loop here does all of it in one pass over cache-sized pieces
+(figures: docs/large.md). The sum is bit for bit numpy's
 (the same operations in the same order, no fast-math), and the candidates are the same
 indices in the same (ascending) order.
 
@@ -117,8 +117,8 @@ def _loops() -> ModuleType:
 
 def load() -> None:
     """Load the compiled loops now: numba's import and its first call in a process (the
-    machine-code cache is read and LLVM starts) cost about 0.7 s once per process, paid
-    here instead of inside the first scan (what a benchmark timing per step wants)."""
+    machine-code cache is read and LLVM starts) cost once per process, paid here
+    instead of inside the first scan (what a benchmark timing per step wants)."""
     one = np.zeros(1, dtype=np.float32)
     scan_row(one, None, Room(1), one.copy(), one.copy())
 
@@ -176,14 +176,12 @@ def scan_row_pair(
 ) -> PairFound:
     """:func:`scan_row` of two rows in turn, each added to the compensated sum (the first
     one making it, when ``first``), in one pass: the sum is read and written once for
-    both (16 rows of 8M values, one thread: 87 ms against 112 ms for 16 scans). The same
-    results as two calls.
+    both. The same results as two calls.
 
     ``mean``: these are a step's last two rows of ``mean.n``; the pass leaves the mean
     in ``total`` instead of the sum, :func:`mean_row`'s ``(total - error) / n`` bit for
-    bit, with its candidates and sum of squares, and does not write ``error``. One pass
-    where a last pair and :func:`mean_row` read and wrote the sum twice (4 rows of 8M
-    values: 21 ms against 24 ms)."""
+    bit, with its candidates and sum of squares, and does not write ``error``: one pass
+    where a last pair and :func:`mean_row` would read and write the sum twice."""
     loops = _loops()
     a, b = rows
     limits = _float32_limit(thresholds[0]), _float32_limit(thresholds[1])
@@ -239,9 +237,7 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
 def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
     """|x| (float32) of the values :func:`indices_at_least` selects, in the row's order: the
     same as compacting ``abs(x)`` with numpy's ``>=`` (``>``), without a row-sized
-    ``abs(x)``: a count, then the compaction into an array of that size (8M values:
-    2.7 ms at 0.1% passing, 7.5-7.7 ms at 10-50%, against 9.6-25 ms for numpy's abs,
-    compare and compress)."""
+    ``abs(x)``: a count, then the compaction into an array of that size."""
     loops = _loops()
     limit = _float32_limit(threshold, inclusive)
     out = np.empty(int(loops.count_at_least(x, limit)) + 1, dtype=np.float32)
@@ -249,16 +245,13 @@ def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True)
 
 
 def count_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> int:
-    """How many values :func:`indices_at_least` selects (one pass in vector instructions:
-    8M values 1.1-1.3 ms)."""
+    """How many values :func:`indices_at_least` selects (one pass in vector instructions)."""
     return int(_loops().count_at_least(x, _float32_limit(threshold, inclusive)))
 
 
 def magnitude_sums(x: np.ndarray) -> tuple[float, float, float, float, int]:
     """(sum x, sum |x|, sum x^2, max |x|, how many x_j == 0) of a float32 row in one pass
-    over cache-sized pieces, the sums in float64 (32M values: 24 ms, against 67-123 ms
-    for torch's abs, square, sums, maximum and count chunk by chunk). A NaN or Inf makes
-    the sums NaN or Inf."""
+    over cache-sized pieces, the sums in float64. A NaN or Inf makes the sums NaN or Inf."""
     signed, total, squares, bits, zeros = _loops().magnitude_sums(x)
     maximum = float(np.array(bits, dtype=np.int32).view(np.float32))
     return float(signed), float(total), float(squares), maximum, int(zeros)
@@ -272,10 +265,9 @@ def count_nonzero(x: np.ndarray) -> int:
 def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -> tuple[int, float]:
     """DGC's momentum correction and accumulation, ``u = momentum u + g; v = v + u``, in
     one pass: bit for bit torch's ``u.mul_(momentum).add_(g)`` and ``v.add_(u)`` (float32,
-    each product and sum rounded as written), which take three passes (8M values:
-    5.2-5.5 ms against 6.4-6.8 ms). Returns the new ``v``'s zeros and float64 sum of
-    squares, taken while each piece is in cache: what DGC's threshold and the memory's
-    norm would otherwise read the row again for (15 ms each per 32M values)."""
+    each product and sum rounded as written), which take three passes. Returns the new
+    ``v``'s zeros and float64 sum of squares, taken while each piece is in cache: what
+    DGC's threshold and the memory's norm would otherwise read the row again for."""
     zeros, squares = _loops().momentum_add_stats(
         u, v, np.ascontiguousarray(g), np.float32(momentum)
     )
@@ -296,7 +288,7 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
 def add_squares(x: np.ndarray, g: np.ndarray) -> float:
     """``x += g`` in place (float32, as numpy adds) and the new ``x``'s sum of squares
     (float64), in one pass: error feedback's ``p = m + g`` and ||p||^2, from which the
-    new memory's norm follows without reading it again (15 ms per 32M values)."""
+    new memory's norm follows without reading it again."""
     return float(_loops().add_squares(x, np.ascontiguousarray(g)))
 
 

@@ -39,8 +39,7 @@ PREFILTER_MIN_NUMEL = 1 << 16
 PREFILTER_MAX_DENSITY_INV = 16
 PREFILTER_SAMPLE = 1 << 14
 #: Elements per chunk of the candidate pass: large enough for torch to spread each op over
-#: its threads (2 MiB of float32, still cache-sized). Measured on 9 rows x 5M, k = 5,000:
-#: with 2 threads 46 ms against 84 ms for 32K chunks (one thread: the same either way).
+#: its threads (2 MiB of float32, still cache-sized).
 PREFILTER_CHUNK = 1 << 19
 #: Sets per word of the owner bit masks of ``set_overlaps`` (int64, sign bit unused).
 OWNER_BITS = 63
@@ -144,9 +143,8 @@ def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> tuple[torch.Tenso
 def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -> torch.Tensor:
     """Indices (int64, ascending) of ``|row| >= threshold`` (``>`` unless ``inclusive``)
     in a flat row: on the CPU one compiled pass
-    (:func:`~gradstat.stats.row_kernels.indices_at_least`; 8M values 3 ms, numpy's
-    abs/compare/nonzero 6.4 ms), on a GPU torch's ops chunk by chunk so that |x| and the
-    mask stay small."""
+    (:func:`~gradstat.stats.row_kernels.indices_at_least`), on a GPU torch's ops chunk by
+    chunk so that |x| and the mask stay small."""
     if row.device.type == "cpu":
         values = np.ascontiguousarray(row.detach().numpy())
         if values.dtype == np.float32:
@@ -200,7 +198,7 @@ def kth_largest(
 
 def _kth_of(candidates: torch.Tensor, ks: list[int]) -> list[float]:
     """The k-th largest candidate for each k: one multi-point partition on the CPU
-    (O(n), 14 ms for 1M float32 against 100 ms to sort), a sort elsewhere."""
+    (O(n)), a sort elsewhere."""
     n = candidates.numel()
     if candidates.device.type == "cpu":
         positions = sorted({n - k for k in ks})
