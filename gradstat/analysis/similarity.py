@@ -121,28 +121,10 @@ def step_sets(
     learners = list(selection.learners)
     scopes = usable_scopes(selection.scopes(cap), ratios, warn=False)
     device = compute.torch_device()
-
-    def checked(step: int, sc: Scope, ratio: float, sets: StepSets):
-        key = (str(cap.path), sc.name, ratio)
-        if sets.sparse and key not in _warned_sparse:
-            _warned_sparse.add(key)
-            warnings.warn(
-                f"step {step}, scope {sc.name!r}: fewer than k={sets.k} non-zero entries; "
-                "the top-k sets then include arbitrary zeros and overlap is not meaningful",
-                GradstatWarning,
-                stacklevel=3,
-            )
-        return step, sc, ratio, sets
-
     if on == "ef":
-        for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
-            for sc in scopes:
-                for ratio in ratios:
-                    x = vectors[sc.name, ratio].to(device)
-                    require_finite(step, x, learners, "a top-k set analysis")
-                    yield checked(
-                        step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
-                    )
+        found = _ef_step_sets(cap, steps, learners, scopes, ratios, device, with_mean)
+        for step, sc, ratio, sets in found:
+            yield _warn_sparse(str(cap.path), step, sc, ratio, sets)
         return
     order = list(selection.steps)  # the step after each: its first row is read ahead
     following = dict(pairwise(order)) if len(scopes) == 1 else {}
@@ -162,7 +144,42 @@ def step_sets(
                 then=following.get(step),
             )
             for ratio, sets in zip(ratios, found, strict=True):
-                yield checked(step, sc, ratio, sets)
+                yield _warn_sparse(str(cap.path), step, sc, ratio, sets)
+
+
+def _ef_step_sets(
+    cap: Capture,
+    steps: Sequence[int],
+    learners: list[int],
+    scopes: Sequence[Scope],
+    ratios: Sequence[float],
+    device: torch.device,
+    with_mean: bool,
+) -> Iterator[tuple[int, Scope, float, StepSets]]:
+    """``step_sets`` of ``on="ef"``: the sets of g + m from a top-k residual replay."""
+    for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
+        for sc in scopes:
+            for ratio in ratios:
+                x = vectors[sc.name, ratio].to(device)
+                require_finite(step, x, learners, "a top-k set analysis")
+                yield step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
+
+
+def _warn_sparse(
+    path: str, step: int, sc: Scope, ratio: float, sets: StepSets
+) -> tuple[int, Scope, float, StepSets]:
+    """``(step, sc, ratio, sets)``, after a warning, once per capture, scope and ratio,
+    when some vector has fewer than k non-zeros."""
+    key = (path, sc.name, ratio)
+    if sets.sparse and key not in _warned_sparse:
+        _warned_sparse.add(key)
+        warnings.warn(
+            f"step {step}, scope {sc.name!r}: fewer than k={sets.k} non-zero entries; "
+            "the top-k sets then include arbitrary zeros and overlap is not meaningful",
+            GradstatWarning,
+            stacklevel=3,
+        )
+    return step, sc, ratio, sets
 
 
 def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
@@ -262,36 +279,23 @@ def _similarity_record(
     over, jac, ham = metrics.overlap, metrics.jaccard, metrics.hamming
     ok = metrics.contraction_ok
     baseline = random_overlap(d, k)
-    pair_rows = []
-    for a in range(n):
-        for b in range(a + 1, n):
-            pair_rows.append(
-                {
-                    **base,
-                    "learner_a": learners[a],
-                    "learner_b": learners[b],
-                    "overlap": float(over[a, b]),
-                    "jaccard": float(jac[a, b]),
-                    "hamming": int(ham[a, b]),
-                    "random_overlap": baseline,
-                    "energy": float("nan"),
-                    "contraction_ok": None,
-                }
-            )
-    for a in range(n):
-        pair_rows.append(
-            {
-                **base,
-                "learner_a": learners[a],
-                "learner_b": "mean",
-                "overlap": float(over[a, n]),
-                "jaccard": float(jac[a, n]),
-                "hamming": int(ham[a, n]),
-                "random_overlap": baseline,
-                "energy": float(metrics.energy[a]),
-                "contraction_ok": bool(ok[a]),
-            }
+    pair_rows = [
+        _pair_row(base, learners[a], learners[b], (over[a, b], jac[a, b], ham[a, b]), baseline)
+        for a in range(n)
+        for b in range(a + 1, n)
+    ]
+    pair_rows += [
+        _pair_row(
+            base,
+            learners[a],
+            "mean",
+            (over[a, n], jac[a, n], ham[a, n]),
+            baseline,
+            float(metrics.energy[a]),
+            bool(ok[a]),
         )
+        for a in range(n)
+    ]
     iu = torch.triu_indices(n, n, offset=1)
     pair_overlap = over[:n, :n][iu[0], iu[1]]
     leader = step % n
@@ -312,6 +316,32 @@ def _similarity_record(
         "leader_contraction_ok": bool(ok[leader]),
         "contraction_breaks": int((~ok).sum()),
         "pairs": pair_rows,
+    }
+
+
+def _pair_row(
+    base: dict,
+    a: int | str,
+    b: int | str,
+    metrics: tuple,
+    baseline: float,
+    energy: float = float("nan"),
+    contraction_ok: bool | None = None,
+) -> dict:
+    """One row of the pairs table: learners ``a`` and ``b`` (or "mean"), their
+    (overlap, Jaccard, Hamming), the random baseline; for a learner and the mean also
+    the energy its set captures and its contraction check."""
+    overlap, jaccard, hamming = metrics
+    return {
+        **base,
+        "learner_a": a,
+        "learner_b": b,
+        "overlap": float(overlap),
+        "jaccard": float(jaccard),
+        "hamming": int(hamming),
+        "random_overlap": baseline,
+        "energy": energy,
+        "contraction_ok": contraction_ok,
     }
 
 
