@@ -11,10 +11,14 @@ from gradstat.stats.row_kernels import (
     ROOM,
     MeanOf,
     Room,
+    add_and_candidates,
     add_checked,
     add_squares,
+    count_at_least,
     error_sums,
     indices_at_least,
+    magnitude_sums,
+    magnitudes_at_least,
     mean_row,
     momentum_add,
     scan_row,
@@ -265,3 +269,55 @@ def test_add_squares_adds_as_numpy_and_sums_the_squares_in_float64():
     squares = add_squares(x, g)
     assert x.tobytes() == expected.tobytes()
     assert squares == pytest.approx(float((expected.astype(np.float64) ** 2).sum()), rel=1e-13)
+
+
+def _edge_row(size: int = 3 * PIECE + 17, seed: int = 7) -> np.ndarray:
+    """Normal values with ties at 1.0, exact zeros of both signs, subnormals and +-Inf."""
+    x = np.random.default_rng(seed).standard_normal(size).astype(np.float32)
+    x[::97] = 1.0
+    x[5::101] = -1.0
+    x[7::89] = 0.0
+    x[9::89] = -0.0
+    x[11::211] = np.float32(1e-40)  # subnormal
+    x[13] = np.inf
+    x[15] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1e-40, 1.0, 2.5, float("inf")])
+@pytest.mark.parametrize("inclusive", [True, False])
+def test_counts_and_magnitudes_at_least_equal_numpys(threshold, inclusive):
+    x = _edge_row()
+    passing = np.abs(x) >= threshold if inclusive else np.abs(x) > threshold
+    assert count_at_least(x, threshold, inclusive) == int(passing.sum())
+    np.testing.assert_array_equal(magnitudes_at_least(x, threshold, inclusive), np.abs(x)[passing])
+
+
+def test_magnitude_sums_equal_numpys_float64_sums():
+    x = _edge_row()
+    x[13] = x[15] = 3.0  # finite: the sums are numbers
+    signed, total, squares, maximum, zeros = magnitude_sums(x)
+    wide = x.astype(np.float64)
+    assert signed == pytest.approx(wide.sum(), rel=1e-12)
+    assert total == pytest.approx(np.abs(wide).sum(), rel=1e-12)
+    assert squares == pytest.approx((wide * wide).sum(), rel=1e-12)
+    assert maximum == float(np.abs(x).max()) and zeros == int((x == 0).sum())
+    x[3] = np.nan
+    assert np.isnan(magnitude_sums(x)[0])
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5, 1.0, 3.0])
+def test_add_and_candidates_equals_numpys_add_select_and_squares(threshold):
+    x, g = _edge_row(seed=1), _edge_row(seed=2)
+    x[13] = x[15] = g[13] = g[15] = 0.25  # finite rows, as error feedback has
+    expected = x + g
+    out = x.copy()
+    indices, magnitudes, squares = add_and_candidates(out, g, threshold, Room(64))
+    np.testing.assert_array_equal(out, expected)
+    chosen = np.zeros(expected.size, dtype=bool)
+    if threshold is not None:
+        chosen = np.abs(expected) >= threshold
+    np.testing.assert_array_equal(indices, np.flatnonzero(chosen))
+    np.testing.assert_array_equal(magnitudes, np.abs(expected)[chosen])
+    rest = expected[~chosen].astype(np.float64)
+    assert squares == pytest.approx(float(rest @ rest), rel=1e-12)
