@@ -34,10 +34,8 @@ import h5py, numpy as np
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.selection import Selection
-from gradstat.parallel.allocator import tune_allocators
 from gradstat.store import open_capture
 
-tune_allocators()
 path = sys.argv[1]
 with open_capture(path) as cap:
     steps = cap.steps
@@ -75,9 +73,11 @@ def _write(path: Path, numel: int, steps: int) -> None:
 def _run(tree: Path, capture: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(capture)], env=env, check=True, capture_output=True
+        [sys.executable, "-c", CHILD, str(capture)], env=env, capture_output=True, text=True
     )
-    return json.loads(out.stdout.decode().strip().splitlines()[-1])
+    if out.returncode:
+        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:

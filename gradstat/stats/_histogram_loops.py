@@ -41,17 +41,21 @@ def bin_sums(x, shift, counts, sums, squares):
 
 @njit(**_OPTIONS)
 def bucket(x, shift, floor, starts, out):
-    """Write each |x| whose bin is ``floor`` or above into ``out`` at its bin's cursor
-    (``starts[bin - floor]``, advanced per value): the values grouped by bin, ascending,
-    each bin's in the row's order (a stable counting sort)."""
+    """Write each finite non-zero |x| whose bin is ``floor`` or above into ``out`` at its
+    bin's cursor (``starts[1 + bin - floor]``, advanced per value): the values grouped by
+    bin, ascending, each bin's in the row's order (a stable counting sort). Without a
+    branch: every other value goes to slot 0, whose cursor points at ``out``'s last
+    element, a scratch place that never advances (half the row passes: a branch on it
+    mispredicted every other value, 3x the time)."""
     bits = x.view(np.uint32)
     cursor = starts.copy()
     for i in range(x.size):
         b = bits[i] & 0x7FFFFFFF
-        j = b >> shift
-        if b != 0 and j >= floor and b < 0x7F800000:
-            out[cursor[j - floor]] = abs(x[i])
-            cursor[j - floor] += 1
+        k = (b >> shift) - floor + 1
+        keep = (k > 0) & (b != 0) & (b < 0x7F800000)
+        k = k if keep else 0
+        out[cursor[k]] = abs(x[i])
+        cursor[k] += 1 if keep else 0
 
 
 @njit(**_OPTIONS)

@@ -148,11 +148,13 @@ def bucket_torch(values: torch.Tensor, floor: int) -> np.ndarray:
 def bucket_compiled(row: np.ndarray, floor: int, counts: np.ndarray) -> np.ndarray:
     """The pool by the numba counting sort (:func:`bucket_numpy`'s result)."""
     sizes = counts[floor:]
-    starts = np.zeros(sizes.size, np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    out = np.empty(int(sizes.sum()), np.float32)
+    total = int(sizes.sum())
+    starts = np.zeros(sizes.size + 1, np.int64)  # slot 0: the scratch place out[total]
+    starts[0] = total
+    np.cumsum(sizes[:-1], out=starts[2:])
+    out = np.empty(total + 1, np.float32)
     _loops().bucket(row, SHIFT, floor, starts, out)
-    return out
+    return out[:total]
 
 
 def _loops():

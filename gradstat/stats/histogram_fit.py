@@ -7,8 +7,9 @@ non-zero value of the row (docs/methods.md 1).
   (:meth:`RowHistogram.expectation`).
 * :func:`ks`: Kolmogorov-Smirnov D: |F_n - F| at every bin edge bounds it from below,
   and a bin can exceed that bound only by its own empirical and fitted mass; the bins
-  that could by more than ``KS_TOLERANCE`` are refined from their sorted values (up to
-  ``REFINE_SHARE`` of the row or ``REFINE_MIN`` values).
+  that could by more than ``KS_TOLERANCE`` (any, on a row of ``REFINE_MIN`` values or
+  fewer) are refined from their sorted values (up to ``REFINE_SHARE`` of the row or
+  ``REFINE_MIN`` values).
 * :func:`anderson_darling`: A^2 = n integral (F_n - F)^2 / (F (1 - F)) dF (the
   integral the sum over sorted values evaluates) with F_n exact at every bin edge,
   constant between bins (closed form), linear in F inside a bin (5-point Gauss-Legendre),
@@ -29,12 +30,13 @@ from gradstat.stats.distributions import Distribution
 from gradstat.stats.histogram import NORMAL_BITS, SHIFT, RowHistogram, bin_edges
 
 #: Most of the row's values :func:`ks` sorts to refine the bins that could hold D.
-REFINE_SHARE = 0.05
+REFINE_SHARE = 0.01
 #: ... or this many, whichever is more (a small row's D comes out exact).
 REFINE_MIN = 1 << 16
-#: How far below the exact D :func:`ks` may stay (it refines the bins that could exceed
-#: the edges' bound by more).
-KS_TOLERANCE = 1e-4
+#: How far below the exact D :func:`ks` may stay on a row of over ``REFINE_MIN`` values
+#: (it refines the bins that could exceed the edges' bound by more; a smaller row's D is
+#: exact).
+KS_TOLERANCE = 1e-3
 #: A bin whose within-bin variance is under this share of an even spread's holds ties.
 TIE_SPREAD = 0.5
 #: ... and holds at least this share of the non-zeros (a lighter bin's steps move A^2
@@ -106,7 +108,8 @@ def ks(dist: Distribution, hist: RowHistogram) -> float:
     e_low, e_high, f_low, f_high = edges.e_low, edges.e_high, edges.f_low, edges.f_high
     d = float(max(np.abs(e_low - f_low).max(), np.abs(e_high - f_high).max()))
     bound = np.maximum(e_high - f_low, f_high - e_low)
-    candidates = np.flatnonzero(bound > d + KS_TOLERANCE)
+    tolerance = 0.0 if hist.nonzeros <= REFINE_MIN else KS_TOLERANCE  # small: exact
+    candidates = np.flatnonzero(bound > d + tolerance)
     if candidates.size == 0:
         return d
     order = candidates[np.argsort(-bound[candidates], kind="stable")]
