@@ -61,6 +61,51 @@ def weibull(x: np.ndarray) -> tuple[float, float]:
     return c, math.exp(top + math.log(float(buf.mean())) / c)
 
 
+def _moments_start(x: np.ndarray, mean: float) -> tuple[float, float]:
+    """The GPD's moments fit (c, scale) with loc 0: the root search's start."""
+    var = float(np.dot(x, x)) / x.size - mean * mean
+    if not var > 0:
+        raise DataError("all values are equal: a gpd fit needs some spread")
+    ratio = mean * mean / var
+    return (1.0 - ratio) / 2.0, mean * (ratio + 1.0) / 2.0
+
+
+def _bracket(score, theta: float, step: float, lower: float) -> tuple[float, float]:
+    """``(low, high)`` around the profile score's root (``score(low) > 0 > score(high)``
+    where one was found in 200 doublings of ``step``), from ``theta``, above ``lower``."""
+    low = high = theta
+    if score(theta) > 0:
+        for _ in range(200):
+            high = low + step
+            if score(high) < 0:
+                break
+            low, step = high, step * 2.0
+    else:
+        for _ in range(200):
+            low = max(high - step, (high + lower) / 2.0)
+            if score(low) > 0:
+                break
+            high, step = low, step * 2.0
+    return low, high
+
+
+def _newton(parts, theta: float, lower: float) -> tuple[float, float]:
+    """``(c, theta)`` after safeguarded Newton steps on the profile score over all the
+    data (``parts(theta)``: c, r and mean r^2), at most 30, staying above ``lower``."""
+    for _ in range(30):
+        c, r, r2 = parts(theta)
+        s = 1.0 / theta - r / c - r
+        # dS/dtheta with dc/dtheta = r and dr/dtheta = -r2
+        ds = -1.0 / theta**2 + r2 / c + r * r / (c * c) + r2
+        new = theta - s / ds if ds < 0 else theta + math.copysign(abs(theta) / 2.0, s)
+        if new > lower and ds < 0 and abs(new - theta) <= 1e-5 * abs(theta):
+            # Newton converges quadratically: a step of 1e-5 leaves ~1e-10 at the new point,
+            # and c moves with it by dc/dtheta = r (the next term is ~r2 step^2 ~ 1e-10 c)
+            return c + r * (new - theta), new
+        theta = new if new > lower else (theta + lower) / 2.0
+    return c, theta
+
+
 def gpd(x: np.ndarray, start: tuple[float, float] | None = None) -> tuple[float, float]:
     """GPD maximum likelihood (c, scale) with loc 0 by a 1-D root solve of the profile score.
 
@@ -70,20 +115,14 @@ def gpd(x: np.ndarray, start: tuple[float, float] | None = None) -> tuple[float,
     score S = 1/theta - r/c - r with r = mean x/(1 + theta x) has the MLE as root. The
     root is bracketed from ``start`` (c, scale) (default: the moments fit) and found with
     Brent's method on a subsample, then polished by safeguarded Newton steps on all the
-    data (each one pass: ln, r and mean r^2), usually two. A warm start close to the root
-    (e.g. the previous SIDCo stage's fit) keeps the bracket to one or two evaluations.
-    """
+    data (each one pass: ln, r and mean r^2), usually two; a warm start (the previous
+    SIDCo stage's fit) keeps the bracket short."""
     n = x.size
     if n < 2 or float(x.min()) < 0:
         raise DataError("a GPD MLE needs at least 2 non-negative values")
     lower = -1.0 / float(x.max())
     mean = float(x.mean())
-    if start is None:
-        var = float(np.dot(x, x)) / n - mean * mean
-        if not var > 0:
-            raise DataError("all values are equal: a gpd fit needs some spread")
-        ratio = mean * mean / var
-        start = ((1.0 - ratio) / 2.0, mean * (ratio + 1.0) / 2.0)
+    start = start or _moments_start(x, mean)
     theta = max(start[0] / start[1], lower / 2.0) or 1e-3 / mean
     work, logs = np.empty_like(x), np.empty_like(x)
 
@@ -104,37 +143,14 @@ def gpd(x: np.ndarray, start: tuple[float, float] | None = None) -> tuple[float,
     sub_buf = np.empty_like(sub)
     sub_lower = -1.0 / float(sub.max())
     theta = max(theta, sub_lower / 2.0)
-    step = max(abs(theta) / 8.0, 0.01 / mean)
-    low = high = theta
-    if score(theta, sub, sub_buf) > 0:
-        for _ in range(200):
-            high = low + step
-            if score(high, sub, sub_buf) < 0:
-                break
-            low, step = high, step * 2.0
-    else:
-        for _ in range(200):
-            low = max(high - step, (high + sub_lower) / 2.0)
-            if score(low, sub, sub_buf) > 0:
-                break
-            high, step = low, step * 2.0
+    low, high = _bracket(
+        lambda t: score(t, sub, sub_buf), theta, max(abs(theta) / 8.0, 0.01 / mean), sub_lower
+    )
     if score(low, sub, sub_buf) > 0 > score(high, sub, sub_buf):
         theta = optimize.brentq(score, low, high, args=(sub, sub_buf), xtol=1e-12 / mean)
     if theta <= lower:
         theta = lower / 2.0
-    for _ in range(30):
-        c, r, r2 = parts(theta, x, work)
-        s = 1.0 / theta - r / c - r
-        # dS/dtheta with dc/dtheta = r and dr/dtheta = -r2
-        ds = -1.0 / theta**2 + r2 / c + r * r / (c * c) + r2
-        new = theta - s / ds if ds < 0 else theta + math.copysign(abs(theta) / 2.0, s)
-        if new > lower and ds < 0 and abs(new - theta) <= 1e-5 * abs(theta):
-            # Newton converges quadratically: a step of 1e-5 leaves ~1e-10 at the new point,
-            # and c moves with it by dc/dtheta = r (the next term is ~r2 step^2 ~ 1e-10 c)
-            c += r * (new - theta)
-            theta = new
-            break
-        theta = new if new > lower else (theta + lower) / 2.0
+    c, theta = _newton(lambda t: parts(t, x, work), theta, lower)
     gpd_ll = -n * (math.log(c / theta) + c + 1.0)
     exp_ll = -n * (math.log(mean) + 1.0)  # the theta -> 0 limit: exponential
     if not gpd_ll >= exp_ll:
