@@ -353,6 +353,45 @@ def test_grace_aggregate_and_average_are_used(synthetic_capture, capsys, grace):
         assert record["bytes_per_learner"] == d  # one uint8 per element
 
 
+def test_a_class_on_gradstats_protocol_runs_as_it_is(synthetic_capture, capsys, tmp_path):
+    """A subclass of gradstat's Compressor that brings an ``online`` form (a method that
+    needs every learner would): the replay runs that form against the simulated
+    communicator, with the same records as the recursion."""
+    path, grads = synthetic_capture
+    top = f"{EXAMPLE}:TopK"
+    mine = write(
+        tmp_path / "protocol.py",
+        f"""
+        import importlib.util
+
+        from gradstat.compressors.base import Compressor
+        from gradstat.compressors.online import local_online
+
+        spec = importlib.util.spec_from_file_location("example", {str(EXAMPLE)!r})
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+
+
+        class OnlineTopK(example.TopK, Compressor):
+            inside = False
+
+            def online(self, p, name, comm):
+                self.inside = True
+                try:
+                    return local_online(self, p, name, comm)
+                finally:
+                    self.inside = False
+
+            def compress(self, tensor, name):
+                assert self.inside, "compressed outside the online form"
+                return super().compress(tensor, name)
+        """,
+    )
+    records = replay_records(capsys, path, f"{mine}:OnlineTopK,{top}", "--jobs", "1")
+    ours = [r for r in records if r["compressor"] == f"{mine}:OnlineTopK"]
+    assert_matches_reference(ours, grads)
+
+
 def test_entry_points_are_listed_and_replay(synthetic_capture, capsys, tmp_path, monkeypatch):
     path, grads = synthetic_capture
     site = tmp_path / "site"

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gradstat.compressors.base import Compressor
 from gradstat.compressors.registry import CompressorSpec, Context, Entry
 from gradstat.compressors.user import (
     Blame,
-    UserCompressor,
     adapter,
     shown_path,
     user_frame,
@@ -196,7 +196,8 @@ def _load_class(source: str) -> type:
     if not inspect.isclass(found):
         raise UsageError(f"{source}: {qualname} is a {type(found).__name__}, not a class")
     for method in REQUIRED:
-        if not callable(getattr(found, method, None)):
+        own = getattr(found, method, None)
+        if not callable(own) or own is getattr(Compressor, method):  # gradstat's placeholder
             raise UsageError(
                 f"{source}: {qualname} has no {method} method (a compressor needs "
                 f"compress(tensor, name) and decompress(tensors, ctx); {DOCS})"
@@ -276,8 +277,11 @@ def _check_params(part: str, found: UserClass, params: Mapping[str, Value]) -> N
 
 def build_user(
     label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed, learner=0
-) -> UserCompressor:
-    """An instance of the user's class at density ``ratio`` (``None``: fixed rate)."""
+) -> Compressor:
+    """Learner ``learner``'s instance of the user's class at density ``ratio`` (``None``:
+    fixed rate), behind :class:`UserCompressor`; a subclass of gradstat's
+    :class:`~gradstat.compressors.base.Compressor` runs as it is (its own ``stream`` or
+    ``online`` form: a method needing every learner; its errors are not renamed)."""
     found = user_class(source)
     kwargs = dict(params)
     if found.ratio_name is not None and ratio is not None:
@@ -286,6 +290,10 @@ def build_user(
         kwargs.setdefault("seed", seed)
     blame = Blame(label, found.cls)
     obj = blame.call("__init__", found.cls, **kwargs)
+    if isinstance(obj, Compressor):  # on gradstat's protocol already: its own stream, online
+        if obj.k is None:
+            obj.k = k
+        return obj
     return adapter(obj)(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
 
 
@@ -303,7 +311,7 @@ def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
 def _entry(spec: UserSpec) -> Entry:
     found = user_class(spec.source)
 
-    def build(ctx: Context) -> UserCompressor:
+    def build(ctx: Context) -> Compressor:
         ratio = ctx.ratio if found.ratio_name is not None else None
         return build_user(
             spec.label,
