@@ -32,6 +32,10 @@ class UserCodeError(GradstatError):
     exit_code = 1
 
 
+class DamagedData(DataError):
+    """Data that fails its checksum or structure check: a file damaged on disk."""
+
+
 class Interrupted(GradstatError):
     """Ctrl-C: the message says what was kept (exit 130, the shell's code for SIGINT)."""
 

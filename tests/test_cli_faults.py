@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,3 +160,104 @@ def test_ctrl_c_is_one_error_line(tmp_path, command):
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "Error: interrupted", stderr
     assert "Traceback" not in stderr
+
+
+def _killed_capture(path: Path) -> Path:
+    """A capture whose writer died (SIGKILL-like, in a forked child): its rank files keep
+    HDF5's "open for write" flag and open only in SWMR-read mode."""
+    from gradstat.store import RankFileWriter, write_root
+
+    layers = layer_table([("a.weight", (300, 100)), ("b.bias", (50,))])
+    path.mkdir()
+    write_root(path, layers, 2, "float32", {}, run_id="k" * 32)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            rng = np.random.default_rng(0)
+            writers = [
+                RankFileWriter(path / rank_file_name(r), r, layers[-1].stop, run_id="k" * 32)
+                for r in range(2)
+            ]
+            for step in range(4):
+                for writer in writers:
+                    writer.append(step, 0.5, rng.normal(size=layers[-1].stop).astype(np.float32))
+        finally:
+            os._exit(0)  # no close: the flag stays
+    os.waitpid(pid, 0)
+    return path
+
+
+def _flip_byte(file: Path, at: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def test_damaged_metadata_of_a_killed_capture_answers_in_seconds(tmp_path, monkeypatch, capsys):
+    """Regression (issue 30.7): HDF5's SWMR open retried damaged metadata for over 15
+    minutes. The metadata is read in a child with a time limit per file."""
+    from gradstat import open_capture
+    from gradstat.errors import DataError
+
+    path = _killed_capture(tmp_path / "killed")
+    with open_capture(path) as cap:
+        assert cap.status == "interrupted" and len(cap.steps) == 4
+    monkeypatch.setenv("GRADSTAT_OPEN_TIMEOUT", "2")
+    for at in (209, 864, 1495):  # metadata bytes whose damage made HDF5 retry
+        shutil.copytree(path, tmp_path / f"flip{at}")
+        _flip_byte(tmp_path / f"flip{at}" / rank_file_name(1), at)
+        started = time.monotonic()
+        result = run_cli(capsys, "info", tmp_path / f"flip{at}")
+        assert time.monotonic() - started < 20
+        assert_clean_error(result, code=1)
+        assert f"{tmp_path / f'flip{at}' / rank_file_name(1)}" in result.stderr
+    cut = tmp_path / "cut"
+    shutil.copytree(path, cut)
+    os.truncate(cut / rank_file_name(0), 1024)
+    started = time.monotonic()
+    with pytest.raises(DataError, match=r"rank-00000.h5: "):
+        open_capture(cut)
+    assert time.monotonic() - started < 5
+
+
+def test_ctrl_c_stops_an_open_that_hangs(tmp_path):
+    """Ctrl-C during a metadata read that HDF5 retries: exit 130 at once."""
+    path = _killed_capture(tmp_path / "killed")
+    _flip_byte(path / rank_file_name(0), 209)
+    env = {**os.environ, "GRADSTAT_OPEN_TIMEOUT": "120"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradstat", "info", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=interruptible,
+        env=env,
+    )
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None and not children.read_text().strip():
+        time.sleep(0.2)  # imports, then the forked child reading the damaged file
+    time.sleep(1)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+
+
+def test_two_captures_into_one_folder_at_once(tmp_path, monkeypatch):
+    """Regression (issue 30.6): two captures started into one --out at the same instant
+    both passed the folder check and both reported success. Creating the log file
+    (O_EXCL) claims the folder: the second is refused."""
+    from gradstat.capture import launch
+    from gradstat.capture.launch import CaptureOptions, run_capture
+    from gradstat.errors import UsageError
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "capture.log").write_text("the other capture's log\n")
+    monkeypatch.setattr(launch, "check_folder", lambda *a: None)  # both passed the check
+    options = CaptureOptions(workload="digits", steps=2, nproc_per_node=1, out=out, command="t")
+    with pytest.raises(UsageError, match="being written by another capture"):
+        run_capture(options)
+    assert (out / "capture.log").read_text() == "the other capture's log\n"

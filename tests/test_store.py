@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import warnings
 
 import h5py
 import numpy as np
@@ -101,11 +102,13 @@ def _bad_inputs(tmp_path, synthetic_capture):
 
 @pytest.mark.parametrize("case", ["missing", "text", "other-hdf5", "empty-dir", "truncated"])
 def test_bad_files_give_one_error_line(tmp_path, synthetic_capture, capsys, case):
+    """A missing path is bad usage (exit 2, issue 30.12); the others bad data (exit 1)."""
     target, message = _bad_inputs(tmp_path, synthetic_capture)[case]
-    with pytest.raises(DataError, match=message):
+    error, code = (UsageError, 2) if case == "missing" else (DataError, 1)
+    with pytest.raises(error, match=message):
         open_capture(target)
     result = run_cli(capsys, "info", target)
-    assert_clean_error(result, code=1)
+    assert_clean_error(result, code=code)
     assert message in result.stderr
 
 
@@ -121,6 +124,11 @@ def test_reader_trusts_only_committed_rows(synthetic_capture):
     path, _grads = synthetic_capture
     with h5py.File(path / rank_file_name(1), "r+") as f:
         f.attrs["committed"] = 4  # as if learner 1 died after its 4th row
+    with pytest.raises(DataError, match=r"rank-00001.h5 \(learner 1\): committed 4 rows, but"):
+        open_capture(path)  # capture.h5 recorded 6 rows at its clean close
+    with h5py.File(path / "capture.h5", "r+") as f:  # the capture never closed
+        f.attrs["status"] = "running"
+        del f.attrs["committed"]
     with open_capture(path) as cap:
         assert list(cap.steps) == [0, 1, 2, 3]
         assert cap.committed_per_learner == [6, 4, 6]
@@ -161,3 +169,43 @@ def test_info_csv_writes_the_layer_table(synthetic_capture, tmp_path, capsys):
     assert list(table["name"]) == ["conv.weight", "conv.bias", "fc.weight"]
     assert list(table["offset"]) == [0, 72, 80]
     assert int(table["numel"].sum()) == grads.shape[2]
+
+
+def _rewrite(file, name, data, **kwargs):
+    """Replace dataset ``name`` of ``file`` by ``data`` in another layout."""
+    with h5py.File(file, "r+") as f:
+        attrs = dict(f[name].attrs)
+        del f[name]
+        f.create_dataset(name, data=data, **kwargs)
+        f[name].attrs.update(attrs)
+
+
+@pytest.mark.parametrize("schema", [3, 1])
+def test_layouts_other_tools_write_are_read(synthetic_capture, schema):
+    """Regression (issue 30.11): contiguous /step and /loss (plain h5py's default) were
+    'damaged: its chunk index cannot be read', big-endian float32 rows were refused."""
+    path, grads = synthetic_capture
+    for rank in range(3):
+        file = path / rank_file_name(rank)
+        with h5py.File(file, "r") as f:
+            steps, losses, rows = f["step"][()], f["loss"][()], f["grad"][()]
+            chunks = f["grad"].chunks
+        _rewrite(file, "step", steps)
+        _rewrite(file, "loss", losses)
+        _rewrite(file, "grad", rows.astype(">f4"), chunks=chunks, maxshape=(None, rows.shape[1]))
+        if schema == 1:
+            with h5py.File(file, "r+") as f:
+                f.attrs["schema"] = 1
+                del f["grad_crc32c"], f["record_crc32c"]
+    if schema == 1:
+        with h5py.File(path / "capture.h5", "r+") as f:
+            f.attrs["schema"] = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with open_capture(path) as cap:
+            assert cap.status == "complete" and list(cap.steps) == list(range(6))
+            for step in range(6):
+                np.testing.assert_array_equal(cap.read_step(step).numpy(), grads[:, step])
+            np.testing.assert_array_equal(
+                cap.read_row(2, 1, columns=slice(75, 90)), grads[1, 2, 75:90]
+            )

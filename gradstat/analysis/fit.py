@@ -18,6 +18,7 @@ their scores use a uniform subsample of ``sample`` values when the scope is larg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,13 @@ from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit_row import COLUMNS, _Fitter
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.selection import LearnersSpec, Selection, StepsSpec, parse_ratios
+from gradstat.analysis.selection import (
+    LearnersSpec,
+    Selection,
+    StepsSpec,
+    parse_ratios,
+    require_one_kept,
+)
 from gradstat.errors import DataError, UsageError
 from gradstat.parallel import Task, run_units
 from gradstat.stats.distributions import DISTRIBUTIONS, METHODS, get_distribution, split_values
@@ -113,6 +120,9 @@ class FitParams:
         estimators = parse_estimators(self.estimators)
         if "hard" in estimators and self.hard_threshold is None:
             raise UsageError("the hard estimator needs a threshold (hard_threshold)")
+        hard = self.hard_threshold
+        if hard is not None and not (math.isfinite(hard) and hard > 0):
+            raise UsageError(f"hard threshold {hard}: give a positive magnitude, e.g. 1e-3")
         if self.hard_threshold is not None and "hard" not in estimators:
             estimators.append("hard")
         set_ = object.__setattr__
@@ -145,6 +155,7 @@ def fit(
     selection = selection or Selection.of(cap)
     params = params or FitParams()
     compute = compute or Compute()
+    require_one_kept(selection.scopes(cap), params.ratios)
     steps = selection.steps
     units = [steps] if params.stages is None else [(step,) for step in steps]
     task = Task(fit_unit, str(cap.path), selection, params)
@@ -194,9 +205,8 @@ def fit_unit(
     compute: Compute,
     steps: Sequence[int],
 ) -> list[dict]:
-    """Records of ``steps``, one learner's row in memory at a time (seen in place in the
-    page cache, :meth:`Capture.row_view`, or read into one buffer; then moved to the
-    compute device; its magnitudes in a second buffer: this process's
+    """Records of ``steps``, one learner's row in memory at a time (read into one
+    buffer, then moved to the compute device; its magnitudes in a second buffer: this process's
     :class:`_RowBuffers`)."""
     fitter = _Fitter(params)
     scopes = selection.scopes(cap)
@@ -205,13 +215,9 @@ def fit_unit(
     rows: list[dict] = []
     for step in steps:
         for learner in selection.learners:
-            seen = cap.row_view(step, learner, slice(0, cap.numel))
-            values = seen if seen is not None else cap.read_row(step, learner, out=buffer)
-            row = torch.from_numpy(values).to(device)
+            row = torch.from_numpy(cap.read_row(step, learner, out=buffer)).to(device)
             for scope in scopes:
                 rows.extend(fitter.one(step, learner, scope, scope.take(row), magnitudes))
-            if seen is not None:
-                cap.forget_view(learner, seen)
     return rows
 
 

@@ -3,8 +3,9 @@
 :class:`Workspace` holds the row (or column block) buffers of one process, a reading
 thread that checks or reads the next learner's row while the rows before it are
 scanned (the compiled loops leave the GIL), and the compensated running sum of the mean
-gradient (:class:`CompensatedSum`). A row that is one run of its rank file is seen in
-place (:meth:`~gradstat.store.Capture.row_view`, no copy). The buffers are kept from
+gradient (:class:`CompensatedSum`). Rows are read into the buffers (checked against
+their CRC-32C), never mapped: a file cut while it is read is an error, not SIGBUS. The
+buffers are kept from
 unit to unit and freed by :func:`release_workspace` at the end of an analysis (figures:
 docs/large.md). Used by the top-k stream (:mod:`gradstat.analysis.topk_stream`) and
 replay (:mod:`gradstat.analysis.replay_stream`).
@@ -49,14 +50,8 @@ def scope_pieces(scope: Scope, start: int, stop: int) -> Iterator[tuple[int, int
 def read_block(
     cap: Capture, step: int, learner: int, scope: Scope, start: int, stop: int, out: np.ndarray
 ) -> np.ndarray:
-    """The scope-local columns ``[start, stop)`` of one learner's row: seen in place in
-    the page cache where they are one run of the file (:meth:`Capture.row_view`, no
-    copy), else read into ``out``."""
+    """The scope-local columns ``[start, stop)`` of one learner's row, read into ``out``."""
     pieces = list(scope_pieces(scope, start, stop))
-    if len(pieces) == 1:
-        seen = cap.row_view(step, learner, slice(*pieces[0][:2]))
-        if seen is not None:
-            return seen
     view = out[: stop - start]
     for flat_start, flat_stop, local in pieces:
         piece = view[local - start : local - start + flat_stop - flat_start]
@@ -114,19 +109,16 @@ class CompensatedSum:
 class Workspace:
     """The buffers of a walk over steps, allocated once: the row (or column block)
     buffers, the running mean's sum and the candidate pass's temporaries; and a reading
-    thread that checks the next learner's row in place (a view of the file,
-    :func:`read_block`), or reads it into a buffer, while the rows before it are scanned
-    (CRC-32C checks and reads overlap the scan; the compiled loops leave the GIL). Two
-    buffers, or four where rows are scanned in pairs (``pairs``: on the CPU with a running
-    sum; two rows scanned, two read); a view stands in for its buffer, untouched, and its
-    pages are given back when that buffer would be reused. Reused while the width and
-    device stay the same."""
+    thread that reads the next learner's row into a buffer (:func:`read_block`) while
+    the rows before it are scanned (CRC-32C checks and reads overlap the scan; the
+    compiled loops leave the GIL). Two buffers, or four where rows are scanned in pairs
+    (``pairs``: on the CPU with a running sum; two rows scanned, two read). Reused while
+    the width and device stay the same."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
-        self._views: dict[int, tuple[Capture, int, np.ndarray]] = {}  # by buffer replaced
         self._spare: np.ndarray | None = None
 
     def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
@@ -195,7 +187,7 @@ class Workspace:
         queue.append(self._take_ahead(wanted, after) or read(step, learners[0]))
         queued = 1  # learners whose read is queued
         try:
-            for learner in learners:
+            for _ in learners:
                 future, into = queue.popleft()
                 handed.append(into)  # from here its buffer is the caller's
                 while len(queue) < depth and queued < len(learners):
@@ -206,19 +198,15 @@ class Workspace:
                     key = (str(cap.path), at, learners[0], scope, *columns)
                     self._ahead = (key, *read(at, learners[0], columns, ahead=True), cap)
                 result = future.result()
-                self._note_view(into, cap, learner, result if after is None else result[0])
                 yield result  # the next reads are queued behind it meanwhile
         finally:  # a read in flight must not land in a buffer someone reuses
             wait([future for future, _ in queue])
 
     def _free_buffer(self, in_use: list[int]) -> int:
-        """A buffer neither ``in_use`` nor the read ahead's; the view that stood for it
-        (if any) is given back, as that row is no longer valid."""
+        """A buffer neither ``in_use`` nor the read ahead's."""
         if self._ahead is not None:
             in_use = [*in_use, self._ahead[2]]
-        into = next(b for b in range(len(self.buffers)) if b not in in_use)
-        self._forget(into)
-        return into
+        return next(b for b in range(len(self.buffers)) if b not in in_use)
 
     def _take_ahead(self, wanted: tuple, after: Callable | None) -> tuple[Future, int] | None:
         """The read ahead, if it is the ``wanted`` row (with ``after`` queued behind it on
@@ -235,27 +223,9 @@ class Workspace:
             future = self._reader.submit(_then, after, future.result)
         return future, into
 
-    def _note_view(self, into: int, cap: Capture, learner: int, row: np.ndarray) -> None:
-        """Remember a row handed out in place of buffer ``into`` when it is a view of the
-        file (:func:`read_block`), to give its pages back when ``into`` is reused."""
-        if row.ctypes.data != self.buffers[into].ctypes.data:
-            self._views[into] = (cap, learner, row)
-
-    def _forget(self, into: int) -> None:
-        """Give back the pages of the view that stood for buffer ``into``, if any: they
-        stay in the page cache, but the process no longer counts them as resident."""
-        seen = self._views.pop(into, None)
-        if seen is not None:
-            cap, learner, view = seen
-            cap.forget_view(learner, view)
-
     def _drop(self, ahead: tuple) -> None:
-        """Let a read-ahead land and drop it (giving back its pages if it is a view)."""
-        (_, _, learner, *_), future, into, cap = ahead
-        wait([future])
-        if future.exception() is None:  # a failed read ahead is not this walk's error
-            self._note_view(into, cap, learner, future.result())
-            self._forget(into)
+        """Let a read-ahead land and drop it (a failed one is not this walk's error)."""
+        wait([ahead[1]])
 
     def _drop_ahead(self) -> None:
         """Wait for a read-ahead to land and forget it."""
@@ -266,8 +236,6 @@ class Workspace:
     def release(self) -> None:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
-        for into in list(self._views):
-            self._forget(into)
         self._key = None
         self.buffers = self.sums = self._spare = None
         if self._reader is not None:

@@ -48,6 +48,21 @@ def parse_ratios(spec: str | float | Sequence[float]) -> list[float]:
     return ratios
 
 
+def require_one_kept(scopes: Sequence[Scope], ratios: Sequence[float]) -> None:
+    """Refuse a ratio that keeps less than one element (``ratio * d < 1``) of the largest
+    of ``scopes`` (of the one scope, usually), which ``k_for`` would silently round up to
+    k = 1. Smaller scopes of several (``layers``) keep k = 1 where the ratio is smaller."""
+    if not scopes:
+        return
+    scope = max(scopes, key=lambda s: s.numel)
+    for ratio in ratios:
+        if ratio * scope.numel < 1:
+            raise UsageError(
+                f"ratio {ratio:g} keeps less than one of the {scope.numel:,} elements of "
+                f"scope {scope.name!r} (the smallest density there is {1 / scope.numel:.3g})"
+            )
+
+
 @dataclass(frozen=True)
 class Selection:
     """The validated part of a capture an analysis looks at.

@@ -26,7 +26,7 @@ from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.row_workspace import release_workspace
-from gradstat.analysis.selection import Selection, k_for, parse_ratios
+from gradstat.analysis.selection import Selection, k_for, parse_ratios, require_one_kept
 from gradstat.analysis.topk_stream import StepSets, stream_step_sets
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Task, run_units
@@ -60,6 +60,7 @@ def usable_scopes(
     A single scope where k >= d is an error; with several (``scope="layers"``) such scopes
     are skipped with a warning.
     """
+    require_one_kept(scopes, ratios)
     usable, skipped = [], []
     for scope in scopes:
         (usable if all(k_for(r, scope.numel) < scope.numel for r in ratios) else skipped).append(

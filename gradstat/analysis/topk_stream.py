@@ -2,7 +2,7 @@
 
 Contract: :func:`stream_step_sets` returns, for one step and scope, each learner's top-k
 index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md
-3) without stacking the step's learners. Each row is read (or seen in place) through the
+3) without stacking the step's learners. Each row is read (and checked) through the
 process's :class:`~gradstat.analysis.row_workspace.Workspace`, moved to the compute
 device and scanned once (:mod:`gradstat.stats.row_kernels` on the CPU): checked for
 NaN/Inf (a ``DataError`` naming step and learner), added to a compensated float32

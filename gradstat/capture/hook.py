@@ -61,7 +61,7 @@ from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store.compression import check_compression
 from gradstat.store.dtypes import check_dtype, torch_dtype
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import Layer, layer_table, rank_file_name
+from gradstat.store.schema import Layer, layer_table, new_run_id, rank_file_name
 from gradstat.store.writer import finalize_root, write_root
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
@@ -203,6 +203,7 @@ class GradientCapture:
             else:  # the wrapped hook alone, as without us
                 model.register_comm_hook(self._inner_state(), self.hook)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        run_id = self._shared_run_id()
         if self.rank == 0:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
@@ -213,6 +214,7 @@ class GradientCapture:
                 dtype,
                 self._metadata(meta, every, start, layers, compression),
                 self.recorded_ranks,
+                run_id,
             )
         if not records:
             return
@@ -225,7 +227,17 @@ class GradientCapture:
             max_queue,
             compression,
             sent=self._records_sent,
+            run_id=run_id,
         )
+
+    def _shared_run_id(self) -> str:
+        """Rank 0's new capture identity, sent to every rank (it ties rank files to
+        their capture.h5; docs/format.md, Integrity)."""
+        ids = [new_run_id() if self.rank == 0 else None]
+        source = 0 if self.process_group is None else dist.get_global_rank(self.process_group, 0)
+        device = self._device if self._device.type == "cuda" else None
+        dist.broadcast_object_list(ids, src=source, group=self.process_group, device=device)
+        return str(ids[0])
 
     def _inner_state(self) -> Any:
         """The wrapped hook's state (PyTorch's all-reduce hook takes the process group)."""

@@ -401,7 +401,14 @@ def run_capture(
     rendezvous = f"{options.master_addr}:{options.master_port}"
     seen_warnings: set[str] = set()
     tail: deque[str] = deque(maxlen=200)
-    with open(log_path, "w") as log:
+    try:  # "x" (O_EXCL): creating the log claims the folder, so only one capture wins
+        log = open(log_path, "x")  # noqa: SIM115 (closed by the with block below)
+    except FileExistsError:
+        raise UsageError(
+            f"{run_dir} is being written by another capture (its {log_path.name} appeared "
+            "just now); choose another --out"
+        ) from None
+    with log:
         log.write("$ " + shlex.join(argv) + "\n")
         log.flush()
         process = subprocess.Popen(

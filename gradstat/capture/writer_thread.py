@@ -83,6 +83,7 @@ class BackgroundWriter:
         max_queue: int = 4,
         compression: str = "none",
         sent: bool = False,
+        run_id: str | None = None,
     ) -> None:
         self.path = Path(path)
         self.rows_written = 0
@@ -92,7 +93,7 @@ class BackgroundWriter:
         self._queue: queue.Queue[PendingRow | None] = queue.Queue(max_queue)
         try:
             self._file: RankFileWriter | None = RankFileWriter(
-                self.path, rank, numel, dtype, compression, sent=sent
+                self.path, rank, numel, dtype, compression, sent=sent, run_id=run_id
             )
         except OSError as exc:
             self._file = None

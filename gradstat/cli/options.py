@@ -7,6 +7,8 @@ any work) and takes its default from the constants below, which the report share
 
 from __future__ import annotations
 
+import os
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,6 +20,7 @@ from gradstat.cli.paths import csv_path, plot_path
 from gradstat.compressors.cost import parse_bandwidth, parse_latency
 from gradstat.compressors.names import BUILTIN
 from gradstat.defaults import ratios_text
+from gradstat.errors import GradstatWarning, UsageError
 
 if TYPE_CHECKING:  # the analyses import torch: --help and --version never load them
     from gradstat.analysis.compute import Compute
@@ -69,11 +72,30 @@ class On(str, Enum):
     ef = "ef"
 
 
+def _capture_path(text: str | Path) -> Path:
+    """The CAPTURE argument: a path, never the empty text (which Path reads as ".")."""
+    if isinstance(text, Path):
+        return text
+    if not text.strip():
+        raise UsageError("CAPTURE is empty; give a capture folder")
+    return Path(text)
+
+
+def _not_empty(option: str):
+    def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise UsageError(f"{option} is empty; leave it out to select all")
+        return value
+
+    return check
+
+
 # Input and selection
 Capture = Annotated[
     Path,
     typer.Argument(
         metavar="CAPTURE",
+        parser=_capture_path,
         help="Capture folder written by `gradstat capture` (or its capture.h5).",
         show_default=False,
     ),
@@ -83,6 +105,7 @@ Steps = Annotated[
     typer.Option(
         "--steps",
         metavar="SPEC",
+        callback=_not_empty("--steps"),
         help="Recorded training steps: N, A,B,C or START:STOP[:EVERY] (default: all).",
         show_default=False,
     ),
@@ -92,6 +115,7 @@ Learners = Annotated[
     typer.Option(
         "--learners",
         metavar="RANKS",
+        callback=_not_empty("--learners"),
         help="Comma-separated ranks, e.g. 0,2 (default: all).",
         show_default=False,
     ),
@@ -184,6 +208,14 @@ def compute_options(
     from gradstat.sizes import parse_bytes
 
     bytes_ = None if memory is None else parse_bytes(memory, "--memory")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if jobs is not None and cpus and jobs > cpus:
+        warnings.warn(
+            f"--jobs {jobs}: this process may use {cpus} CPUs; running {cpus} workers",
+            GradstatWarning,
+            stacklevel=2,
+        )
+        jobs = cpus
     compute = Compute(device=device, jobs=jobs, memory=bytes_)
     compute.torch_device()
     return compute

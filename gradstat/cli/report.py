@@ -64,6 +64,14 @@ def report_command(
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
+    allow_damaged: Annotated[
+        bool,
+        typer.Option(
+            "--allow-damaged",
+            help="Write the report even where rows fail their checksums (the sections "
+            "they stop say so, the page is marked damaged); by default that is an error.",
+        ),
+    ] = False,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
 
@@ -102,9 +110,11 @@ def report_command(
         target=profile,
         target_file=str(target_file) if target_file else None,
     )
-    with open_capture(capture) as cap:
+    with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)
-        page = build_report(cap, settings, lambda key: lambda units: progress(units, key))
+        page = build_report(
+            cap, settings, lambda key: lambda units: progress(units, key), allow_damaged
+        )
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:

@@ -34,7 +34,7 @@ from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.compressors.targets import Target, builtin_target, spread_text
-from gradstat.errors import GradstatError
+from gradstat.errors import DamagedData, GradstatError
 from gradstat.plots.capture import plot_loss
 from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
@@ -528,17 +528,25 @@ def build_report(
     cap: Capture,
     settings: ReportSettings | None = None,
     progress: Callable[[str], Progress] | None = None,
+    allow_damaged: bool = False,
 ) -> str:
     """The report page for ``cap`` as an HTML string.
 
-    ``progress(section)`` returns the progress wrapper of that section's work units.
+    ``progress(section)`` returns the progress wrapper of that section's work units. A
+    damaged row (``DamagedData``) stops the report unless ``allow_damaged``: then the
+    sections it stops say so and the page is marked damaged.
     """
     ctx = ReportContext(cap, settings or ReportSettings(), progress or (lambda key: no_progress))
     sections, verdicts = [], []
+    damaged = cap.status == "damaged"
     for spec in SECTIONS:
         try:
             part = spec.build(ctx)
         except GradstatError as exc:
+            if isinstance(exc, DamagedData):
+                if not allow_damaged:
+                    raise
+                damaged = True
             sections.append(Section(spec.key, spec.title, error=str(exc)))
             verdicts.append((spec.title, [f"not available: {exc}"]))
             continue
@@ -553,7 +561,7 @@ def build_report(
         sections.append(training)
     subtitle = (
         f"{cap.path} · {cap.learners_text()} · {len(cap.steps)} recorded steps · "
-        f"status {cap.status} · gradstat {__version__}"
+        f"status {'damaged' if damaged else cap.status} · gradstat {__version__}"
     )
     return render(
         f"gradstat report: {cap.workload}, {cap.learners_text()}, {len(cap.steps)} steps",

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 from gradstat.errors import UsageError
-from gradstat.store.direct import DirectRows
 from gradstat.store.schema import SUPPORTED_DTYPES
-from gradstat.store.verify import row_checksum
 
 if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
     import torch
@@ -90,58 +87,3 @@ def to_disk_values(row: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16" and row.dtype != np.uint16:
         return float32_to_bfloat16_bits(row)
     return row
-
-
-def read_row(
-    dataset: h5py.Dataset,
-    row: int,
-    out: np.ndarray,
-    dtype: str,
-    columns: slice = slice(None),
-    direct: DirectRows | None = None,
-    crc_from: int | None = None,
-) -> tuple[np.ndarray, int | None]:
-    """Read ``dataset[row, columns]`` into the float32 vector ``out``, converting from
-    ``dtype``. Returns the values as stored (``out`` itself for float32), which the
-    reader checks against the row's checksum, and with ``crc_from`` the CRC-32C of
-    those bytes continued from it (0 for a row's first columns), else None.
-
-    float32 rows go straight into ``out`` (no copy); bfloat16 rows are read into the
-    upper halves' bit patterns and shifted in place. ``direct``: the dataset's
-    :class:`~gradstat.store.direct.DirectRows`, which reads the chunks' bytes from the
-    file where it can, checksumming them while it reads (HDF5's ``read_direct``
-    otherwise, and the checksum after it).
-    """
-    if dtype == "float32":
-        return out, _read_stored(dataset, row, out, columns, direct, crc_from)
-    if dtype == "bfloat16":
-        bits = np.empty(out.shape, dtype=np.uint16)
-        crc = _read_stored(dataset, row, bits, columns, direct, crc_from)
-        bfloat16_bits_to_float32(bits, out)
-        return bits, crc
-    stored = dataset[row, columns]
-    out[...] = stored
-    return stored, None if crc_from is None else row_checksum(stored, crc_from)
-
-
-def _read_stored(
-    dataset: h5py.Dataset,
-    row: int,
-    out: np.ndarray,
-    columns: slice,
-    direct: DirectRows | None,
-    crc_from: int | None,
-) -> int | None:
-    """``dataset[row, columns]`` as stored, into ``out``: directly where possible; with
-    ``crc_from``, the CRC-32C of the bytes continued from it."""
-    start, stop, _ = columns.indices(dataset.shape[1])
-    if direct is not None:
-        if crc_from is None:
-            if direct.read(row, start, stop, out):
-                return None
-        else:
-            crc = direct.read_checksummed(row, start, stop, out, crc_from)
-            if crc is not None:
-                return crc
-    dataset.read_direct(out, np.s_[row, columns])
-    return None if crc_from is None else row_checksum(out, crc_from)

@@ -1,8 +1,10 @@
-"""Reading captures: validate the schema, trust only committed rows, load lazily.
+"""Reading captures: validate everything, trust only committed, checked rows.
 
-Rank files are always opened directly in SWMR-read mode (docs/format.md): that works on a
-complete capture, on one still being written, and on one whose writer was killed (where
-plain read mode fails on the "open for write" flag and virtual datasets cannot resolve).
+Opening a capture reads and checks its metadata first, in a child process with a time
+limit (gradstat/store/index.py, guard.py); rows are then read on demand, each value
+checked against its CRC-32C (gradstat/store/rows.py). Rank files closed cleanly are
+read in plain mode; those still flagged "open for write" (being written, or their
+writer killed) in SWMR-read mode (docs/format.md), where virtual datasets cannot resolve.
 """
 
 from __future__ import annotations
@@ -19,44 +21,41 @@ from typing import TYPE_CHECKING
 import h5py
 import numpy as np
 
-from gradstat.errors import DataError, GradstatWarning, UsageError
+from gradstat.errors import DamagedData, DataError, GradstatWarning, UsageError
 from gradstat.store.compression import ensure_readable
-from gradstat.store.direct import DirectRows
-from gradstat.store.dtypes import DISK_DTYPES, read_row
+from gradstat.store.dtypes import DISK_DTYPES, bfloat16_bits_to_float32
+from gradstat.store.guard import bounded
+from gradstat.store.index import CaptureIndex, RankIndex, read_index
 from gradstat.store.picking import LearnersSpec, StepsSpec, select_learners, select_steps
 from gradstat.store.ranks import format_ranks
+from gradstat.store.rows import RowSource
 from gradstat.store.schema import (
-    FORMAT_NAME,
-    READABLE_SCHEMAS,
+    BLOCK_ATTR,
+    GRAD_CRC,
     ROOT_FILE,
-    Layer,
+    ROW_CRC,
+    SCHEMA_VERSION,
+    SENT_CRC,
     rank_file_name,
-    recorded_ranks,
 )
 from gradstat.store.scope import Scope, resolve_scopes
-from gradstat.store.verify import CHECKSUM_DATASET, Damage, check_row, structural_damage
+from gradstat.store.verify import Damage
 
 if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
     import torch
 
-#: Rows read in column blocks whose running checksum is kept until their last block.
-_PARTIAL_ROWS = 4096
-
-
-def _open_h5(path: Path, **kwargs) -> h5py.File:
-    if not path.exists():
-        raise DataError(f"{path}: no such file")
-    if not h5py.is_hdf5(path):
-        raise DataError(f"{path}: not an HDF5 file")
-    try:
-        return h5py.File(path, "r", **kwargs)
-    except OSError as exc:
-        reason = str(exc).split("(")[0].strip() or type(exc).__name__
-        raise DataError(f"{path}: cannot be read, truncated or damaged? ({reason})") from exc
+#: What schemas before 3 leave unchecked, for the warning at open.
+_UNCHECKED = {
+    1: "no part of it is checksummed (rows are checked by file size only)",
+    2: "its /step, /loss, /sent rows, layer table and which capture each rank file "
+    "belongs to are not checksummed",
+}
 
 
 def _root_path(path: Path) -> Path:
     path = Path(path)
+    if not str(path).strip() or not path.exists():
+        raise UsageError(f"{path}: no such file or folder")
     if path.is_file() and re.fullmatch(r"rank-\d+\.h5", path.name):
         raise UsageError(
             f"{path} is one learner's rank file; pass the capture folder ({path.parent})"
@@ -95,146 +94,95 @@ def _process_alive(hostname: str, pid: int) -> bool:
 class Capture:
     """An opened capture: metadata, layer table, recorded steps and lazy gradient rows.
 
-    Use as a context manager, or call :meth:`close`. ``read_step`` and ``iter_steps``
-    load one step (all selected learners) at a time, so analyses stream, and verify
-    every row they read (gradstat/store/verify.py). A capture whose committed rows are
-    not all on disk raises ``DataError`` naming file, learner and steps, and one still
-    being written warns that results cover the steps so far; ``allow_damaged``
-    (inspection: ``gradstat info``) opens both quietly, listing damage in ``damage``.
+    Use as a context manager, or call :meth:`close`. ``read_step`` and ``read_row``
+    load one step or one row at a time, so analyses stream, and check every value they
+    hand out. A capture that is damaged or mismatched raises ``DataError`` naming file,
+    learner and step, and one still being written warns that results cover the steps so
+    far; ``allow_damaged`` (inspection: ``gradstat info``) opens a capture whose rows
+    are damaged quietly, listing the damage in ``damage``.
     """
 
     def __init__(self, path: str | os.PathLike, *, allow_damaged: bool = False) -> None:
         root_path = _root_path(Path(path))
         self.root_path = root_path
         self.path = root_path.parent
-        with _open_h5(root_path) as root:
-            attrs = dict(root.attrs)
-            if attrs.get("format") != FORMAT_NAME or "schema" not in attrs:
-                raise DataError(f"{root_path}: an HDF5 file, but not a gradstat capture")
-            if int(attrs["schema"]) not in READABLE_SCHEMAS:
-                raise DataError(
-                    f"{root_path}: capture schema {int(attrs['schema'])} is not supported "
-                    f"(this gradstat reads schemas {', '.join(map(str, READABLE_SCHEMAS))})"
-                )
-            try:
-                self.layers = self._read_layers(root)
-            except KeyError as exc:
-                raise DataError(f"{root_path}: the layer table is missing or damaged") from exc
-        self.meta = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()}
+        index: CaptureIndex = bounded(read_index, root_path)
+        self.meta = index.meta
+        self.schema = index.schema
+        self.layers = index.layers
         self.world_size = int(self.meta["world_size"])  # the run's learners
-        self.recorded_ranks = recorded_ranks(self.meta)  # those with a rank file
+        self.recorded_ranks = [r.rank for r in index.ranks]  # those with a rank file
         self._position = {rank: i for i, rank in enumerate(self.recorded_ranks)}
         self.dtype = str(self.meta["dtype"])
-        if self.dtype not in DISK_DTYPES:
-            raise DataError(f"{root_path}: unknown storage dtype {self.dtype!r}")
         self.workload = str(self.meta.get("workload", "unknown"))
-        self.numel = self.layers[-1].stop if self.layers else 0
-        self.schema = int(attrs["schema"])
+        self.numel = self.layers[-1].stop
+        self._index = index.ranks
         self._files: list[h5py.File] = []
-        self._checksums: list[h5py.Dataset | None] = []
-        #: (file position, dataset name) -> its DirectRows, or the dataset where HDF5 reads
-        self._datasets: dict[tuple[int, str], DirectRows | h5py.Dataset] = {}
-        #: (file position, row) -> (columns read so far, their CRC-32C): column blocks
-        self._partial: dict[tuple[int, int], tuple[int, int]] = {}
-        self.damage: list[Damage] = []
+        self._sources: dict[tuple[int, str], RowSource] = {}
+        self.damage: list[Damage] = [r.damage for r in index.ranks if r.damage is not None]
+        self._settle(index.ranks)
+        if self.schema < SCHEMA_VERSION and not allow_damaged:
+            warnings.warn(
+                f"{root_path}: schema {self.schema}: {_UNCHECKED[self.schema]}",
+                GradstatWarning,
+                stacklevel=2,
+            )
         try:
-            self._open_ranks()
+            for rank in index.ranks:
+                mode = {"swmr": True} if rank.swmr else {}
+                self._files.append(h5py.File(rank.path, "r", **mode))
             if self.damage and not allow_damaged:
-                raise DataError(self.damage_report())
+                raise DamagedData(self.damage_report())
             if self.status == "running" and not allow_damaged:
                 warnings.warn(
                     f"{self.path} is still being written (running: {len(self.steps)} steps "
                     "so far); the results cover those steps",
                     GradstatWarning,
-                    stacklevel=3,
+                    stacklevel=2,
                 )
+        except OSError as exc:
+            self.close()
+            raise DataError(f"{self.path}: a rank file cannot be opened again ({exc})") from None
         except Exception:
             self.close()
             raise
 
-    @staticmethod
-    def _read_layers(root: h5py.File) -> list[Layer]:
-        group = root["layers"]
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in group["name"][()]]
-        offsets, numels, shapes = group["offset"][()], group["numel"][()], group["shape"][()]
-        return [
-            Layer(name, int(o), int(n), tuple(int(s) for s in shape))
-            for name, o, n, shape in zip(names, offsets, numels, shapes, strict=True)
-        ]
-
-    def _open_ranks(self) -> None:
-        missing = [r for r in self.recorded_ranks if not (self.path / rank_file_name(r)).exists()]
-        if missing:
-            names = ", ".join(rank_file_name(r) for r in missing[:3])
-            raise DataError(
-                f"{self.path}: the rank files of learners {format_ranks(missing)} are missing "
-                f"({names}{', ...' if len(missing) > 3 else ''}); if the capture was written "
-                f"by several nodes into separate folders, join them: gradstat merge DEST "
-                f"{self.path} OTHER_NODES_FOLDERS..."
-            )
-        committed, running = [], False
-        for rank in self.recorded_ranks:
-            path = self.path / rank_file_name(rank)
-            f = _open_h5(path, swmr=True)
-            self._files.append(f)
-            try:
-                grad = f["grad"]
-                if grad.dtype != DISK_DTYPES[self.dtype]:
-                    raise DataError(
-                        f"{path}: /grad holds {grad.dtype}, capture.h5 says {self.dtype}"
-                    )
-                ensure_readable(grad, path)
-                rows = int(f.attrs["committed"])
-                for name in ("step", "loss", CHECKSUM_DATASET):
-                    if name in f and f[name].shape[0] < rows:
-                        raise KeyError(name)
-            except KeyError as exc:
-                raise DataError(f"{path}: not a gradstat rank file or damaged") from exc
-            if grad.shape[1] != self.numel:
-                raise DataError(
-                    f"{path}: rows of {grad.shape[1]} values, layer table has {self.numel}"
-                )
-            if grad.shape[0] < rows:
-                raise DataError(f"{path}: committed {rows} rows but holds {grad.shape[0]}")
-            committed.append(rows)
-            self._checksums.append(f.get(CHECKSUM_DATASET))
-            damage = structural_damage(f, path, rank, rows)
-            if damage is not None:
-                self.damage.append(damage)
-            if not bool(f.attrs.get("closed", True)):
-                running |= _process_alive(
-                    str(f.attrs.get("hostname", "")), int(f.attrs["writer_pid"])
-                )
+    def _settle(self, ranks: list[RankIndex]) -> None:
+        """The capture's steps (those committed on every learner), status and the
+        checks across learners: equal steps, and ``committed`` as capture.h5 recorded."""
+        committed = [r.committed for r in ranks]
         rows = min(committed) if committed else 0
-        steps = self._files[0]["step"][:rows] if rows else np.zeros(0, np.int64)
-        losses = (
-            np.stack([f["loss"][:rows] for f in self._files])
-            if rows
-            else np.zeros((len(self._files), 0))
-        )
-        for rank, f in zip(self.recorded_ranks[1:], self._files[1:], strict=True):
-            if rows and not self.damage and not np.array_equal(f["step"][:rows], steps):
+        steps = ranks[0].steps[:rows] if ranks else np.zeros(0, np.int64)
+        for r in ranks[1:]:
+            if rows and not self.damage and not np.array_equal(r.steps[:rows], steps):
                 raise DataError(
-                    f"{self.path}: learner {rank} recorded different steps than "
-                    f"learner {self.recorded_ranks[0]}"
+                    f"{r.path} (learner {r.rank}): recorded different steps than "
+                    f"learner {ranks[0].rank} ({ranks[0].path.name})"
                 )
+        closed = self.meta.get("status") == "complete" and "committed" in self.meta
+        if closed and not self.damage and rows != int(self.meta["committed"]):
+            short = min(ranks, key=lambda r: r.committed)
+            raise DataError(
+                f"{short.path} (learner {short.rank}): committed {short.committed} rows, but "
+                f"{self.root_path} recorded {int(self.meta['committed'])} when the capture "
+                "closed (damaged committed attribute?)"
+            )
         self.steps = np.asarray(steps, dtype=np.int64)
-        self.losses = np.asarray(losses, dtype=np.float64)
-        self.has_sent = bool(self._files) and all("sent" in f for f in self._files)
+        self.losses = (
+            np.stack([r.losses[:rows] for r in ranks]) if ranks else np.zeros((0, 0))
+        ).astype(np.float64)
+        self.has_sent = bool(ranks) and all(r.sent_bytes is not None for r in ranks)
         self.sent_bytes = (
-            np.stack([f["sent_bytes"][:rows] for f in self._files])
-            if self.has_sent and rows
-            else np.zeros((len(self._files), 0))
+            np.stack([r.sent_bytes[:rows] for r in ranks])
+            if self.has_sent
+            else np.zeros((len(ranks), 0))
         )
         self.committed_per_learner = committed
         self._row_of = {int(s): i for i, s in enumerate(self.steps)}
-        stopped = [
-            f"{f.attrs['stopped']} (learner {rank})"
-            for rank, f in zip(self.recorded_ranks, self._files, strict=True)
-            if "stopped" in f.attrs
-        ]
+        stopped = [f"{r.stopped} (learner {r.rank})" for r in ranks if r.stopped is not None]
         #: Why a writer stopped early, e.g. "disk full at step 12 (learner 1)", or None.
         self.stop_reason = stopped[0] if stopped else None
+        running = any(not r.closed and _process_alive(r.hostname, r.writer_pid) for r in ranks)
         if self.damage:
             self.status = "damaged"
         elif self.meta.get("status") == "complete":
@@ -252,11 +200,7 @@ class Capture:
         return "; ".join(lines)
 
     def _file_steps(self, learner: int) -> np.ndarray:
-        position = self._position[learner]
-        try:
-            return self._files[position]["step"][: self.committed_per_learner[position]]
-        except (OSError, IndexError):
-            return np.zeros(0, np.int64)
+        return self._index[self._position[learner]].steps
 
     def _damage_record(self, damage: Damage) -> dict:
         steps = self._file_steps(damage.learner)
@@ -270,10 +214,12 @@ class Capture:
 
     @property
     def verification(self) -> str:
-        """How rows are verified: by checksum (schema 2), or by size only (schema 1)."""
-        if all(c is not None for c in self._checksums):
-            return "CRC-32C per row, checked on every read"
-        return f"file sizes and chunk extents only (schema {self.schema} has no row checksums)"
+        """How rows are verified: by checksum (schemas 2 and 3), or by size only."""
+        if self.schema >= 3:
+            return "CRC-32C per chunk of every row, its step and loss, checked on every read"
+        if self.schema == 2:
+            return "CRC-32C per /grad row, checked on every read (schema 2)"
+        return "file sizes and chunk extents only (schema 1 has no row checksums)"
 
     # --- metadata ---------------------------------------------------------------------
     @property
@@ -383,20 +329,10 @@ class Capture:
             raise UsageError(f"dataset must be grad or sent, got {dataset!r}")
         if dataset == "sent" and not self.has_sent:
             raise UsageError(f"{self.path} holds no sent rows (not trained with --compressor)")
-        row = self._row_of.get(int(step))
-        if row is None:
-            raise UsageError(f"step {step} is not a committed step of this capture")
         chosen = self._learner_list(learners)
         out = np.empty((len(chosen), self.numel), dtype=np.float32)
         for i, learner in enumerate(chosen):
-            position = self._position[learner]
-            source, direct = self._dataset(position, dataset)
-            checked = dataset == "grad" and self._checksums[position] is not None
-            stored, crc = read_row(
-                source, row, out[i], self.dtype, direct=direct, crc_from=0 if checked else None
-            )
-            if checked:  # only grad rows carry a checksum
-                self._verify(position, row, int(step), stored, crc)
+            self._read(step, learner, 0, self.numel, out[i], dataset)
         import torch
 
         return torch.from_numpy(out)
@@ -408,144 +344,92 @@ class Capture:
         out: np.ndarray | None = None,
         columns: slice | None = None,
     ) -> np.ndarray:
-        """One learner's gradient at one recorded step as float32, straight from the file.
+        """One learner's gradient at one recorded step as float32, checked.
 
         ``columns``: a contiguous ``slice(start, stop)`` of the flat vector (default: all);
-        ``out``: a preallocated float32 array of that length to read into (HDF5 copies
-        into it directly, no temporary), else a new one. Analyses reuse one ``out`` per
+        ``out``: a preallocated float32 array of that length to read into (no
+        temporary for float32 captures), else a new one. Analyses reuse one ``out`` per
         row so that a step never holds more than the rows it needs.
         """
-        row, position, start, stop = self._locate(step, learner, columns)
+        start, stop, stride = (columns or slice(None)).indices(self.numel)
+        if stride != 1:
+            raise ValueError("columns must be a contiguous slice")
         width = max(0, stop - start)
         if out is None:
             out = np.empty(width, dtype=np.float32)
         elif out.shape != (width,) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous float32 array of {width} values")
-        if width:
-            dataset, direct = self._dataset(position, "grad")
-            crc_from = self._crc_before(position, row, start)
-            stored, crc = read_row(
-                dataset, row, out, self.dtype, slice(start, stop), direct, crc_from
-            )
-            if crc is not None:
-                self._checked_up_to(position, row, int(step), stop, stored, crc)
+        self._read(step, learner, start, stop, out, "grad")
         return out
 
-    def row_view(self, step: int, learner: int, columns: slice) -> np.ndarray | None:
-        """:meth:`read_row` of ``columns`` without the copy: a view of the bytes in the
-        page cache (the rank file mapped copy-on-write), checked the same way (its
-        CRC-32C, running on from block to block); None where the row must be read into
-        a buffer instead (a capture stored in another type than float32, compressed, or
-        whose chunks of these columns are not one run in the file). Give the view back
-        with :meth:`forget_view` once done with it."""
-        row, position, start, stop = self._locate(step, learner, columns)
-        _, direct = self._dataset(position, "grad")
-        if direct is None or self.dtype != "float32" or stop <= start:
-            return None
-        crc_from = self._crc_before(position, row, start)
-        seen = direct.view(row, start, stop, crc_from)
-        if seen is None:
-            return None
-        view, crc = seen
-        if crc is not None:
-            self._checked_up_to(position, row, int(step), stop, view, crc)
-        return view
-
-    def _locate(self, step: int, learner: int, columns: slice | None) -> tuple[int, int, int, int]:
-        """(row in the rank file, the file's position, first column, end column) of a
-        step's row, checked: a committed step, a recorded learner, contiguous columns."""
+    def _read(
+        self, step: int, learner: int, start: int, stop: int, out: np.ndarray, name: str
+    ) -> None:
+        """Columns ``[start, stop)`` of a learner's row of dataset ``name`` at ``step``,
+        checked, as float32 into ``out``."""
         row = self._row_of.get(int(step))
         if row is None:
             raise UsageError(f"step {step} is not a committed step of this capture")
         (learner,) = self._learner_list([learner])
-        start, stop, stride = (columns or slice(None)).indices(self.numel)
-        if stride != 1:
-            raise ValueError("columns must be a contiguous slice")
-        return row, self._position[learner], start, stop
-
-    def forget_view(self, learner: int, view: np.ndarray) -> None:
-        """Give back the pages of a :meth:`row_view` of ``learner``'s rows: they stay in
-        the page cache but no longer count as this process's resident memory."""
-        kept = self._datasets.get((self._position[learner], "grad"))  # gone once closed
-        if isinstance(kept, DirectRows):
-            kept.forget(view)
-
-    def _crc_before(self, position: int, row: int, start: int) -> int | None:
-        """The CRC-32C of a row's columns before ``start`` when a read starting there
-        can be checked: the row's first columns, or the columns right after the ones
-        read last of that row (column blocks in order); else None (such a read relies
-        on the file's structure alone)."""
-        if self._checksums[position] is None:
-            return None
-        if start == 0:
-            return 0
-        partial = self._partial.get((position, row))
-        return partial[1] if partial is not None and partial[0] == start else None
-
-    def _checked_up_to(
-        self, position: int, row: int, step: int, stop: int, stored: np.ndarray, crc: int
-    ) -> None:
-        """Columns ``[0, stop)`` of a row were read, their CRC-32C is ``crc``: check the
-        row when that is all of it, else remember where the next block must start."""
-        key = (position, row)
-        self._partial.pop(key, None)
-        if stop == self.numel:
-            self._verify(position, row, step, stored, crc)
+        if stop <= start:
             return
-        self._partial[key] = (stop, crc)
-        while len(self._partial) > _PARTIAL_ROWS:  # rows never read to their end
-            del self._partial[next(iter(self._partial))]
+        source = self._source(self._position[learner], name)
+        if self.dtype == "float32":
+            source.read(row, int(step), start, stop, out)
+            return
+        stored = np.empty(stop - start, dtype=DISK_DTYPES[self.dtype])
+        source.read(row, int(step), start, stop, stored)
+        if self.dtype == "bfloat16":
+            bfloat16_bits_to_float32(stored, out)
+        else:
+            out[...] = stored
+
+    def _source(self, position: int, name: str) -> RowSource:
+        """The checked reader of dataset ``name`` of the ``position``-th rank file, kept
+        for the capture's life."""
+        key = (position, name)
+        if key not in self._sources:
+            f = self._files[position]
+            checksums, block = None, None
+            crc_name = {"grad": GRAD_CRC, "sent": SENT_CRC}[name]
+            if self.schema >= 3:
+                checksums = f[crc_name]
+                block = int(checksums.attrs[BLOCK_ATTR])
+            elif self.schema == 2 and name == "grad":
+                checksums = f[ROW_CRC]
+            learner = self.recorded_ranks[position]
+            path = self.path / rank_file_name(learner)
+            ensure_readable(f[name], path)
+            self._sources[key] = RowSource(path, learner, f[name], checksums, block)
+        return self._sources[key]
 
     def verify_rows(self) -> list[Damage]:
-        """Read every committed row of every learner and check it against its CRC-32C;
-        adds what fails to ``damage`` (``gradstat info --verify``). Reads the whole
-        capture, one row at a time."""
+        """Read every committed row of every learner (and its /sent row) and check it
+        against its checksums; adds what fails to ``damage`` (``gradstat info
+        --verify``). Reads the whole capture, one row at a time."""
         found = []
-        buffer = np.empty(self.numel, dtype=np.float32)
+        stored = np.empty(self.numel, dtype=DISK_DTYPES[self.dtype])
+        names = ["grad", "sent"] if self.has_sent else ["grad"]
         for position, learner in enumerate(self.recorded_ranks):
-            if self._checksums[position] is None or any(d.learner == learner for d in self.damage):
+            if any(d.learner == learner for d in self.damage):
                 continue
-            steps = self._file_steps(learner)
-            dataset, direct = self._dataset(position, "grad")
+            index = self._index[position]
             bad = []
-            for row in range(self.committed_per_learner[position]):
+            for row in range(index.committed):
+                step = int(index.steps[row])
                 try:
-                    stored, crc = read_row(
-                        dataset, row, buffer, self.dtype, direct=direct, crc_from=0
-                    )
-                    self._verify(position, row, int(steps[row]), stored, crc)
-                except (DataError, OSError):
+                    for name in names:
+                        self._source(position, name).read(row, step, 0, self.numel, stored)
+                except DataError:
                     bad.append(row)
             if bad:
-                path = self.path / rank_file_name(learner)
-                found.append(Damage(path, learner, tuple(bad), "rows do not match their CRC-32C"))
+                found.append(
+                    Damage(index.path, learner, tuple(bad), "rows do not match their CRC-32C")
+                )
         self.damage += found
         if found:
             self.status = "damaged"
         return found
-
-    def _dataset(self, position: int, name: str) -> tuple[h5py.Dataset, DirectRows | None]:
-        """The ``position``-th rank file's dataset ``name`` and its direct reader (None
-        where HDF5 must read it), both kept for the capture's life."""
-        key = (position, name)
-        if key not in self._datasets:
-            learner = self.recorded_ranks[position]
-            dataset = self._files[position][name]
-            path = self.path / rank_file_name(learner)
-            self._datasets[key] = DirectRows.usable(path, dataset) or dataset
-        kept = self._datasets[key]
-        return (kept.dataset, kept) if isinstance(kept, DirectRows) else (kept, None)
-
-    def _verify(
-        self, position: int, row: int, step: int, stored: np.ndarray, crc: int | None = None
-    ) -> None:
-        """Check a row of the ``position``-th rank file, as stored (before any
-        conversion), against its CRC-32C (``crc``: already computed while reading)."""
-        checksums = self._checksums[position]
-        if checksums is not None:
-            learner = self.recorded_ranks[position]
-            path = self.path / rank_file_name(learner)
-            check_row(path, learner, step, stored, int(checksums[row]), crc)
 
     def iter_steps(
         self, steps: StepsSpec = None, learners: LearnersSpec = None
@@ -557,10 +441,9 @@ class Capture:
             yield int(step), self.read_step(int(step), chosen)
 
     def close(self) -> None:
-        for kept in self._datasets.values():
-            if isinstance(kept, DirectRows):
-                kept.close()
-        self._datasets = {}
+        for source in self._sources.values():
+            source.close()
+        self._sources = {}
         for f in self._files:
             if f.id.valid:
                 f.close()

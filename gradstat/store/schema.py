@@ -1,4 +1,4 @@
-"""Names and constants of the HDF5 capture format, schema 2 (see docs/format.md).
+"""Names and constants of the HDF5 capture format, schema 3 (see docs/format.md).
 
 A capture is a folder: ``capture.h5`` (metadata, layer table, virtual datasets) and one
 ``rank-NNNNN.h5`` per learner, each written only by that learner.
@@ -6,14 +6,16 @@ A capture is a folder: ``capture.h5`` (metadata, layer table, virtual datasets) 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-SCHEMA_VERSION = 2
-#: Schemas this gradstat reads: 1 has no per-row checksums (rows verified by size only).
-READABLE_SCHEMAS = (1, 2)
+SCHEMA_VERSION = 3
+#: Schemas this gradstat reads: 1 has no checksums (rows verified by size only), 2 has
+#: one CRC-32C per /grad row only; both open with a warning naming what is unchecked.
+READABLE_SCHEMAS = (1, 2, 3)
 FORMAT_NAME = "gradstat-capture"
 ROOT_FILE = "capture.h5"
 #: Largest chunk of one /grad row, in bytes (docs/format.md: one row by <= 1 MiB).
@@ -22,6 +24,24 @@ MAX_CHUNK_BYTES = 1 << 20
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 #: Root attribute listing the ranks that wrote a rank file (all of them when absent).
 RECORDED_RANKS_ATTR = "recorded_ranks"
+#: Root and rank-file attribute: the capture's identity, written by the root at creation.
+RUN_ID_ATTR = "run_id"
+#: Root attribute: CRC-32C of the capture's identity and layer table (schema 3).
+CHECKSUM_ATTR = "checksum"
+#: Schema 3: CRC-32C of each block of ``columns`` values of each /grad and /sent row.
+GRAD_CRC = "grad_crc32c"
+SENT_CRC = "sent_crc32c"
+#: Schema 3: CRC-32C of each row's bookkeeping (its /step, /loss and /sent_bytes).
+RECORD_CRC = "record_crc32c"
+#: Schema 2: CRC-32C of each whole /grad row.
+ROW_CRC = "crc32c"
+#: Attribute of a block checksum dataset: the values each checksum covers.
+BLOCK_ATTR = "columns"
+
+
+def new_run_id() -> str:
+    """A new capture identity: 32 hex digits (a random UUID)."""
+    return uuid.uuid4().hex
 
 
 def rank_file_name(rank: int) -> str:

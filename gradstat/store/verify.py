@@ -1,49 +1,38 @@
-"""Verifying rank files: damaged data is an error naming file, learner and step.
+"""The structure check of rank files: every committed row lies inside the file.
 
-Two checks, so that a damaged file never reads as data (docs/format.md, "Integrity"):
-
-* **Structure** (metadata only, at every open): a file must be as long as HDF5 says
-  (``H5Fget_filesize``: the end of allocation, past every chunk). When it is shorter,
-  or has no checksums (schema 1), each committed row's chunks must be allocated and lie
-  inside the file as it is on disk, which names the damaged rows. A truncated copy keeps
-  its chunk index, and HDF5 reads chunks past the end of the file as zeros without an
-  error (measured with HDF5 2.0, also with the Fletcher-32 filter), so this check is
-  what catches truncation. It costs one ``stat`` when the size is right; the per-chunk
-  scan (a Python call per chunk) runs only on short files and schema 1.
-* **Content** (schema 2, on every row read): ``/crc32c[i]`` is the CRC-32C (Castagnoli,
-  the checksum of iSCSI, ext4 and Btrfs; ``crc32c.crc32c`` in Python) of row ``i`` of
-  ``/grad`` as stored: its little-endian bytes in the file's dtype, before any HDF5
-  filter. Stored apart from the row, it also catches rows zeroed by a file system after
-  a crash, which a per-chunk Fletcher-32 (zero data, zero sum) would accept. CRC-32C
-  rather than zlib's CRC-32: the CPU computes it in hardware (SSE 4.2, ARMv8), 28 GB/s
-  against zlib's 4 GB/s here, so checking every row read costs little
-  (benchmarks/integrity_cost.py).
-
-Schema 1 files have no ``/crc32``: their rows are verified by the structure check only.
+A truncated copy keeps its chunk index, and HDF5 reads chunks past the end of a file as
+zeros without an error (measured with HDF5 2.0, also with the Fletcher-32 filter), so
+at every open a file must be as long as HDF5 says (``H5Fget_filesize``: the end of
+allocation, past every chunk). When it is shorter, or has no checksums (schema 1), each
+committed row's chunks (and the extent of contiguous datasets) must be allocated and
+lie inside the file as it is on disk, which names the damaged rows. It costs one
+``stat`` when the size is right; the per-chunk scan runs only on short files and
+schema 1. What the rows hold answers to their checksums (gradstat/store/rows.py).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
-from crc32c import crc32c
 
-from gradstat.errors import DataError
+from gradstat.store.schema import GRAD_CRC, RECORD_CRC, ROW_CRC, SENT_CRC
 
-#: Name of the per-row checksum dataset (schema 2).
-CHECKSUM_DATASET = "crc32c"
-
-
-def row_checksum(row: np.ndarray, value: int = 0) -> int:
-    """CRC-32C of one row's bytes as stored (little-endian, the row's own dtype);
-    ``value``: the CRC-32C of the bytes before them (a row checked in column blocks)."""
-    data = np.ascontiguousarray(row)
-    if data.dtype.byteorder == ">":
-        data = data.astype(data.dtype.newbyteorder("<"))
-    return crc32c(data.reshape(-1).view(np.uint8), value)
+#: Datasets whose committed rows must lie inside the file, where the file holds them.
+_ROW_DATASETS = (
+    "grad",
+    "step",
+    "loss",
+    "sent",
+    "sent_bytes",
+    ROW_CRC,
+    GRAD_CRC,
+    SENT_CRC,
+    RECORD_CRC,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +43,7 @@ class Damage:
     learner: int
     rows: tuple[int, ...]  # indices into the file's rows; empty: the whole file
     reason: str
+    by_row: bool = False  # name rows, not steps (the steps themselves are in doubt)
 
     def describe(self, steps: np.ndarray | None = None) -> str:
         """``rank-00001.h5 (learner 1): steps 5..9 damaged: <reason>``."""
@@ -62,10 +52,11 @@ class Damage:
             return f"{where}: damaged: {self.reason}"
         labels = (
             [int(steps[r]) for r in self.rows if r < len(steps)]
-            if steps is not None and len(steps)
+            if steps is not None and len(steps) and not self.by_row
             else []
         )
-        what = "steps" if len(labels) == len(self.rows) else "rows"
+        increasing = all(b > a for a, b in itertools.pairwise(labels))
+        what = "steps" if len(labels) == len(self.rows) and increasing else "rows"
         values = labels if what == "steps" else list(self.rows)
         return f"{where}: {what} {span_text(values)} damaged: {self.reason}"
 
@@ -90,6 +81,12 @@ def _rows_outside(dataset: h5py.Dataset, rows: int, file_size: int) -> set[int]:
     """Committed rows (< ``rows``) with a chunk that is unallocated or past the file end."""
     if rows == 0:
         return set()
+    if dataset.chunks is None:  # contiguous (or compact): one extent, all or nothing
+        offset, size = dataset.id.get_offset(), dataset.id.get_storage_size()
+        inside = (size == 0 and dataset.size == 0) or (
+            offset is not None and offset + size <= file_size
+        )
+        return set() if inside else set(range(rows))
     per_row = -(-dataset.shape[1] // dataset.chunks[1]) if dataset.ndim == 2 else None
     present: dict[int, int] = {}
     bad: set[int] = set()
@@ -111,19 +108,20 @@ def _rows_outside(dataset: h5py.Dataset, rows: int, file_size: int) -> set[int]:
     return bad
 
 
-def structural_damage(f: h5py.File, path: Path, learner: int, rows: int) -> Damage | None:
-    """Check that the ``rows`` committed rows of an open rank file are all on disk."""
+def structural_damage(
+    f: h5py.File, path: Path, learner: int, rows: int, walk: bool = False
+) -> Damage | None:
+    """Check that the ``rows`` committed rows of an open rank file are all on disk;
+    ``walk``: read every chunk index even when the file's size is right."""
     file_size = path.stat().st_size
     claimed = f.id.get_filesize()
-    if file_size >= claimed and CHECKSUM_DATASET in f:
+    if file_size >= claimed and (GRAD_CRC in f or ROW_CRC in f) and not walk:
         return None  # every chunk lies inside; their contents answer to the checksums
     try:
         bad: set[int] = set()
-        names = ["grad", "step", "loss"]
-        if CHECKSUM_DATASET in f:
-            names.append(CHECKSUM_DATASET)
-        for name in names:
-            bad |= _rows_outside(f[name], rows, file_size)
+        for name in _ROW_DATASETS:
+            if name in f:
+                bad |= _rows_outside(f[name], rows, file_size)
     except (OSError, RuntimeError, KeyError) as exc:
         return Damage(path, learner, (), f"its chunk index cannot be read ({exc})")
     truncated = f"the file holds {file_size:,} of the {claimed:,} bytes HDF5 recorded (truncated?)"
@@ -135,24 +133,3 @@ def structural_damage(f: h5py.File, path: Path, learner: int, rows: int) -> Dama
     if bool(f.attrs.get("closed", False)) and file_size < claimed:
         return Damage(path, learner, (), truncated)
     return None
-
-
-def check_row(
-    path: Path,
-    learner: int,
-    step: int,
-    row: np.ndarray,
-    expected: int | None,
-    actual: int | None = None,
-) -> None:
-    """Raise ``DataError`` when a row read from ``path`` does not match its checksum
-    (``actual``: the row's CRC-32C where the read already computed it)."""
-    if expected is None:
-        return
-    if actual is None:
-        actual = row_checksum(row)
-    if actual != expected:
-        raise DataError(
-            f"{path} (learner {learner}): step {step} is damaged "
-            f"(CRC-32C {actual:08x}, recorded {expected:08x})"
-        )

@@ -2,8 +2,11 @@
 
 Crash safety follows docs/format.md: each rank file is opened in SWMR mode, every row is
 flushed before the ``committed`` attribute is raised, so a reader (or a SIGKILL) sees
-either the old or the new committed count, never a half-written row. Each row's CRC-32C
-goes to ``/crc32`` with it (schema 2; gradstat/store/verify.py checks it on every read).
+either the old or the new committed count, never a half-written row. Each row goes with
+its checksums (schema 3, gradstat/store/checksums.py): one CRC-32C per chunk of /grad
+(and /sent) in ``/grad_crc32c`` (``/sent_crc32c``) and one of its step, loss and sent
+bytes in ``/record_crc32c``; ``capture.h5`` carries a checksum of the capture's identity
+(its ``run_id``, which every rank file repeats) and layer table.
 """
 
 from __future__ import annotations
@@ -19,25 +22,31 @@ import h5py
 import numpy as np
 
 from gradstat.errors import UsageError
+from gradstat.store.checksums import block_checksums, identity_checksum, record_checksum
 from gradstat.store.compression import dataset_filters
 from gradstat.store.dtypes import DTYPE_ATTR, check_dtype, disk_dtype, to_disk_values
 from gradstat.store.schema import (
+    BLOCK_ATTR,
+    CHECKSUM_ATTR,
     FORMAT_NAME,
+    GRAD_CRC,
     MAX_CHUNK_BYTES,
+    RECORD_CRC,
     RECORDED_RANKS_ATTR,
     ROOT_FILE,
+    RUN_ID_ATTR,
     SCHEMA_VERSION,
+    SENT_CRC,
     Layer,
+    new_run_id,
     rank_file_name,
     recorded_ranks,
 )
-from gradstat.store.verify import CHECKSUM_DATASET, row_checksum
 
 #: HDF5 sets aside file space for metadata (the chunk index, object headers) in blocks
 #: of this size instead of 2 KiB at a time, so that its small allocations do not fall
-#: between the chunks of a row: each row then lies in one run of the file, which the
-#: readers can see in place (:meth:`gradstat.store.direct.DirectRows.view`). 64 KiB kept
-#: every row of a 12-row 8M-value file in one run (2 KiB: 2 of 12 split); 0.02% larger.
+#: between the chunks of a row: each row then lies in one run of the file and is read
+#: with one ``preadv`` (gradstat/store/direct.py). About 0.02% larger files.
 META_BLOCK_BYTES = 1 << 16
 
 
@@ -49,8 +58,9 @@ class RankFileWriter:
 
     With ``sent`` it also keeps, per row, what a compression hook made the learner
     contribute (``sent``, same shape and storage as ``grad``) and the payload bytes it put
-    into the collectives (``sent_bytes``; docs/format.md, docs/online.md). Only ``grad``
-    rows carry a checksum.
+    into the collectives (``sent_bytes``; docs/format.md, docs/online.md). ``run_id``: the
+    capture's identity, as in its ``capture.h5`` (:func:`write_root`); default: read from
+    the ``capture.h5`` beside the file, which must then exist.
     """
 
     def __init__(
@@ -61,6 +71,7 @@ class RankFileWriter:
         dtype: str = "float32",
         compression: str = "none",
         sent: bool = False,
+        run_id: str | None = None,
     ) -> None:
         np_dtype = disk_dtype(dtype)
         filters = dataset_filters(compression)
@@ -89,11 +100,13 @@ class RankFileWriter:
         self._loss = self._file.create_dataset(
             "loss", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
         )
-        self._crc = self._file.create_dataset(
-            CHECKSUM_DATASET, (0,), maxshape=(None,), dtype="uint32", chunks=(1024,)
+        self._columns = chunk_cols
+        self._grad_crc = self._block_checksums(GRAD_CRC, chunks_per_row)
+        self._record_crc = self._file.create_dataset(
+            RECORD_CRC, (0,), maxshape=(None,), dtype="uint32", chunks=(1024,)
         )
-        self._datasets = (self._grad, self._step, self._loss, self._crc)
-        self._sent = self._sent_bytes = None
+        self._datasets = (self._grad, self._step, self._loss, self._grad_crc, self._record_crc)
+        self._sent = self._sent_bytes = self._sent_crc = None
         if sent:
             self._sent = self._file.create_dataset(
                 "sent",
@@ -107,16 +120,30 @@ class RankFileWriter:
             self._sent_bytes = self._file.create_dataset(
                 "sent_bytes", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
             )
-            self._datasets += (self._sent, self._sent_bytes)
+            self._sent_crc = self._block_checksums(SENT_CRC, chunks_per_row)
+            self._datasets += (self._sent, self._sent_bytes, self._sent_crc)
         attrs = self._file.attrs
         attrs["format"] = FORMAT_NAME
         attrs["schema"] = SCHEMA_VERSION
         attrs["rank"] = rank
+        attrs[RUN_ID_ATTR] = _root_run_id(self.path.parent) if run_id is None else run_id
         attrs["hostname"] = socket.gethostname()
         attrs["writer_pid"] = os.getpid()
         attrs["committed"] = np.int64(0)
         attrs["closed"] = np.int8(0)  # an integer, not an HDF5 enum: every tool reads it
         self._file.swmr_mode = True
+
+    def _block_checksums(self, name: str, blocks: int) -> h5py.Dataset:
+        """A ``(rows, blocks)`` uint32 dataset of per-chunk CRC-32Cs, growing by rows."""
+        dataset = self._file.create_dataset(
+            name,
+            (0, blocks),
+            maxshape=(None, blocks),
+            dtype="uint32",
+            chunks=(max(1, min(1024, 16384 // blocks)), blocks),
+        )
+        dataset.attrs[BLOCK_ATTR] = np.int64(self._columns)
+        return dataset
 
     def append(
         self,
@@ -142,11 +169,16 @@ class RankFileWriter:
         self._grad[n - 1] = stored
         self._step[n - 1] = step
         self._loss[n - 1] = loss
-        self._crc[n - 1] = row_checksum(stored)
-        if self._sent is not None and self._sent_bytes is not None:
+        self._grad_crc[n - 1] = block_checksums(stored, self._columns)
+        recorded_bytes = None
+        if self._sent is not None and self._sent_bytes is not None and self._sent_crc is not None:
             with np.errstate(over="ignore"):
-                self._sent[n - 1] = to_disk_values(sent, self.dtype)
+                sent_stored = np.asarray(to_disk_values(sent, self.dtype), dtype=self._grad.dtype)
+            self._sent[n - 1] = sent_stored
             self._sent_bytes[n - 1] = sent_bytes
+            self._sent_crc[n - 1] = block_checksums(sent_stored, self._columns)
+            recorded_bytes = float(sent_bytes)
+        self._record_crc[n - 1] = record_checksum(int(step), float(loss), recorded_bytes)
         for dataset in self._datasets:
             dataset.flush()
         self._file.attrs["committed"] = np.int64(n)
@@ -170,6 +202,16 @@ class RankFileWriter:
         self.close()
 
 
+def _root_run_id(run_dir: Path) -> str:
+    """The run id in ``run_dir``'s capture.h5, or "" where there is none."""
+    try:
+        with h5py.File(run_dir / ROOT_FILE, "r") as root:
+            value = root.attrs.get(RUN_ID_ATTR, "")
+    except OSError:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def write_root(
     run_dir: Path,
     layers: Sequence[Layer],
@@ -177,14 +219,17 @@ def write_root(
     dtype: str,
     meta: Mapping,
     recorded_ranks: Sequence[int] | None = None,
+    run_id: str | None = None,
 ) -> Path:
     """Create ``capture.h5`` with the metadata and layer table (status ``running``).
 
     ``world_size`` is the run's number of learners; ``recorded_ranks`` those that write a
-    rank file (default: all).
+    rank file (default: all); ``run_id`` the capture's identity that its rank files
+    repeat (default: a new one, :func:`~gradstat.store.schema.new_run_id`).
     """
     check_dtype(dtype)
     ranks = list(range(world_size)) if recorded_ranks is None else [int(r) for r in recorded_ranks]
+    run_id = new_run_id() if run_id is None else run_id
     path = Path(run_dir) / ROOT_FILE
     with h5py.File(path, "w") as f:
         f.attrs["format"] = FORMAT_NAME
@@ -209,6 +254,11 @@ def write_root(
         shapes = group.create_dataset("shape", (len(layers),), dtype=h5py.vlen_dtype(np.int64))
         for i, layer in enumerate(layers):
             shapes[i] = np.array(layer.shape, dtype=np.int64)
+        f.attrs[RUN_ID_ATTR] = run_id
+        table = [(layer.name, layer.offset, layer.numel, layer.shape) for layer in layers]
+        f.attrs[CHECKSUM_ATTR] = np.int64(
+            identity_checksum(run_id, world_size, ranks, dtype, table)
+        )
     return path
 
 
@@ -288,9 +338,11 @@ def write_capture(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     base_meta = {"workload": "arrays", "backend": "none"}
-    write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})}, ranks)
+    run_id = new_run_id()
+    write_root(run_dir, layers, world, dtype, {**base_meta, **(meta or {})}, ranks, run_id)
     for learner, rank in enumerate(ranks):
-        with RankFileWriter(run_dir / rank_file_name(rank), rank, numel, dtype) as writer:
+        path = run_dir / rank_file_name(rank)
+        with RankFileWriter(path, rank, numel, dtype, run_id=run_id) as writer:
             for i, step in enumerate(steps):
                 writer.append(step, float(losses[learner, i]), grads[learner, i])
     finalize_root(run_dir)

@@ -1,0 +1,352 @@
+"""A capture's metadata, read and validated: everything but the gradient rows.
+
+:func:`read_index` opens ``capture.h5`` and every rank file, reads their attributes,
+layer table, steps, losses and sent bytes, and checks them (docs/format.md,
+"Integrity"), so that a damaged or mismatched file is an error naming it, never data:
+
+* the root: format and schema, ``world_size``, ``recorded_ranks`` (sorted, distinct,
+  inside the run), the storage type, a layer table that tiles the flat vector exactly,
+  and (schema 3) the CRC-32C of the identity and layer table (``checksum``);
+* each rank file: that it is the rank its name says (``rank``) of this capture
+  (``run_id``, schema 3), rows of the layer table's length in the capture's type,
+  ``committed`` within what every dataset holds, the checksum datasets its schema
+  requires, each row's step, loss and sent bytes against their CRC-32C (schema 3),
+  steps strictly increasing, and the file's structure (gradstat/store/verify.py).
+
+It runs in a forked child with a time limit (gradstat/store/guard.py): damaged HDF5
+metadata can make HDF5 loop for minutes. Files closed cleanly are opened in plain read
+mode, which fails at once on damaged metadata; only files still flagged "open for
+write" (being written, or their writer killed) need SWMR-read mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from gradstat.errors import DataError
+from gradstat.store.checksums import identity_checksum, record_checksum
+from gradstat.store.compression import ensure_readable
+from gradstat.store.dtypes import DISK_DTYPES
+from gradstat.store.guard import reading
+from gradstat.store.schema import (
+    BLOCK_ATTR,
+    CHECKSUM_ATTR,
+    FORMAT_NAME,
+    GRAD_CRC,
+    READABLE_SCHEMAS,
+    RECORD_CRC,
+    ROW_CRC,
+    RUN_ID_ATTR,
+    SENT_CRC,
+    Layer,
+    rank_file_name,
+    recorded_ranks,
+)
+from gradstat.store.verify import Damage, structural_damage
+
+#: Smallest possible HDF5 file (a version-0 superblock and a root group).
+_MIN_HDF5_BYTES = 96
+#: Errors of HDF5 and h5py while reading metadata, which name damage, not bugs.
+_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError)
+
+
+@dataclass
+class RankIndex:
+    """One rank file's metadata: its committed rows' steps, losses and sent bytes."""
+
+    rank: int
+    path: Path
+    swmr: bool  # whether it opens only in SWMR-read mode (flagged "open for write")
+    committed: int
+    steps: np.ndarray
+    losses: np.ndarray
+    sent_bytes: np.ndarray | None  # only in files with /sent
+    closed: bool
+    hostname: str
+    writer_pid: int
+    stopped: str | None
+    damage: Damage | None = None
+
+
+@dataclass
+class CaptureIndex:
+    """A capture's metadata: root attributes, layer table and every rank file's index."""
+
+    root_path: Path
+    meta: dict
+    schema: int
+    layers: list[Layer]
+    ranks: list[RankIndex] = field(default_factory=list)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _plain(value):
+    """An attribute value as a plain Python value (numpy scalars and bytes unwrapped)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return _text(value) if isinstance(value, bytes) else value
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).split("(")[0].strip() if isinstance(exc, OSError) else str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _open_plain(path: Path) -> h5py.File:
+    """``path`` opened in plain read mode; a ``DataError`` for what is not HDF5."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if not path.is_file():
+        raise DataError(f"{path}: not a file")
+    size = path.stat().st_size
+    if size < _MIN_HDF5_BYTES or not h5py.is_hdf5(path):
+        raise DataError(f"{path}: not an HDF5 file ({size:,} bytes; truncated or damaged?)")
+    return h5py.File(path, "r")
+
+
+def _open_rank(path: Path) -> tuple[h5py.File, bool]:
+    """A rank file opened for reading, and whether it needed SWMR-read mode."""
+    reading(str(path))
+    try:
+        return _open_plain(path), False
+    except OSError as exc:
+        text = str(exc)
+        if "already open for write" not in text and "lock" not in text:
+            raise DataError(
+                f"{path}: cannot be read, truncated or damaged? ({_reason(exc)})"
+            ) from None
+    try:
+        return h5py.File(path, "r", swmr=True), True
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read, truncated or damaged? ({_reason(exc)})") from None
+
+
+def read_index(root_path: Path) -> CaptureIndex:
+    """Read and check a capture's metadata (see the module docstring); ``DataError``
+    names the first file that is damaged beyond listing its damaged rows."""
+    index = _read_root(root_path)
+    folder = root_path.parent
+    for rank in recorded_ranks(index.meta):
+        path = folder / rank_file_name(rank)
+        try:
+            index.ranks.append(_read_rank(path, rank, index))
+        except _READ_ERRORS as exc:  # HDF5 and h5py errors: damage
+            raise DataError(f"{path} (learner {rank}): cannot be read ({_reason(exc)})") from None
+    return index
+
+
+def _read_root(root_path: Path) -> CaptureIndex:
+    reading(str(root_path))
+    try:
+        with _open_plain(root_path) as root:
+            meta = {key: _plain(value) for key, value in root.attrs.items()}
+            if meta.get("format") != FORMAT_NAME or "schema" not in meta:
+                raise DataError(f"{root_path}: an HDF5 file, but not a gradstat capture")
+            schema = int(meta["schema"])
+            if schema not in READABLE_SCHEMAS:
+                raise DataError(
+                    f"{root_path}: capture schema {schema} is not supported (this gradstat "
+                    f"reads schemas {', '.join(map(str, READABLE_SCHEMAS))})"
+                )
+            if "layers" not in root:
+                raise DataError(f"{root_path}: the layer table is missing")
+            layers = _read_layers(root["layers"])
+    except (DataError, UnicodeDecodeError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{root_path}: cannot be read ({_reason(exc)})") from None
+    except _READ_ERRORS as exc:
+        raise DataError(
+            f"{root_path}: cannot be read, truncated or damaged? ({_reason(exc)})"
+        ) from None
+    index = CaptureIndex(root_path, meta, schema, layers)
+    _check_root(index)
+    return index
+
+
+def _read_layers(group: h5py.Group) -> list[Layer]:
+    names = [_text(n) for n in group["name"][()]]
+    offsets, numels, shapes = group["offset"][()], group["numel"][()], group["shape"][()]
+    if not len(names) == len(offsets) == len(numels) == len(shapes):
+        raise DataError("the layer table's columns differ in length")
+    return [
+        Layer(name, int(o), int(n), tuple(int(s) for s in shape))
+        for name, o, n, shape in zip(names, offsets, numels, shapes, strict=True)
+    ]
+
+
+def _check_root(index: CaptureIndex) -> None:
+    """The root's identity and layer table are consistent (and match their checksum)."""
+    path, meta = index.root_path, index.meta
+    try:
+        world = int(meta["world_size"])
+        ranks = recorded_ranks(meta)
+        dtype = str(meta["dtype"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{path}: attribute {exc} is missing or damaged") from None
+    if world < 1:
+        raise DataError(f"{path}: world_size {world} is not a number of learners")
+    if not ranks or ranks != sorted(set(ranks)) or not 0 <= ranks[0] <= ranks[-1] < world:
+        raise DataError(
+            f"{path}: recorded_ranks {ranks} are not distinct sorted ranks of a run of "
+            f"{world} learners (damaged)"
+        )
+    if dtype not in DISK_DTYPES:
+        raise DataError(f"{path}: unknown storage dtype {dtype!r}")
+    _check_layers(path, index.layers)
+    if index.schema >= 3:
+        if RUN_ID_ATTR not in meta or CHECKSUM_ATTR not in meta:
+            raise DataError(f"{path}: schema {index.schema} but no run_id or checksum (damaged)")
+        table = [(la.name, la.offset, la.numel, la.shape) for la in index.layers]
+        expected = identity_checksum(str(meta[RUN_ID_ATTR]), world, ranks, dtype, table)
+        if int(meta[CHECKSUM_ATTR]) != expected:
+            raise DataError(
+                f"{path}: the capture's identity or layer table does not match its "
+                f"CRC-32C (computed {expected:08x}, recorded {int(meta[CHECKSUM_ATTR]):08x}): "
+                "damaged"
+            )
+
+
+def _check_layers(path: Path, layers: list[Layer]) -> None:
+    """Layers tile the flat vector: offsets from 0, each where the last ended, sizes
+    that match their shapes, distinct names."""
+    if not layers:
+        raise DataError(f"{path}: the layer table is empty")
+    at = 0
+    for layer in layers:
+        size = int(np.prod(layer.shape, dtype=np.int64)) if layer.shape else 1
+        if layer.offset != at or layer.numel < 1 or size != layer.numel:
+            raise DataError(
+                f"{path}: the layer table is damaged at {layer.name!r} (offset "
+                f"{layer.offset}, numel {layer.numel}, shape {list(layer.shape)}; it must "
+                f"start at {at} and hold its shape's {size} values)"
+            )
+        at = layer.stop
+    if len({layer.name for layer in layers}) != len(layers):
+        raise DataError(f"{path}: the layer table names a layer twice (damaged)")
+
+
+def _read_rank(path: Path, rank: int, index: CaptureIndex) -> RankIndex:
+    f, swmr = _open_rank(path)
+    with f:
+        attrs = {key: _plain(value) for key, value in f.attrs.items()}
+        learner = f"{path} (learner {rank})"
+        if attrs.get("format", FORMAT_NAME) != FORMAT_NAME or "grad" not in f:
+            raise DataError(f"{learner}: not a gradstat rank file")
+        if int(attrs.get("schema", index.schema)) != index.schema:
+            raise DataError(
+                f"{learner}: schema {attrs['schema']}, but capture.h5 has schema {index.schema}"
+            )
+        if "rank" in attrs and int(attrs["rank"]) != rank:
+            raise DataError(
+                f"{learner}: holds the rows of learner {int(attrs['rank'])} (its rank "
+                "attribute): rank files swapped or renamed?"
+            )
+        if index.schema >= 3 and str(attrs.get(RUN_ID_ATTR)) != str(index.meta[RUN_ID_ATTR]):
+            raise DataError(
+                f"{learner}: belongs to another capture (run id {attrs.get(RUN_ID_ATTR)}, "
+                f"capture.h5 has {index.meta[RUN_ID_ATTR]})"
+            )
+        committed = _committed(f, attrs, learner, index)
+        steps = np.asarray(f["step"][:committed], dtype=np.int64)
+        losses = np.asarray(f["loss"][:committed], dtype=np.float64)
+        sent_bytes = (
+            np.asarray(f["sent_bytes"][:committed], dtype=np.float64) if "sent" in f else None
+        )
+        damage = _record_damage(f, path, rank, index.schema, steps, losses, sent_bytes)
+        if damage is None:  # SWMR reads retry damaged metadata for minutes: walk it here
+            damage = structural_damage(f, path, rank, committed, walk=swmr)
+        return RankIndex(
+            rank=rank,
+            path=path,
+            swmr=swmr,
+            committed=committed,
+            steps=steps,
+            losses=losses,
+            sent_bytes=sent_bytes,
+            closed=bool(attrs.get("closed", True)),
+            hostname=str(attrs.get("hostname", "")),
+            writer_pid=int(attrs.get("writer_pid", -1)),
+            stopped=str(attrs["stopped"]) if "stopped" in attrs else None,
+            damage=damage,
+        )
+
+
+def _committed(f: h5py.File, attrs: dict, learner: str, index: CaptureIndex) -> int:
+    """The ``committed`` attribute, checked against what the datasets hold."""
+    grad = f["grad"]
+    numel = index.layers[-1].stop
+    dtype = DISK_DTYPES[str(index.meta["dtype"])]
+    if grad.ndim != 2 or grad.dtype.newbyteorder("=") != dtype.newbyteorder("="):
+        raise DataError(
+            f"{learner}: /grad holds {grad.dtype}, capture.h5 says {index.meta['dtype']}"
+        )
+    if grad.shape[1] != numel:
+        raise DataError(f"{learner}: rows of {grad.shape[1]} values, layer table has {numel}")
+    ensure_readable(grad, Path(f.filename))
+    if "committed" not in attrs:
+        raise DataError(f"{learner}: no committed attribute (not a gradstat rank file?)")
+    committed = attrs["committed"]
+    if not isinstance(committed, int) or committed < 0:
+        raise DataError(f"{learner}: committed = {committed!r} is not a row count (damaged)")
+    required = ["step", "loss", *_checksum_names(f, index.schema, learner)]
+    if "sent" in f:
+        required += ["sent", "sent_bytes"]
+    for name in ["grad", *required]:
+        if name not in f:
+            raise DataError(f"{learner}: /{name} is missing (damaged)")
+        if f[name].shape[0] < committed:
+            raise DataError(
+                f"{learner}: committed {committed} rows but /{name} holds {f[name].shape[0]}"
+            )
+    return committed
+
+
+def _checksum_names(f: h5py.File, schema: int, learner: str) -> list[str]:
+    """The checksum datasets a file of ``schema`` must hold (checked for shape)."""
+    if schema == 2:
+        return [ROW_CRC]
+    if schema < 2:
+        return []
+    names = [GRAD_CRC, RECORD_CRC] + ([SENT_CRC] if "sent" in f else [])
+    numel = f["grad"].shape[1]
+    for name in names[:1] + names[2:]:
+        if name not in f:
+            continue
+        columns = int(f[name].attrs.get(BLOCK_ATTR, 0))
+        if columns < 1 or f[name].ndim != 2 or f[name].shape[1] != -(-numel // columns):
+            raise DataError(f"{learner}: /{name} does not fit the rows of /grad (damaged)")
+    return names
+
+
+def _record_damage(
+    f: h5py.File,
+    path: Path,
+    rank: int,
+    schema: int,
+    steps: np.ndarray,
+    losses: np.ndarray,
+    sent_bytes: np.ndarray | None,
+) -> Damage | None:
+    """Rows whose step, loss or sent bytes do not match their CRC-32C (schema 3), or
+    whose steps do not increase."""
+    bad: list[int] = []
+    reason = ""
+    if schema >= 3 and len(steps):
+        recorded = f[RECORD_CRC][: len(steps)]
+        for row, expected in enumerate(recorded):
+            extra = None if sent_bytes is None else float(sent_bytes[row])
+            if record_checksum(int(steps[row]), float(losses[row]), extra) != int(expected):
+                bad.append(row)
+        reason = "their step, loss or sent bytes do not match their CRC-32C"
+    if not bad and len(steps) > 1:
+        bad = [int(r) + 1 for r in np.flatnonzero(np.diff(steps) <= 0)]
+        reason = "their steps do not increase (damaged /step)"
+    return Damage(path, rank, tuple(bad), reason, by_row=True) if bad else None
