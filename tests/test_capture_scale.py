@@ -89,7 +89,9 @@ def test_a_sample_of_learners_keeps_ranks_and_world_size(tmp_path, capsys):
     assert "the run had 8 learners" in result.stderr
     replay = json.loads(result.stdout)
     assert replay["cost_learners"] == 8 and replay["learners"] == 2
-    fit = run_cli(capsys, "fit", tmp_path, "--learners", "4", "--steps", "1", "--json")
+    fit = run_cli(
+        capsys, "fit", tmp_path, "--learners", "4", "--steps", "1", "--ratios", "0.1", "--json"
+    )
     assert fit.code == 0, fit
     assert {r["learner"] for r in json.loads(fit.stdout)["records"]} == {4}
     assert_clean_error(run_cli(capsys, "fit", tmp_path, "--learners", "1"), 2)
