@@ -92,8 +92,13 @@ with open_capture(path) as cap:
 
 def run(tree: Path, code: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False
+    done = subprocess.run(  # from "/": python -c puts the working directory first
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
     )
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])

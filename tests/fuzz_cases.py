@@ -300,6 +300,9 @@ def _change(name: str, dataset: str, index, change: str) -> Callable[[Path], Non
             if dataset not in f:
                 return
             data = f[dataset]
+            first = index[0] if isinstance(index, tuple) else index
+            if first >= data.shape[0]:
+                return  # a smaller capture: nothing to edit
             if change.startswith("="):
                 data[index] = type(data[index].item())(change[1:]) if change[1:] != "x" else "x"
             elif change == "x":
