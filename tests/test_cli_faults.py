@@ -261,3 +261,51 @@ def test_two_captures_into_one_folder_at_once(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="being written by another capture"):
         run_capture(options)
     assert (out / "capture.log").read_text() == "the other capture's log\n"
+
+
+def test_a_learner_killed_by_a_signal_is_named():
+    """Regression (issue 30.10): a SIGKILLed learner was reported as gloo's "Connection
+    closed by peer" of the learners that survived it."""
+    from collections import deque
+
+    from gradstat.capture.launch import _failure_reason
+
+    tail = deque(
+        [
+            "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  rank      : 1 (local_rank: 1)",
+            "  exitcode  : -9 (pid: 4242)",
+            "  traceback : Signal 9 (SIGKILL) received by PID 4242",
+        ]
+    )
+    assert _failure_reason(tail) == "learner 1 died (signal 9, SIGKILL)"
+    assert _failure_reason(deque(["[rank1]: ValueError: bad batch"])) == "ValueError: bad batch"
+
+
+def test_bad_inputs_are_refused(capsys, synthetic_capture):
+    """Regression (issue 30.12): these were read silently (k = 1, all steps, all
+    learners, "."), ran with a meaningless threshold, or exited 1 for bad usage."""
+    path, _ = synthetic_capture
+    cases = [
+        (["similarity", path, "--ratios", "1e-12"], "keeps less than one of the 580"),
+        (["fit", path, "--ratios", "1e-12"], "keeps less than one"),
+        (["similarity", path, "--steps", ""], "--steps is empty"),
+        (["similarity", path, "--learners", ""], "--learners is empty"),
+        (["fit", path, "--hard", "-1"], "hard threshold -1"),
+        (["fit", path, "--hard", "nan"], "hard threshold nan"),
+        (["info", "/nonexistent/capture"], "no such file or folder"),
+        (["info", ""], "CAPTURE is empty"),
+    ]
+    for args, message in cases:
+        result = run_cli(capsys, *args)
+        assert_clean_error(result, code=2)
+        assert message in result.stderr, (args, result)
+
+
+def test_jobs_are_capped_at_the_cpus(capsys, synthetic_capture):
+    path, _ = synthetic_capture
+    result = run_cli(capsys, "similarity", path, "--jobs", "1000", "--json")
+    assert result.code == 0, result
+    assert "--jobs 1000: this process may use" in result.stderr

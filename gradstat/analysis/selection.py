@@ -49,14 +49,14 @@ def parse_ratios(spec: str | float | Sequence[float]) -> list[float]:
 
 
 def require_one_kept(scopes: Sequence[Scope], ratios: Sequence[float]) -> None:
-    """Refuse a ratio that keeps less than one element (``ratio * d < 1``) of the largest
-    of ``scopes`` (of the one scope, usually), which ``k_for`` would silently round up to
-    k = 1. Smaller scopes of several (``layers``) keep k = 1 where the ratio is smaller."""
+    """Refuse a ratio that keeps no element of the largest of ``scopes`` (the one scope,
+    usually): ``round(ratio * d) == 0``, which ``k_for`` would silently raise to k = 1.
+    Smaller scopes of several (``layers``) keep k = 1 where the ratio keeps none."""
     if not scopes:
         return
     scope = max(scopes, key=lambda s: s.numel)
     for ratio in ratios:
-        if ratio * scope.numel < 1:
+        if round(ratio * scope.numel) < 1:
             raise UsageError(
                 f"ratio {ratio:g} keeps less than one of the {scope.numel:,} elements of "
                 f"scope {scope.name!r} (the smallest density there is {1 / scope.numel:.3g})"

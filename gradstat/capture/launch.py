@@ -50,6 +50,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
 EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
+#: torchrun's failure summary: a learner's rank, then its exit code (-N: signal N).
+SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+SUMMARY_SIGNAL = re.compile(r"^\s*exitcode\s*:\s*-(\d+)")
 
 
 @dataclass
@@ -299,7 +302,17 @@ def _progress_report(line: str) -> dict | None:
 
 
 def _failure_reason(lines: deque[str]) -> str:
-    """The worker's own ``Error:`` line, else the last exception line a learner printed."""
+    """A learner killed by a signal (torchrun's summary: the others then only report the
+    lost connection), else the worker's own ``Error:`` line, else the last exception line
+    a learner printed."""
+    rank = None
+    for line in lines:
+        if match := SUMMARY_RANK.match(line):
+            rank = int(match.group(1))
+        elif (match := SUMMARY_SIGNAL.match(line)) and rank is not None:
+            number = int(match.group(1))
+            name = signal.Signals(number).name if number in signal.valid_signals() else "?"
+            return f"learner {rank} died (signal {number}, {name})"
     texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
     worker_lines = [t for line, t in zip(lines, texts, strict=True) if RANK_PREFIX.match(line)]
     for text in reversed(texts):
@@ -395,19 +408,21 @@ def run_capture(
     plan, free = check_budget(options, run_dir)
     if on_plan is not None:
         on_plan(plan, free)
-    run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / log_name(options.node_rank)
     argv = torchrun_argv(options, run_dir)
     rendezvous = f"{options.master_addr}:{options.master_port}"
     seen_warnings: set[str] = set()
     tail: deque[str] = deque(maxlen=200)
     try:  # "x" (O_EXCL): creating the log claims the folder, so only one capture wins
+        run_dir.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "x")  # noqa: SIM115 (closed by the with block below)
     except FileExistsError:
         raise UsageError(
             f"{run_dir} is being written by another capture (its {log_path.name} appeared "
             "just now); choose another --out"
         ) from None
+    except OSError as exc:  # e.g. a read-only file system
+        raise UsageError(f"--out {run_dir}: cannot write there ({exc.strerror})") from None
     with log:
         log.write("$ " + shlex.join(argv) + "\n")
         log.flush()
