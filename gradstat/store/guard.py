@@ -15,6 +15,7 @@ Where ``fork`` does not exist (Windows) the read runs in this process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -55,7 +56,8 @@ def bounded(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T
         return fn(*args)
     limit = open_timeout() if timeout is None else timeout
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    with _h5py_lock():  # no other thread inside HDF5 at the fork: the child may call it
+        pid = os.fork()
     if pid == 0:  # the child: compute, send, leave without running the parent's cleanup
         code = 0
         try:
@@ -71,6 +73,15 @@ def bounded(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T
         return _wait(pid, read_end, limit)
     finally:
         os.close(read_end)
+
+
+def _h5py_lock():
+    """h5py's global lock, which every h5py call holds while it is in HDF5: held across
+    ``fork``, so that a thread reading rows cannot leave it (or HDF5) mid-call in the
+    child. ``phil`` is not documented API: where it is missing, no lock is taken."""
+    import h5py
+
+    return getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
 
 
 def _child(fn: Callable[..., Any], args: tuple, fd: int) -> None:
