@@ -23,7 +23,7 @@ from tests.helpers import assert_clean_error, interruptible, run_cli
 def test_markup_in_arguments_is_one_error_line(capsys, tmp_path):
     """Regression: 'nosuch[/x]' ended in a rich MarkupError traceback."""
     result = run_cli(capsys, "info", "nosuch[/x]")
-    assert_clean_error(result, code=1)
+    assert_clean_error(result, code=2)  # a missing path is bad usage (issue 30.12)
     assert "nosuch[/x]: no such file" in result.stderr
     assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
 
