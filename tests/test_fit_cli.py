@@ -259,7 +259,7 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
         (["--stage-fit", "lsq"], 2, "--stage-fit 'lsq'"),
         (["--plot", "out.gif"], 2, "suffix"),
         (["--plot-step", "1", "--steps", "0"], 2, "plot-step"),
-        (["--scope", "zero"], 1, "nothing could be computed"),
+        (["--scope", "zero", "--ratios", "0.1"], 1, "nothing could be computed"),
     ],
 )
 def test_bad_input(awkward_capture, capsys, args, code, message):
@@ -269,7 +269,7 @@ def test_bad_input(awkward_capture, capsys, args, code, message):
 
 
 def test_missing_capture(tmp_path, capsys):
-    assert_clean_error(run_cli(capsys, "fit", tmp_path / "nope"), 1)
+    assert_clean_error(run_cli(capsys, "fit", tmp_path / "nope"), 2)  # bad usage
 
 
 def test_real_capture_sidco_p_three_stages(real_capture):
