@@ -118,6 +118,7 @@ import json, sys
 from gradstat.cli.main import main
 sys.argv = ["gradstat", "recommend", sys.argv[1], "--error-budget", "2",
             "--compressors", "fp16,topk", "--ratios", "0.01", "--cluster-size", "64",
+            "--steps", "0:4",
             "--json"]
 try:
     main()
