@@ -2,7 +2,7 @@
 
 Times, in fresh processes run side by side (round-robin, median of ``--repeats``):
 ``python -c pass``, ``python -c 'import torch'``, ``gradstat --version``, ``--help``,
-``info CAP`` (a small capture written here) and ``merge --help``, and prints each over
+``info CAP`` (a small capture each checkout writes) and ``merge --help``, and prints each over
 ``pass`` and over ``import torch``. ``--before PATH`` times the same commands from another
 checkout (``PYTHONPATH=PATH``) in the same rounds and adds a before column. Issue 28's
 goals on a quiet 2-core machine: ``--version`` / ``--help`` 0.3 s, ``info`` 0.6 s.
@@ -21,11 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from gradstat.store import layer_table, write_capture
-
 HERE = Path(__file__).resolve().parent.parent
+
+
+#: Writes a small capture with a tree's own writer (trees may differ in schema).
+WRITE = (
+    "import sys, numpy as np; from pathlib import Path;"
+    "from gradstat.store import layer_table, write_capture;"
+    "g = np.random.default_rng(0).standard_normal((2, 3, 1000)).astype(np.float32);"
+    "write_capture(Path(sys.argv[1]), g, layer_table([('w', (1000,))]))"
+)
 
 
 def _commands(capture: Path) -> dict[str, list[str]]:
@@ -54,16 +59,21 @@ def main() -> None:
     args = parser.parse_args()
     trees = {"now": HERE} | ({"before": args.before.resolve()} if args.before else {})
     with tempfile.TemporaryDirectory() as tmp:
-        capture = Path(tmp) / "cap"
-        grads = np.random.default_rng(0).standard_normal((2, 3, 1000)).astype(np.float32)
-        write_capture(capture, grads, layer_table([("w", (1000,))]))
-        commands = _commands(capture)
+        commands = {}
+        for tree_name, tree in trees.items():
+            capture = Path(tmp) / f"cap-{tree_name}"
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            subprocess.run(
+                [sys.executable, "-c", WRITE, str(capture)], env=env, cwd=tmp, check=True
+            )
+            commands[tree_name] = _commands(capture)
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.repeats):
-            for label, argv in commands.items():
+            for label in commands["now"]:
                 for tree_name, tree in trees.items():
                     if label.startswith("python") and tree_name != "now":
                         continue  # the interpreter and torch do not depend on the tree
+                    argv = commands[tree_name][label]
                     times.setdefault((label, tree_name), []).append(_seconds(argv, tree, tmp))
     median = {key: statistics.median(v) for key, v in times.items()}
     floor, torch_ = median[("python -c pass", "now")], median[("python -c 'import torch'", "now")]
@@ -71,7 +81,7 @@ def main() -> None:
     print(f"median of {args.repeats} fresh processes; load average {load:.1f} at the end")
     header = f"{'command':<26}{'now s':>8}{'/pass':>8}{'/torch':>8}"
     print(header + (f"{'before s':>10}{'before/now':>12}" if args.before else ""))
-    for label in commands:
+    for label in commands["now"]:
         now = median[(label, "now")]
         line = f"{label:<26}{now:8.3f}{now / floor:8.2f}{now / torch_:8.2f}"
         before = median.get((label, "before"))
