@@ -90,6 +90,15 @@ with open_capture(path) as cap:
 """
 
 
+def warm(folder: Path) -> None:
+    """Read every file of ``folder`` once, so that each variant starts from a warm page
+    cache (else the variant that follows another on the same capture reads it warm)."""
+    for file in folder.iterdir():
+        with open(file, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
 def run(tree: Path, code: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(  # from "/": python -c puts the working directory first
@@ -138,6 +147,7 @@ def main() -> None:
             times: dict[str, list[float]] = {v[0]: [] for v in variants}
             for _ in range(args.repeats):
                 for name, tree, capture, plain in variants:
+                    warm(folders[capture])
                     out = run(tree, RUN, str(folders[capture]), what, plain)
                     times[name].append(json.loads(out.strip().splitlines()[-1])["seconds"])
             base, new, plain = (statistics.median(times[v[0]]) for v in variants)
