@@ -66,7 +66,7 @@ def test_info_reads_a_capture_without_torch(small_capture):
 def test_an_analysis_loads_torch_when_it_runs(tmp_path):
     # the probe must be able to fail: a command that computes loads torch as it starts
     result = _probe(["fit", str(tmp_path / "missing")])
-    assert result["code"] == 1
+    assert result["code"] != 0  # the missing capture, reported after the imports
     assert "torch" in result["heavy"]
 
 
