@@ -3,8 +3,8 @@
 :class:`Compute` is the one object every analysis takes besides the capture, the
 selection and its parameters. ``device``: ``"auto"`` (a CUDA GPU when one is available,
 else the CPU), ``"cpu"`` or ``"cuda"`` (or ``"cuda:N"``); rows are read on the CPU and
-moved to the device after reading. ``jobs``: worker processes (None: the default of the
-parallel runner). ``memory``: bytes an analysis may hold in full-length rows; when one
+moved to the device after reading. ``jobs``: worker processes (None: this process alone,
+the default). ``memory``: bytes an analysis may hold in full-length rows; when one
 row of a scope does not fit, the streaming analyses work in column blocks
 (:meth:`Compute.block_numel`). None: a share of the memory available when it starts.
 """
