@@ -50,6 +50,8 @@ def run_units(
         outcomes = _share(request, progress, cap)
     ordered = [outcomes[i] for i in itertools.takewhile(outcomes.__contains__, range(len(units)))]
     errors = [o for _, o in sorted(outcomes.items()) if o.error is not None]
+    if len(ordered) < len(units) and not errors:  # never a silent partial table
+        raise RuntimeError(f"{len(units) - len(ordered)} units ended without an outcome")
     return finish(ordered + errors[:1])  # units are missing only after an error
 
 

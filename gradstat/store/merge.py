@@ -55,6 +55,31 @@ def _place(source: Path, target: Path, move: bool) -> None:
         raise DataError(f"cannot link {source} to {target}: {exc.strerror}") from None
 
 
+def _learner_files(parts: list[Path], expected: list[int], root: Path) -> dict[int, Path]:
+    """Each expected learner's rank file among ``parts``: a ``UsageError`` for a learner
+    in two parts, one in none, or one the root file does not list."""
+    files: dict[int, Path] = {}
+    for part in parts:
+        for rank, path in _rank_files(part).items():
+            if rank in files and not os.path.samefile(files[rank], path):
+                raise UsageError(
+                    f"learner {rank} has a rank file in {files[rank].parent} and {part}"
+                )
+            files[rank] = path
+    missing = [r for r in expected if r not in files]
+    if missing:
+        raise UsageError(
+            f"no part holds the rank files of learners {format_ranks(missing)}; "
+            "give every node's folder"
+        )
+    extra = sorted(set(files) - set(expected))
+    if extra:
+        raise UsageError(
+            f"learners {format_ranks(extra)} have rank files but are not in {root / ROOT_FILE}"
+        )
+    return files
+
+
 def merge_parts(dest: str | os.PathLike, parts: Sequence[str | os.PathLike], move: bool = False):
     """Join ``parts`` (capture folders of the nodes of one run) into ``dest``.
 
@@ -75,25 +100,7 @@ def merge_parts(dest: str | os.PathLike, parts: Sequence[str | os.PathLike], mov
     (root,) = roots
     with h5py.File(root / ROOT_FILE, "r") as f:
         expected = recorded_ranks(f.attrs)
-    files: dict[int, Path] = {}
-    for part in parts:
-        for rank, path in _rank_files(part).items():
-            if rank in files and not os.path.samefile(files[rank], path):
-                raise UsageError(
-                    f"learner {rank} has a rank file in {files[rank].parent} and {part}"
-                )
-            files[rank] = path
-    missing = [r for r in expected if r not in files]
-    if missing:
-        raise UsageError(
-            f"no part holds the rank files of learners {format_ranks(missing)}; "
-            "give every node's folder"
-        )
-    extra = sorted(set(files) - set(expected))
-    if extra:
-        raise UsageError(
-            f"learners {format_ranks(extra)} have rank files but are not in {root / ROOT_FILE}"
-        )
+    files = _learner_files(parts, expected, root)
     in_place = dest.exists() and any(dest.resolve() == p.resolve() for p in parts)
     if dest.exists() and not in_place and (not dest.is_dir() or any(dest.iterdir())):
         raise UsageError(f"{dest} already exists and is not empty; merge into a new folder")
