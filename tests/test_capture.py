@@ -95,7 +95,7 @@ def test_capture_cli_every_start_layers_float16(tmp_path, capsys):
         "--dtype",
         "float16",
         "--max-bytes",
-        "10M",
+        "10MB",
         "--out",
         out,
     )

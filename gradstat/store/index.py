@@ -32,6 +32,7 @@ from gradstat.store.checksums import identity_checksum, record_checksum
 from gradstat.store.compression import ensure_readable
 from gradstat.store.dtypes import DISK_DTYPES
 from gradstat.store.guard import reading
+from gradstat.store.ranks import format_ranks
 from gradstat.store.schema import (
     BLOCK_ATTR,
     CHECKSUM_ATTR,
@@ -133,6 +134,7 @@ def read_index(root_path: Path) -> CaptureIndex:
     names the first file that is damaged beyond listing its damaged rows."""
     index = _read_root(root_path)
     folder = root_path.parent
+    _require_rank_files(folder, recorded_ranks(index.meta))
     for rank in recorded_ranks(index.meta):
         path = folder / rank_file_name(rank)
         try:
@@ -140,6 +142,20 @@ def read_index(root_path: Path) -> CaptureIndex:
         except _READ_ERRORS as exc:  # HDF5 and h5py errors: damage
             raise DataError(f"{path} (learner {rank}): cannot be read ({_reason(exc)})") from None
     return index
+
+
+def _require_rank_files(folder: Path, ranks: list[int]) -> None:
+    """A ``DataError`` listing the learners whose rank files are not in ``folder``, with
+    the fix for a capture written by several nodes into separate folders."""
+    missing = [r for r in ranks if not (folder / rank_file_name(r)).exists()]
+    if missing:
+        names = ", ".join(rank_file_name(r) for r in missing[:3])
+        raise DataError(
+            f"{folder}: the rank files of learners {format_ranks(missing)} are missing "
+            f"({names}{', ...' if len(missing) > 3 else ''}); if the capture was written "
+            f"by several nodes into separate folders, join them: gradstat merge DEST "
+            f"{folder} OTHER_NODES_FOLDERS..."
+        )
 
 
 def _read_root(root_path: Path) -> CaptureIndex:
