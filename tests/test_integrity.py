@@ -310,3 +310,29 @@ def test_old_schemas_warn_what_is_unchecked(synthetic_capture):
                     del f[name]
     with pytest.warns(UserWarning, match="schema 1: no part of it is checksummed"):
         open_capture(path).close()
+
+
+def test_report_on_a_damaged_capture_is_an_error_unless_allowed(
+    synthetic_capture, tmp_path, capsys
+):
+    """Regression (issue 30.9): `report` on a CRC-damaged capture exited 0 with the
+    error only inside the HTML. It is one Error line and exit 1; `--allow-damaged`
+    writes the page anyway and says so."""
+    path, _ = synthetic_capture
+    damaged = _copy(path, tmp_path / "damaged")
+    rank_file = damaged / rank_file_name(1)
+    offset, _ = _chunk_bytes(rank_file, 3)
+    with open(rank_file, "r+b") as f:
+        f.seek(offset + 11)
+        byte = f.read(1)[0]
+        f.seek(offset + 11)
+        f.write(bytes([byte ^ 0x40]))
+    html = tmp_path / "report.html"
+    args = ("report", damaged, "-o", html, "--ratios", "0.1", "--compressors", "topk")
+    result = run_cli(capsys, *args)
+    assert_clean_error(result, code=1)
+    assert f"{rank_file} (learner 1): step 3 is damaged" in result.stderr
+    assert not html.exists()
+    allowed = run_cli(capsys, *args, "--allow-damaged")
+    assert allowed.code == 0, allowed.stderr
+    assert "damaged" in allowed.stderr.lower() and "step 3" in html.read_text()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,7 +35,7 @@ from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.compressors.targets import Target, builtin_target, spread_text
-from gradstat.errors import DamagedData, GradstatError
+from gradstat.errors import DamagedData, GradstatError, GradstatWarning
 from gradstat.plots.capture import plot_loss
 from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
@@ -547,6 +548,11 @@ def build_report(
                 if not allow_damaged:
                     raise
                 damaged = True
+                warnings.warn(
+                    f"report: the {spec.title} section is left out: {exc}",
+                    GradstatWarning,
+                    stacklevel=2,
+                )
             sections.append(Section(spec.key, spec.title, error=str(exc)))
             verdicts.append((spec.title, [f"not available: {exc}"]))
             continue
