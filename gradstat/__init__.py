@@ -5,9 +5,8 @@ them for gradient compression (distribution fits, index similarity, build-up, re
 command line (typer, rich) or plotting (matplotlib, seaborn).
 """
 
-from importlib import import_module
-
 from gradstat.errors import DataError, GradstatError, UsageError
+from gradstat.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -20,13 +19,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradstat' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes("gradstat", _LAZY, globals())
 
 
 __all__ = [

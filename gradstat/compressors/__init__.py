@@ -8,7 +8,7 @@ registry` names every built-in, and :mod:`~gradstat.compressors.cost` /
 :mod:`~gradstat.compressors.work` turn bytes and work into predicted seconds.
 """
 
-from importlib import import_module
+from gradstat.lazy import lazy_attributes
 
 #: Each name's module, imported on first use: the cost model (``--bandwidth`` parsing,
 #: ``--help``) needs no torch, the compressors do.
@@ -37,13 +37,11 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gradstat.compressors' has no attribute {name!r}")
-    value = getattr(import_module(f"gradstat.compressors.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(
+    "gradstat.compressors",
+    {name: f"gradstat.compressors.{home}" for name, home in _HOMES.items()},
+    globals(),
+)
 
 
 __all__ = sorted(_HOMES)

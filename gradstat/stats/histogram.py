@@ -34,6 +34,7 @@ import torch
 
 from gradstat.stats import passes as row_passes
 from gradstat.stats.passes import ExceedanceSums, MagnitudeSums
+from gradstat.stats.row_kernels import float32_limit
 
 #: Bits below the bin index: 23 - 15 = 8 mantissa bits in the bin, 2^8 bins an octave.
 SHIFT = 15
@@ -166,19 +167,6 @@ def _loops():
     from gradstat.stats import _histogram_loops
 
     return _histogram_loops
-
-
-def float32_limit(threshold: float, inclusive: bool) -> np.float32:
-    """The float32 ``t`` such that ``|x| >= t`` selects exactly what numpy's float32
-    comparison of ``|x|`` with ``threshold`` selects (``>`` unless ``inclusive``): the
-    threshold rounded to float32; for ``>``, the next float32 up (NaN: nothing)."""
-    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
-        limit = np.float32(threshold)
-    if inclusive or limit != limit:
-        return limit
-    if limit == np.inf:
-        return np.float32(np.nan)
-    return np.nextafter(limit, np.float32(np.inf))
 
 
 def bin_edges(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

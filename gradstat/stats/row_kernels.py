@@ -44,14 +44,15 @@ NONFINITE = 1 << 31
 ROOM = 1 << 16
 
 
-def _float32_limit(threshold: float | None, inclusive: bool = True) -> np.float32:
+def float32_limit(threshold: float | None, inclusive: bool = True) -> np.float32:
     """The float32 ``t`` of the loops' ``|x| >= t`` that passes exactly ``|x| >= threshold``
     (``>`` unless ``inclusive``), the threshold rounded to float32 as numpy compares a
     float32 array with a Python float: NaN (nothing passes) for None, NaN and ``> inf``;
     ``|x| > t`` as ``|x| >= `` the next float32 up."""
     if threshold is None:
         return np.float32(np.nan)
-    limit = np.float32(threshold)
+    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
+        limit = np.float32(threshold)
     if inclusive or limit != limit:
         return limit
     if limit == np.inf:
@@ -142,7 +143,7 @@ def scan_row(
         total = error = x  # unused
     else:
         mode = loops.SUM_FIRST if first else loops.SUM_ADD
-    limit = _float32_limit(threshold)
+    limit = float32_limit(threshold)
     count, flags = loops.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
     return Found(*_found(loops, x, limit, room, count), _finite(flags))
 
@@ -184,9 +185,9 @@ def scan_row_pair(
     where a last pair and :func:`mean_row` would read and write the sum twice."""
     loops = _loops()
     a, b = rows
-    limits = _float32_limit(thresholds[0]), _float32_limit(thresholds[1])
+    limits = float32_limit(thresholds[0]), float32_limit(thresholds[1])
     n, mean_limit = (
-        (0, _float32_limit(None)) if mean is None else (mean.n, _float32_limit(mean.threshold))
+        (0, float32_limit(None)) if mean is None else (mean.n, float32_limit(mean.threshold))
     )
     room = rooms[1] if mean is None else mean.room  # n = 0: never written
     outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
@@ -216,7 +217,7 @@ def mean_row(
     candidates ``|mean| >= threshold`` (indices and magnitudes, as :func:`scan_row`) and
     its sum of squares in float64."""
     loops = _loops()
-    limit = _float32_limit(threshold)
+    limit = float32_limit(threshold)
     count, squares = loops.mean_scan(
         total, error, np.float32(n), mean, limit, room.indices, room.magnitudes
     )
@@ -228,7 +229,7 @@ def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) ->
     in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
     loops = _loops()
-    limit = _float32_limit(threshold, inclusive)
+    limit = float32_limit(threshold, inclusive)
     room = Room(min(ROOM, x.size))
     count = loops.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
     return _found(loops, x, limit, room, count)[0]
@@ -239,14 +240,14 @@ def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True)
     same as compacting ``abs(x)`` with numpy's ``>=`` (``>``), without a row-sized
     ``abs(x)``: a count, then the compaction into an array of that size."""
     loops = _loops()
-    limit = _float32_limit(threshold, inclusive)
+    limit = float32_limit(threshold, inclusive)
     out = np.empty(int(loops.count_at_least(x, limit)) + 1, dtype=np.float32)
     return out[: loops.compact_at_least(x, limit, out)]
 
 
 def count_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> int:
     """How many values :func:`indices_at_least` selects (one pass in vector instructions)."""
-    return int(_loops().count_at_least(x, _float32_limit(threshold, inclusive)))
+    return int(_loops().count_at_least(x, float32_limit(threshold, inclusive)))
 
 
 def magnitude_sums(x: np.ndarray) -> tuple[float, float, float, float, int]:
@@ -306,6 +307,6 @@ def add_and_candidates(
     corrected row ``p = m + g``, its top-k candidates, and the part of its norm no top-k
     can send. When more are found than ``room`` holds, a second pass."""
     loops = _loops()
-    limit = _float32_limit(threshold)
+    limit = float32_limit(threshold)
     count, squares = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
     return *_found(loops, x, limit, room, count), float(squares)

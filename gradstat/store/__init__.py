@@ -1,6 +1,6 @@
 """The HDF5 capture format: write per rank, open, validate and read lazily."""
 
-from importlib import import_module
+from gradstat.lazy import lazy_attributes
 
 #: Each name's module, imported on first use (``gradstat --help`` needs none of h5py).
 _HOMES = {
@@ -17,13 +17,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'gradstat.store' has no attribute {name!r}")
-    value = getattr(import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes("gradstat.store", _HOMES, globals())
 
 
 __all__ = sorted(_HOMES)
