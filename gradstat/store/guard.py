@@ -10,12 +10,14 @@ gradstat's own processes only) and is killed when it takes longer than ``timeout
 seconds, or when the user presses Ctrl-C. The child also tells which file it is
 reading, so that the error names it.
 
-Where ``fork`` does not exist (Windows) the read runs in this process.
+Where ``fork`` does not exist (Windows) the read runs in this process. Threads reading
+rows while the child forks are safe: h5py 3.14 and later take their global lock around
+``fork`` (h5py's "What's new in 3.14", pull request 2585), so no thread is inside HDF5
+when the child starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import select
@@ -56,8 +58,7 @@ def bounded(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T
         return fn(*args)
     limit = open_timeout() if timeout is None else timeout
     read_end, write_end = os.pipe()
-    with _h5py_lock():  # no other thread inside HDF5 at the fork: the child may call it
-        pid = os.fork()
+    pid = os.fork()  # h5py (>= 3.14) holds its lock across fork: no thread is mid-HDF5
     if pid == 0:  # the child: compute, send, leave without running the parent's cleanup
         code = 0
         try:
@@ -73,15 +74,6 @@ def bounded(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T
         return _wait(pid, read_end, limit)
     finally:
         os.close(read_end)
-
-
-def _h5py_lock():
-    """h5py's global lock, which every h5py call holds while it is in HDF5: held across
-    ``fork``, so that a thread reading rows cannot leave it (or HDF5) mid-call in the
-    child. ``phil`` is not documented API: where it is missing, no lock is taken."""
-    import h5py
-
-    return getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
 
 
 def _child(fn: Callable[..., Any], args: tuple, fd: int) -> None:
