@@ -24,7 +24,8 @@ import time
 import torch
 
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.registry import REGISTRY, build_scheme, parse_compressors
+from gradstat.compressors.registry import REGISTRY, build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import measure
 from gradstat.compressors.work import compressor_work, seconds
 

@@ -15,8 +15,9 @@ from gradstat.compressors import (
     build_scheme,
     parse_compressors,
 )
-from gradstat.compressors.base import SparseRow, nbytes, pack_bits, unpack_bits
+from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.cast import Cast
+from gradstat.compressors.exchange import SparseRow, nbytes
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD

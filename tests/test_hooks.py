@@ -18,7 +18,8 @@ import torch
 
 from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.registry import build_scheme, parse_compressors
+from gradstat.compressors.registry import build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
 from gradstat.hooks import compression_hook
 from gradstat.store import open_capture

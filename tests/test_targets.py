@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gradstat.analysis.cluster import buildup_model, fit_exponent
-from gradstat.compressors.registry import REGISTRY, build_scheme, parse_compressors
+from gradstat.compressors.registry import REGISTRY, build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import (
     BUILTIN,
     TARGET_NAMES,

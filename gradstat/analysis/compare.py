@@ -33,8 +33,9 @@ import torch
 from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.base import SparseRow, StepOutcome
-from gradstat.compressors.registry import Scheme, build_scheme, parse_compressors
+from gradstat.compressors.exchange import SparseRow, StepOutcome
+from gradstat.compressors.registry import Scheme, build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.store import Capture, open_capture

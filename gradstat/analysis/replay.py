@@ -39,12 +39,8 @@ from gradstat.analysis.replay_stream import (
 )
 from gradstat.analysis.selection import Selection, as_link, k_for, parse_ratios
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
-from gradstat.compressors.registry import (
-    CompressorSpec,
-    Scheme,
-    build_scheme,
-    parse_compressors,
-)
+from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Task, planned_workers, run_units
 from gradstat.stats.row_kernels import error_sums, squared_norm

@@ -1,7 +1,7 @@
 """The streamed replay: every chosen scheme fed one learner's row at a time.
 
 :func:`replay_streamed` reads each learner's row of a step once and hands it to every
-chosen (scope, scheme) pair's :class:`~gradstat.compressors.base.Stream`, the replay form
+chosen (scope, scheme) pair's :class:`~gradstat.compressors.exchange.Stream`, the replay form
 of the compressor (``compressor.stream``): the row is error-corrected with that learner's
 memory (its rows kept in a :mod:`~gradstat.analysis.ef_store` store: RAM or a scratch
 file), compressed and added to the running aggregate, so that beyond the memories only a
@@ -24,7 +24,7 @@ import torch
 from gradstat.analysis.ef_store import MemoryRows
 from gradstat.analysis.finite import require_finite
 from gradstat.analysis.row_workspace import Workspace
-from gradstat.compressors.base import SparseRow, StepOutcome, Stream
+from gradstat.compressors.exchange import SparseRow, StepOutcome, Stream
 from gradstat.compressors.registry import Scheme
 from gradstat.stats.row_kernels import add_checked
 from gradstat.store import Capture, Scope

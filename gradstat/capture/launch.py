@@ -196,7 +196,7 @@ class CaptureOptions:
 
     def _check_compressor(self) -> None:
         """``--compressor NAME[:PARAM=VALUE]`` with ``--ratio`` for sparsifiers."""
-        from gradstat.compressors.registry import parse_compressors
+        from gradstat.compressors.spec import parse_compressors
 
         specs = parse_compressors(self.compressor or "")
         if len(specs) != 1:

@@ -70,7 +70,7 @@ from gradstat.cli.output import (
 )
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
-from gradstat.compressors.registry import parse_compressors
+from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError

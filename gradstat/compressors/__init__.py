@@ -14,10 +14,10 @@ from gradstat.lazy import lazy_attributes
 #: ``--help``) needs no torch, the compressors do.
 _HOMES = {
     "Compressor": "base",
-    "OnlineStep": "base",
-    "StepOutcome": "base",
-    "Stream": "base",
-    "Transfer": "base",
+    "OnlineStep": "exchange",
+    "StepOutcome": "exchange",
+    "Stream": "exchange",
+    "Transfer": "exchange",
     "Communicator": "communicator",
     "TorchCommunicator": "communicator",
     "Link": "cost",
@@ -33,7 +33,7 @@ _HOMES = {
     "Entry": "registry",
     "Scheme": "registry",
     "build_scheme": "registry",
-    "parse_compressors": "registry",
+    "parse_compressors": "spec",
 }
 
 

@@ -13,7 +13,7 @@ the payloads are separate. A plain GRACE class (``compress`` and ``decompress``,
   ``average = True`` (GRACE's flag) the sum is divided by the number of learners.
   ``"allreduce"``: the payload tensors are summed element-wise, then decompressed once
   (for payloads that add up: casts, the dense baseline).
-* Bytes on the wire are the payload tensors' sizes (:func:`nbytes`).
+* Bytes on the wire are the payload tensors' sizes (:func:`~gradstat.compressors.exchange.nbytes`).
 * ``sparse``: ``True`` when ``tensors[0]`` of a payload holds the indices sent (the
   elements selected and the build-up of an all-gather are counted from them);
   ``False`` for dense payloads (every element sent, no build-up); ``None`` (the default)
@@ -25,8 +25,9 @@ Compressors that need every learner at once (CLT-k's leader, gTop-k's tree, Powe
 two all-reduces, random-k's shared draw) and built-ins with a faster streamed form
 override the two exchange forms the drivers call:
 
-* :meth:`~Compressor.stream`: the replay form, a :class:`Stream` fed one learner's row at a
-  time (the replay never holds every learner's row);
+* :meth:`~Compressor.stream`: the replay form, a
+  :class:`~gradstat.compressors.exchange.Stream` fed one learner's row at a time (the
+  replay never holds every learner's row);
 * :meth:`~Compressor.online`: the DDP communication hook's form, one learner's step with a
   :class:`~gradstat.compressors.communicator.Communicator` (``torch.distributed``).
 
@@ -37,31 +38,22 @@ learner's own. docs/compressors.md describes what each driver does with the prot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from gradstat.compressors.exchange import OnlineStep, Stream, Tensors
 
 if TYPE_CHECKING:
     from gradstat.compressors.communicator import Communicator
     from gradstat.compressors.memory import Memory
     from gradstat.compressors.work import Work
 
-#: A payload: the tensors one learner puts on the wire.
-Tensors = Sequence[torch.Tensor]
-#: ``read_row(i)``: learner i's gradient row of the step (for a stream that needs it early).
-ReadRow = Callable[[int], torch.Tensor]
-
 
 def index_dtype(numel: int) -> torch.dtype:
     """The index dtype a sparse payload would use: int32 when ``numel < 2**31``."""
     return torch.int32 if numel < 2**31 else torch.int64
-
-
-def nbytes(tensor: torch.Tensor) -> int:
-    """Bytes a tensor occupies on the wire."""
-    return tensor.numel() * tensor.element_size()
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -79,99 +71,6 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     shifts = torch.arange(per, dtype=torch.int32) * bits
     codes = (packed.to(torch.int32).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
     return codes.view(-1)[:numel]
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One collective call: its kind and the bytes each learner puts in (mean over learners)."""
-
-    collective: str
-    nbytes: float
-
-
-@dataclass(frozen=True)
-class SparseRow:
-    """A row that is zero outside ``indices`` (distinct), with ``values`` there: the mean
-    of what the learners of a sparsifier sent, kept without a dense row of ``numel``
-    values (a dense aggregate is one more row per compressor, zeroed, added into,
-    divided and read again every step: 128 MB at 32M values)."""
-
-    numel: int
-    indices: torch.Tensor
-    values: torch.Tensor
-
-    def dense(self) -> torch.Tensor:
-        """The row as a dense tensor (the same numbers as a dense aggregate)."""
-        row = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
-        row[self.indices] = self.values
-        return row
-
-
-@dataclass
-class StepOutcome:
-    """What one replayed step of all learners produced.
-
-    ``estimate``: the aggregate every learner holds (dense, or a :class:`SparseRow`);
-    ``transfers``: the collectives with the bytes each learner puts in; ``selected[i]``:
-    how many elements learner i sent; ``memory_norm``: mean over learners of the memory's
-    norm after the step; ``union``: non-zeros of a sparse aggregate (build-up), ``None``
-    for dense ones; ``gathered_bytes``: what each learner holds after an all-gather;
-    ``info``: per-payload numbers averaged over learners (``threshold``, ``stages``);
-    ``multiplicity``: for all-gathered sparse sets, h(c), c = 1..n, how many coordinates
-    exactly c learners sent (:func:`gradstat.stats.topk_sets.buildup_curve`).
-    """
-
-    estimate: torch.Tensor | SparseRow
-    transfers: tuple[Transfer, ...]
-    selected: list[int]
-    memory_norm: float
-    union: int | None = None
-    gathered_bytes: float | None = None
-    info: dict[str, float] = field(default_factory=dict)
-    multiplicity: list[int] | None = None
-
-    @property
-    def bytes_per_learner(self) -> float:
-        return sum(t.nbytes for t in self.transfers)
-
-
-@dataclass
-class OnlineStep:
-    """One learner's outcome of one training step: what it contributed (``sent``, dense;
-    its memory keeps ``p - sent``), what everyone holds (``estimate``), the bytes it put
-    into each collective, how many elements it sent, and ``overhead_bytes`` beyond the
-    payload (all-gather padding and lengths, gTop-k's node counts)."""
-
-    sent: torch.Tensor
-    estimate: torch.Tensor
-    transfers: tuple[Transfer, ...]
-    selected: int
-    overhead_bytes: int = 0
-
-    @property
-    def payload_bytes(self) -> float:
-        return sum(t.nbytes for t in self.transfers)
-
-
-class Stream:
-    """One scheme's replay step, fed one learner's row at a time (learners 0..n-1).
-
-    ``begin(read_row)`` starts a step (``read_row(i)`` reads learner i's row of the
-    scope, for a method that needs a row before its turn, e.g. CLT-k's leader);
-    ``learner(i, g)`` feeds learner i's gradient row; ``finish()`` ends the step. The
-    stream owns the step's arithmetic; the memory (``Memory``) owns the rows kept.
-    """
-
-    def begin(self, read_row: ReadRow) -> None:
-        """Start a step."""
-
-    def learner(self, i: int, g: torch.Tensor) -> None:
-        """Feed learner i's gradient row."""
-        raise NotImplementedError
-
-    def finish(self) -> StepOutcome:
-        """End the step: the aggregate and what travelled."""
-        raise NotImplementedError
 
 
 class Compressor:
@@ -204,6 +103,12 @@ class Compressor:
         """Combine the learners' decompressed vectors: their sum (GRACE's default; the
         drivers divide by the number of learners when ``average``)."""
         return sum(tensors[1:], tensors[0].clone())
+
+    @property
+    def sums_payloads(self) -> bool:
+        """Whether :meth:`aggregate` is the default sum, which a driver may keep as a
+        running sum instead of holding every learner's decompressed vector."""
+        return type(self).aggregate is Compressor.aggregate
 
     # --- gradstat's part: defaults for a user's class ----------------------------------
     def memory(self) -> Memory:

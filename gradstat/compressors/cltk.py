@@ -9,16 +9,9 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import (
-    Compressor,
-    OnlineStep,
-    ReadRow,
-    Stream,
-    Transfer,
-    index_dtype,
-    nbytes,
-)
+from gradstat.compressors.base import Compressor, index_dtype
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, ReadRow, Stream, Transfer, nbytes
 from gradstat.compressors.memory import Memory, ResidualMemory
 from gradstat.compressors.shared_index import SharedIndexStream
 from gradstat.compressors.sparse_stream import add_with_squares

@@ -5,7 +5,7 @@ GRACE's Communicator, small: :class:`Communicator` names the collectives (``rank
 :meth:`~Communicator.broadcast`, point-to-point :meth:`~Communicator.send` /
 :meth:`~Communicator.recv` for trees). :class:`TorchCommunicator` runs them with
 ``torch.distributed`` on a process group (the DDP communication hook). The replay's side
-of the same exchange is the compressor's :class:`~gradstat.compressors.base.Stream`: rows
+of the same exchange is the compressor's :class:`~gradstat.compressors.exchange.Stream`: rows
 arrive one learner at a time and what a collective would hand every learner is formed as
 they arrive (a running sum for an all-reduce, the payloads for an all-gather, the
 leader's row read first for a broadcast).
@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 import torch.distributed as dist
 
-from gradstat.compressors.base import nbytes
+from gradstat.compressors.exchange import nbytes
 
 
 class Communicator(ABC):

@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, OnlineStep, Stream, Tensors
+from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, Stream, Tensors
 from gradstat.compressors.memory import DGCMemory, Memory, ResidualMemory
 from gradstat.compressors.online import local_online
 from gradstat.compressors.sparse_stream import (

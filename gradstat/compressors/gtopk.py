@@ -19,16 +19,9 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import (
-    Compressor,
-    OnlineStep,
-    StepOutcome,
-    Stream,
-    Transfer,
-    index_dtype,
-    nbytes,
-)
+from gradstat.compressors.base import Compressor, index_dtype
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, StepOutcome, Stream, Transfer, nbytes
 from gradstat.compressors.memory import Memory, row_norm
 from gradstat.compressors.topk import top_indices
 from gradstat.compressors.work import F, I, Ops, Work, passes, scatter, topk

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, Tensors
+from gradstat.compressors.base import Compressor
+from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory
 from gradstat.compressors.work import Ops, Work, stack_ops
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import OnlineStep, Tensors, Transfer, nbytes
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, Tensors, Transfer, nbytes
 
 
 def selected_of(compressor: Any, tensors: Tensors, sent: torch.Tensor) -> int:

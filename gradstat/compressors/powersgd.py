@@ -26,15 +26,9 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import (
-    Compressor,
-    OnlineStep,
-    StepOutcome,
-    Stream,
-    Transfer,
-    nbytes,
-)
+from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, StepOutcome, Stream, Transfer, nbytes
 from gradstat.compressors.memory import Memory, row_norm
 from gradstat.compressors.work import F, Ops, Work, passes
 from gradstat.errors import UsageError

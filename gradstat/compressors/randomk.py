@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, OnlineStep, ReadRow, Stream, Tensors
+from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, ReadRow, Stream, Tensors
 from gradstat.compressors.online import local_online
 from gradstat.compressors.shared_index import SharedIndexStream
 from gradstat.compressors.work import Ops, Work, passes, scatter

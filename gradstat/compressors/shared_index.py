@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import ReadRow, SparseRow, StepOutcome, Stream, Transfer
+from gradstat.compressors.exchange import ReadRow, SparseRow, StepOutcome, Stream, Transfer
 from gradstat.compressors.memory import squares_left
 from gradstat.compressors.sparse_stream import add_with_squares
 

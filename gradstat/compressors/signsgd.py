@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, Stream, Tensors, pack_bits, unpack_bits
+from gradstat.compressors.base import Compressor, pack_bits, unpack_bits
+from gradstat.compressors.exchange import Stream, Tensors
 from gradstat.compressors.memory import Memory, NoMemory
 from gradstat.compressors.streams import LocalStream
 from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, stack_ops, unpack_bits_ops

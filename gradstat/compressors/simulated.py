@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import OnlineStep, StepOutcome, Stream, Transfer
 from gradstat.compressors.communicator import Communicator
+from gradstat.compressors.exchange import OnlineStep, StepOutcome, Stream, Transfer
 
 
 class Hub:

@@ -2,7 +2,7 @@
 the corrected vector's own values there, without dense rows.
 
 For top-k and the threshold sparsifiers (their ``stream``), with plain error feedback
-(beta = 1) or DGC's memories. The aggregate is a :class:`~gradstat.compressors.base.
+(beta = 1) or DGC's memories. The aggregate is a :class:`~gradstat.compressors.exchange.
 SparseRow` (the mean at the indices any learner sent), never a dense sum; the memory is
 formed in place:
 
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import SparseRow, StepOutcome, Tensors, index_dtype
+from gradstat.compressors.base import index_dtype
+from gradstat.compressors.exchange import SparseRow, StepOutcome, Tensors
 from gradstat.compressors.memory import squares_left
 from gradstat.compressors.streams import LocalStream
 from gradstat.stats.row_kernels import add_squares

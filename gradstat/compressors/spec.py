@@ -35,13 +35,13 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.registry import CompressorSpec, Context, Entry
+from gradstat.compressors.registry import CHOICES, REGISTRY, CompressorSpec, Context, Entry
 from gradstat.compressors.user import (
     Blame,
     adapter,
@@ -362,3 +362,52 @@ def user_spec(part: str) -> UserSpec:
     """The :class:`UserSpec` of ``SOURCE[:PARAM=VALUE...]`` (errors: exit 2)."""
     source, params = split_spec(part)
     return UserSpec(source, params)
+
+
+def parse_compressors(
+    spec: str | Sequence[str], defaults: Mapping[str, float] | None = None
+) -> list[CompressorSpec]:
+    """Parse ``topk,clt-k:beta=0.1,powersgd:rank=2`` (or a list of such names).
+
+    ``defaults`` overrides registry defaults for every compressor that has the parameter
+    (e.g. ``--rank`` and ``--beta``), unless the name sets it itself.
+    """
+    parts = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else list(spec)
+    parts = [p for p in parts if p]
+    if not parts:
+        raise UsageError("give at least one compressor")
+    specs = []
+    for part in parts:
+        name, *assignments = part.split(":")
+        if name not in REGISTRY:
+            if is_user_spec(part, REGISTRY):  # MODULE:CLASS, FILE.py:CLASS, entry point
+                specs.append(user_spec(part))
+                continue
+            raise UsageError(
+                f"unknown compressor {name!r}; known: {', '.join(sorted(REGISTRY))}, "
+                "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md)"
+            )
+        allowed = REGISTRY[name].params
+        params = {k: v for k, v in (defaults or {}).items() if k in allowed}
+        for assignment in assignments:
+            key, _, value = assignment.partition("=")
+            if key not in allowed:
+                known = ", ".join(allowed) or "none"
+                raise UsageError(f"{part!r}: {name} has no parameter {key!r} (known: {known})")
+            if key in CHOICES:
+                if value not in CHOICES[key]:
+                    choices = ", ".join(CHOICES[key])
+                    raise UsageError(f"{part!r}: {key} must be one of {choices}, got {value!r}")
+                params[key] = float(CHOICES[key].index(value))
+                continue
+            try:
+                params[key] = float(value)
+            except ValueError:
+                raise UsageError(f"{part!r}: {key} must be a number, got {value!r}") from None
+        filled = tuple((key, float(params.get(key, default))) for key, default in allowed.items())
+        specs.append(CompressorSpec(name, filled))
+    labels = [s.label for s in specs]
+    duplicated = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicated:
+        raise UsageError(f"compressor {duplicated[0]!r} is named twice")
+    return specs

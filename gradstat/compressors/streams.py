@@ -12,18 +12,14 @@ non-zeros (``sparse = None``) or are every element (``sparse = False``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradstat.compressors.base import (
-    Compressor,
-    StepOutcome,
-    Stream,
-    Tensors,
-    Transfer,
-    nbytes,
-)
+if TYPE_CHECKING:
+    from gradstat.compressors.base import Compressor
+
+from gradstat.compressors.exchange import StepOutcome, Stream, Tensors, Transfer, nbytes
 
 
 class LocalStream(Stream):
@@ -35,7 +31,7 @@ class LocalStream(Stream):
         self.memory = scheme.memory
         self.compressor: Compressor = scheme.compressor
         self.compressors = [scheme.for_learner(i) for i in range(learners)]
-        self.own_aggregate = type(self.compressor).aggregate is not Compressor.aggregate
+        self.own_aggregate = not self.compressor.sums_payloads
         self.total: torch.Tensor | None = None
 
     def begin(self, read_row: Any) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, Stream, Tensors
+from gradstat.compressors.base import Compressor
+from gradstat.compressors.exchange import Stream, Tensors
 from gradstat.compressors.memory import Memory
 from gradstat.compressors.sparse_stream import (
     SparseStream,

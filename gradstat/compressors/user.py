@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradstat.compressors.base import Compressor, Tensors
+from gradstat.compressors.base import Compressor
+from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
 from gradstat.compressors.work import Ops, passes
 from gradstat.errors import UserCodeError

@@ -34,10 +34,12 @@ import torch
 import torch.distributed as dist
 
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.base import Compressor, Transfer
+from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import TorchCommunicator
+from gradstat.compressors.exchange import Transfer
 from gradstat.compressors.memory import TensorRows
-from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme, parse_compressors
+from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
 
 #: Registry compressors that have no online form (none: every one has).
