@@ -10,14 +10,15 @@ _OPTIONS = {"cache": True, "nogil": True, "boundscheck": False}
 
 
 @njit(**_OPTIONS)
-def bin_sums(x, shift, counts, sums, squares):
-    """Add each finite non-zero |x| to its bin ``bits(|x|) >> shift`` (count, float64 sum
-    and sum of squares); returns (zeros, NaN/Inf values, float64 sum of the finite x,
-    largest bit pattern)."""
+def bin_sums(x, shift, acc):
+    """Add each finite non-zero x to its bin ``bits(|x|) >> shift``: row ``acc[bin]`` (one
+    cache line of float64) takes the count, the sum and the sum of squares of |x| and the
+    signed sum (per bin, so no addition waits on the one before: a single running sum
+    is a chain of dependent additions as long as the row). Returns (zeros, NaN/Inf
+    values, largest bit pattern)."""
     bits = x.view(np.uint32)
     zeros = 0
     nonfinite = 0
-    signed = 0.0
     top = 0
     for i in range(x.size):
         b = bits[i] & 0x7FFFFFFF
@@ -28,15 +29,14 @@ def bin_sums(x, shift, counts, sums, squares):
             nonfinite += 1
             continue
         v = np.float64(x[i])
-        signed += v
         a = abs(v)
         j = b >> shift
-        counts[j] += 1
-        sums[j] += a
-        squares[j] += a * a
-        if b > top:
-            top = b
-    return zeros, nonfinite, signed, top
+        acc[j, 0] += 1.0
+        acc[j, 1] += a
+        acc[j, 2] += a * a
+        acc[j, 3] += v
+        top = max(top, b)
+    return zeros, nonfinite, top
 
 
 @njit(**_OPTIONS)

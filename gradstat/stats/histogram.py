@@ -119,10 +119,13 @@ def bin_sums_torch(values: torch.Tensor) -> BinSums:
 
 def bin_sums_compiled(row: np.ndarray) -> BinSums:
     """The numba loop (one pass); the same numbers as :func:`bin_sums_numpy` up to the
-    order of float64 additions."""
-    counts, sums, squares = _empty()
-    zeros, nonfinite, signed, top = _loops().bin_sums(row, SHIFT, counts, sums, squares)
-    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), float(signed), int(top))
+    order of float64 additions (counts as float64: exact below 2^53)."""
+    acc = np.zeros((NBINS, 4))
+    zeros, nonfinite, top = _loops().bin_sums(row, SHIFT, acc)
+    counts = acc[:, 0].astype(np.int64)
+    sums, squares = np.ascontiguousarray(acc[:, 1]), np.ascontiguousarray(acc[:, 2])
+    signed = float(np.sum(acc[:, 3]))
+    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), signed, int(top))
 
 
 def bucket_numpy(row: np.ndarray, floor: int) -> np.ndarray:

@@ -153,6 +153,30 @@ def _tied(hist: RowHistogram, bins: np.ndarray) -> np.ndarray:
     return (heavy & (var < TIE_SPREAD * (high - low) ** 2 / 12.0)) | subnormal
 
 
+def _tied_steps(g: _Edges, at: np.ndarray) -> float:
+    """The integral over the tied bins at positions ``at``: F_n's steps at their sorted
+    values, constant between them (closed form)."""
+    lows = (g.f_low, g.s_low, g.lf_low, g.ls_low)
+    highs = (g.f_high, g.s_high, g.lf_high, g.ls_high)
+    x, where = g.sorted_values(at)
+    points = g.tails(x)
+    first = np.r_[0, np.flatnonzero(np.diff(where)) + 1]
+    rank = np.arange(x.size) - np.repeat(first, np.diff(np.r_[first, x.size]))
+    e = g.e_low[where] + (rank + 1) / g.n  # F_n just above each value
+    c = g.c_low[where] - (rank + 1) / g.n
+    last = np.r_[first[1:] - 1, x.size - 1]
+    # from the bin's lower edge to its first value, F_n is e_low
+    edge = tuple(side[at] for side in lows)
+    firsts = tuple(side[first] for side in points)
+    total = float(np.sum(_constant(g.e_low[at], g.c_low[at], edge, firsts)))
+    following = []
+    for side, top in zip(points, highs, strict=True):
+        nxt = np.r_[side[1:], 0.0]
+        nxt[last] = top[at]
+        following.append(nxt)
+    return total + float(np.sum(_constant(e, c, points, tuple(following))))
+
+
 def anderson_darling(dist: Distribution, hist: RowHistogram) -> float:
     """Anderson-Darling A^2 of every non-zero |x| (see the module)."""
     g = _Edges(dist, hist)
@@ -182,25 +206,8 @@ def anderson_darling(dist: Distribution, hist: RowHistogram) -> float:
     with np.errstate(divide="ignore", invalid="ignore"):
         integrand = gap * gap / (u * v)
     total += float(np.sum(integrand @ _WEIGHTS * width / 2.0))
-    # a tied bin: F_n's steps at its sorted values, constant between them
     at = np.flatnonzero(tied)
     if at.size:
-        x, where = g.sorted_values(at)
-        points = g.tails(x)
-        first = np.r_[0, np.flatnonzero(np.diff(where)) + 1]
-        rank = np.arange(x.size) - np.repeat(first, np.diff(np.r_[first, x.size]))
-        e = g.e_low[where] + (rank + 1) / g.n  # F_n just above each value
-        c = g.c_low[where] - (rank + 1) / g.n
-        last = np.r_[first[1:] - 1, x.size - 1]
-        # from the bin's lower edge to its first value, F_n is e_low
-        edge = tuple(side[at] for side in lows)
-        firsts = tuple(side[first] for side in points)
-        total += float(np.sum(_constant(g.e_low[at], g.c_low[at], edge, firsts)))
-        following = []
-        for side, top in zip(points, highs, strict=True):
-            nxt = np.r_[side[1:], 0.0]
-            nxt[last] = top[at]
-            following.append(nxt)
-        total += float(np.sum(_constant(e, c, points, tuple(following))))
+        total += _tied_steps(g, at)
     value = g.n * total
     return value if math.isfinite(value) else math.inf
