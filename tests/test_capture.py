@@ -226,7 +226,7 @@ def test_capture_refuses_to_overwrite(tmp_path, capsys, synthetic_capture):
 
 def test_progress_lines_that_interleaved_are_logged_not_fatal():
     """Regression: two learners' output once merged into one progress line."""
-    from gradstat.capture.launch import _progress_report
+    from gradstat.capture.follow import progress_report as _progress_report
     from gradstat.capture.worker import PROGRESS_PREFIX
 
     good = PROGRESS_PREFIX + '{"step": 3, "loss": 1.5, "bytes": 10, "rows": 3, "elapsed": 1.0}\n'

@@ -95,11 +95,11 @@ def test_refusals_are_one_line_usage_errors(monkeypatch):
     from torch import nn
 
     from gradstat.capture import fsdp
-    from gradstat.capture.hook import GradientCapture
+    from gradstat.capture.hook_setup import capture_units
     from gradstat.errors import UsageError
 
     with pytest.raises(UsageError, match="DistributedDataParallel or fully_shard"):
-        GradientCapture._fsdp_units(nn.Linear(2, 2), None, None)
+        capture_units(nn.Linear(2, 2), None, None)
 
     class OldFSDPModule:  # a torch whose FSDP2 has no custom reduce-scatter
         pass

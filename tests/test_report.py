@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from gradstat import __version__
 from gradstat.plots.capture import plot_loss
-from gradstat.report.build import SECTIONS
+from gradstat.report.sections import SECTIONS
 from tests.helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -155,8 +155,9 @@ def test_readme_quick_start_is_what_ci_and_make_run():
 
 
 def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
-    from gradstat.report.build import ReportContext, ReportSettings, _distinct
+    from gradstat.report.context import ReportContext, ReportSettings
     from gradstat.report.html import table_html
+    from gradstat.report.sections import _distinct
     from gradstat.store import open_capture
 
     with open_capture(real_capture) as cap:

@@ -206,53 +206,61 @@ def compare(paths: Sequence[str | Path], tolerance: float = DIVERGENCE_TOLERANCE
     try:
         runs = [_run(cap, str(p)) for cap, p in zip(caps, paths, strict=True)]
         notes = _check_same_training(runs, caps)
-        losses = pd.DataFrame(
-            [
-                {"run": r.name, "label": r.label, "step": s, "learner": learner, "loss": v}
-                for r in runs
-                for learner in range(r.learners)
-                for s, v in zip(r.steps, r.losses[learner], strict=True)
-            ]
-        )
         dense_index = next((i for i, r in enumerate(runs) if r.compressor is None), None)
-        rows = []
-        for cap, run in zip(caps, runs, strict=True):
-            if run.compressor is None:
-                continue
-            if not cap.has_sent:
-                raise UsageError(f"{run.path}: names a compressor but holds no sent rows")
-            steps = run.steps
-            online = _online_errors(cap, steps)
-            predicted: dict[int, dict] = {}
-            if dense_index is not None:
-                dense_cap = caps[dense_index]
-                common = [s for s in steps if s in set(runs[dense_index].steps)]
-                if dense_cap.numel != cap.numel:
-                    raise UsageError(
-                        f"{run.path} and {runs[dense_index].path} train different models"
-                    )
-                predicted = _predicted(dense_cap, run.compressor, common)
-            for row in online:
-                extra = predicted.get(
-                    row["step"], {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
-                )
-                rows.append({"run": run.name, "label": run.label, **row, **extra})
+        dense = None if dense_index is None else (caps[dense_index], runs[dense_index])
+        rows = [
+            row
+            for cap, run in zip(caps, runs, strict=True)
+            if run.compressor is not None
+            for row in _error_rows(cap, run, dense)
+        ]
         errors = pd.DataFrame(rows, columns=_ERROR_COLUMNS)
-        if dense_index is None and len(errors):
+        if dense is None and len(errors):
             notes.append("no dense run among the runs: no open-loop prediction")
-        summary = _summary(runs, errors, tolerance)
         return Comparison(
             runs=runs,
-            losses=losses,
+            losses=_losses(runs),
             errors=errors,
-            summary=summary,
-            dense=runs[dense_index].name if dense_index is not None else None,
+            summary=_summary(runs, errors, tolerance),
+            dense=None if dense is None else dense[1].name,
             tolerance=tolerance,
             notes=notes,
         )
     finally:
         for cap in caps:
             cap.close()
+
+
+def _losses(runs: list[Run]) -> pd.DataFrame:
+    """One row per run, learner and recorded step: the learner's training loss."""
+    return pd.DataFrame(
+        [
+            {"run": r.name, "label": r.label, "step": s, "learner": learner, "loss": v}
+            for r in runs
+            for learner in range(r.learners)
+            for s, v in zip(r.steps, r.losses[learner], strict=True)
+        ]
+    )
+
+
+def _error_rows(cap: Capture, run: Run, dense: tuple[Capture, Run] | None) -> list[dict]:
+    """One row per recorded step of a compressed ``run``: the error of what its learners
+    sent (online), and where a ``dense`` run (its capture and summary) is given, the error
+    and bytes replaying ``run``'s compressor over the dense gradients predicts (open loop)."""
+    if not cap.has_sent:
+        raise UsageError(f"{run.path}: names a compressor but holds no sent rows")
+    predicted: dict[int, dict] = {}
+    if dense is not None:
+        dense_cap, dense_run = dense
+        if dense_cap.numel != cap.numel:
+            raise UsageError(f"{run.path} and {dense_run.path} train different models")
+        common = [s for s in run.steps if s in set(dense_run.steps)]
+        predicted = _predicted(dense_cap, run.compressor, common)
+    missing = {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
+    return [
+        {"run": run.name, "label": run.label, **row, **predicted.get(row["step"], missing)}
+        for row in _online_errors(cap, run.steps)
+    ]
 
 
 _ERROR_COLUMNS = [

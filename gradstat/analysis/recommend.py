@@ -355,19 +355,7 @@ def choose(
     base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
     ranking["speedup"] = base / ranking["seconds"]
     winner = ranking.iloc[0].to_dict() if bool(ranking["within_budget"].iloc[0]) else None
-    settings: dict[str, float] = {}
-    if winner is not None:
-        label, ratio = winner["compressor"], _ratio(winner["ratio"])
-        scheme = next(
-            s for _, s in run.schemes if s.spec.label == label and _ratio(s.ratio) == ratio
-        )
-        settings = scheme.settings()
-        threshold = records.loc[
-            (records["compressor"] == label) & (records["ratio"].fillna(-1) == (ratio or -1)),
-            "threshold",
-        ].mean()
-        if math.isfinite(threshold) and "threshold" not in settings:
-            settings["mean_threshold"] = float(threshold)
+    settings = {} if winner is None else _winner_settings(run, records, winner)
     return Recommendation(
         error_budget=error_budget,
         baseline=baseline,
@@ -382,3 +370,18 @@ def choose(
         target=target,
         buildup=models,
     )
+
+
+def _winner_settings(run: Replay, records: pd.DataFrame, winner: dict) -> dict[str, float]:
+    """The concrete settings of the ``winner``'s scheme in ``run``, with the mean threshold
+    it used over ``records`` where the scheme has no fixed threshold of its own."""
+    label, ratio = winner["compressor"], _ratio(winner["ratio"])
+    scheme = next(s for _, s in run.schemes if s.spec.label == label and _ratio(s.ratio) == ratio)
+    settings = scheme.settings()
+    threshold = records.loc[
+        (records["compressor"] == label) & (records["ratio"].fillna(-1) == (ratio or -1)),
+        "threshold",
+    ].mean()
+    if math.isfinite(threshold) and "threshold" not in settings:
+        settings["mean_threshold"] = float(threshold)
+    return settings

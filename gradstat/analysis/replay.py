@@ -206,7 +206,24 @@ class Replay:
         self.cost_learners = params.cost_learners or (
             len(self.learners) if chose else capture.world_size
         )
-        self.schemes: list[tuple[Scope, Scheme]] = []
+        self.schemes, skipped = self._schemes(capture, params)
+        if not self.schemes:
+            reason = f" ({skipped[0]})" if skipped else ""
+            raise UsageError(f"no compressor can run at the given ratios here{reason}")
+        if skipped and warn:
+            warnings.warn(
+                f"skipped {len(skipped)} (scope, compressor, ratio) combination(s) that "
+                f"cannot run, e.g. {skipped[0]}",
+                GradstatWarning,
+                stacklevel=2,
+            )
+
+    def _schemes(
+        self, capture: Capture, params: ReplayParams
+    ) -> tuple[list[tuple[Scope, Scheme]], list[str]]:
+        """Each (scope, compressor, ratio)'s scheme, and why each that cannot run was left
+        out: a compressor asked for by name that cannot run on a single scope raises."""
+        schemes: list[tuple[Scope, Scheme]] = []
         scopes = self.selection.scopes(capture)
         skip = params.skip_unfit or len(scopes) > 1
         skipped: list[str] = []
@@ -224,17 +241,8 @@ class Replay:
                             raise
                         skipped.append(f"{sc.name}: {exc}")
                         continue
-                    self.schemes.append((sc, scheme))
-        if not self.schemes:
-            reason = f" ({skipped[0]})" if skipped else ""
-            raise UsageError(f"no compressor can run at the given ratios here{reason}")
-        if skipped and warn:
-            warnings.warn(
-                f"skipped {len(skipped)} (scope, compressor, ratio) combination(s) that "
-                f"cannot run, e.g. {skipped[0]}",
-                GradstatWarning,
-                stacklevel=2,
-            )
+                    schemes.append((sc, scheme))
+        return schemes, skipped
 
     def run(self, progress: Progress = no_progress) -> pd.DataFrame:
         """Every scheme over every step; one record per step and scheme, in that order.

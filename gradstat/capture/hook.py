@@ -37,10 +37,6 @@ False)`` on all but the last micro-batch; a unit that reduce-scatters twice befo
 ``step`` restarts the row as above.
 """
 
-import json
-import re
-import socket
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -52,16 +48,23 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from gradstat import __version__
 from gradstat.capture import fsdp
 from gradstat.capture.budget import API_SUGGESTION, CapturePlan, budget_problem, free_bytes
 from gradstat.capture.budget import recorded_rows as count_rows
+from gradstat.capture.hook_setup import (
+    capture_metadata,
+    capture_units,
+    check_layouts,
+    check_no_comm_hook,
+    check_settings,
+    select_parameters,
+    shared_run_id,
+)
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
-from gradstat.errors import GradstatWarning, UsageError
-from gradstat.store.compression import check_compression
-from gradstat.store.dtypes import check_dtype, torch_dtype
+from gradstat.errors import GradstatWarning
+from gradstat.store.dtypes import torch_dtype
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import Layer, layer_table, new_run_id, rank_file_name
+from gradstat.store.schema import rank_file_name
 from gradstat.store.writer import finalize_root, write_root
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
@@ -78,24 +81,6 @@ def _capture_hook(
     if capture.recording:
         capture._record_bucket(bucket)
     return capture.hook(capture._inner_state(), bucket)
-
-
-def select_named_parameters(
-    module: torch.nn.Module, pattern: str | None
-) -> list[tuple[str, torch.nn.Parameter]]:
-    """The trainable parameters whose name matches ``pattern`` (all when None), in order."""
-    try:
-        regex = re.compile(pattern) if pattern else None
-    except re.error as exc:
-        raise UsageError(f"layers {pattern!r} is not a valid regex: {exc}") from None
-    named = [
-        (name, param)
-        for name, param in module.named_parameters()
-        if param.requires_grad and (regex is None or regex.search(name))
-    ]
-    if not named:
-        raise UsageError(f"layers {pattern!r} matches no trainable parameter")
-    return named
 
 
 class GradientCapture:
@@ -143,34 +128,73 @@ class GradientCapture:
         total_steps: int | None = None,
         max_bytes: int | None = None,
     ) -> None:
-        if every < 1:
-            raise UsageError(f"every must be >= 1, got {every}")
-        if start < 0:
-            raise UsageError(f"start must be >= 0, got {start}")
-        check_dtype(dtype)
-        check_compression(compression)
+        check_settings(every, start, dtype, compression)
         self.every, self.start = every, start
-        self.hook = hook or allreduce_hook
-        self.hook_state = hook_state
-        self.process_group = process_group
-        self.out_dir = Path(out_dir)
+        self.hook, self.hook_state = hook or allreduce_hook, hook_state
+        self.process_group, self.out_dir = process_group, Path(out_dir)
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.recorded_ranks = parse_ranks(record_ranks, self.world_size)
-        self._units = self._fsdp_units(model, hook, hook_state)
-        self.layers, params = self._select_parameters(model, layers)
+        self._units = capture_units(model, hook, hook_state)
+        self._lay_out(model, layers, dtype)
+        self._reset_state()
+        # a gradstat compression hook: bind it to the model, record what it sent
+        self._records_sent = hasattr(hook_state, "bind_for_capture")
+        if self._records_sent:
+            hook_state.bind_for_capture(model.module, layers)
+            meta = {**(meta or {}), **compression_meta(hook_state)}
+        # hook first, files after: a model that cannot take the hook leaves nothing behind
+        records = self.rank in self.recorded_ranks
+        self._register(model, records)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        device = self._device if self._device.type == "cuda" else None
+        run_id = shared_run_id(self.rank, self.process_group, device)
+        if self.rank == 0:
+            if total_steps is not None:
+                self._warn_over_budget(total_steps, dtype, max_bytes)
+            kind = "fsdp2" if self._units else "ddp"
+            metadata = capture_metadata(
+                kind, process_group, meta, every, start, layers, compression
+            )
+            ranks = self.recorded_ranks
+            write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
+        self.writer = self._start_writer(dtype, max_queue, compression, run_id) if records else None
+
+    def _start_writer(
+        self, dtype: str, max_queue: int, compression: str, run_id: str
+    ) -> BackgroundWriter:
+        """This rank's writer thread and rank file (``max_queue`` rows may wait for it)."""
+        path = self.out_dir / rank_file_name(self.rank)
+        return BackgroundWriter(
+            path,
+            self.rank,
+            self.numel,
+            dtype,
+            self._release,
+            max_queue,
+            compression,
+            sent=self._records_sent,
+            run_id=run_id,
+        )
+
+    def _lay_out(self, model: torch.nn.Module, layers: str | None, dtype: str) -> None:
+        """Where each recorded parameter goes in the flat row (``_slots``, and for FSDP
+        each unit's ``_layouts``), the row's length, device and storage dtype."""
+        self.layers, params = select_parameters(model, layers)
         self.numel = self.layers[-1].stop
         self._slots = {
             param: (layer.offset, layer.numel)
             for param, layer in zip(params, self.layers, strict=True)
         }
-        self._layouts = (
-            fsdp.unit_layouts(model, {id(p): offset for p, (offset, _) in self._slots.items()})
-            if self._units
-            else []
-        )
+        offsets = {id(p): offset for p, (offset, _) in self._slots.items()}
+        self._layouts = fsdp.unit_layouts(model, offsets) if self._units else []
         self._device = params[0].device
         self._storage_dtype = torch_dtype(dtype)
+
+    def _reset_state(self) -> None:
+        """The state of a capture before its first step: no row, no buffer, no warning,
+        no writer."""
+        self.writer: BackgroundWriter | None = None
         self._pool: list[torch.Tensor] = []
         self._pool_lock = threading.Lock()
         self._iteration = 0
@@ -183,61 +207,28 @@ class GradientCapture:
         self._warned_partial_unit = False
         self._warned_second_backward = False
         self._closed = False
-        self.writer: BackgroundWriter | None = None
-        # a gradstat compression hook: bind it to the model, record what it sent
-        self._records_sent = hasattr(hook_state, "bind_for_capture")
-        if self._records_sent:
-            hook_state.bind_for_capture(model.module, layers)
-            meta = {**(meta or {}), **compression_meta(hook_state)}
 
-        # hook first, files after: a model that cannot take the hook leaves nothing behind
-        records = self.rank in self.recorded_ranks
+    def _register(self, model: torch.nn.Module, records: bool) -> None:
+        """Wrap the model's communication (DDP's hook, or each FSDP unit's reduce-scatter);
+        a learner that does not record gets the wrapped hook alone, as without gradstat."""
         if self._units:
-            self._check_layouts()
+            check_layouts(self._layouts)
             if records:
                 self._install_fsdp()
         else:
-            self._check_no_comm_hook(model)
+            check_no_comm_hook(model)
             if records:
                 model.register_comm_hook(self, _capture_hook)
-            else:  # the wrapped hook alone, as without us
+            else:
                 model.register_comm_hook(self._inner_state(), self.hook)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        run_id = self._shared_run_id()
-        if self.rank == 0:
-            if total_steps is not None:
-                self._warn_over_budget(total_steps, dtype, max_bytes)
-            write_root(
-                self.out_dir,
-                self.layers,
-                self.world_size,
-                dtype,
-                self._metadata(meta, every, start, layers, compression),
-                self.recorded_ranks,
-                run_id,
-            )
-        if not records:
-            return
-        self.writer = BackgroundWriter(
-            self.out_dir / rank_file_name(self.rank),
-            self.rank,
-            self.numel,
-            dtype,
-            self._release,
-            max_queue,
-            compression,
-            sent=self._records_sent,
-            run_id=run_id,
-        )
 
-    def _shared_run_id(self) -> str:
-        """Rank 0's new capture identity, sent to every rank (it ties rank files to
-        their capture.h5; docs/format.md, Integrity)."""
-        ids = [new_run_id() if self.rank == 0 else None]
-        source = 0 if self.process_group is None else dist.get_global_rank(self.process_group, 0)
-        device = self._device if self._device.type == "cuda" else None
-        dist.broadcast_object_list(ids, src=source, group=self.process_group, device=device)
-        return str(ids[0])
+    def _install_fsdp(self) -> None:
+        for unit, layout in self._layouts:
+            fsdp.install(
+                unit,
+                lambda flat, world, layout=layout: self._record_unit(layout, flat, world),
+                layout.shard,
+            )
 
     def _inner_state(self) -> Any:
         """The wrapped hook's state (PyTorch's all-reduce hook takes the process group)."""
@@ -257,95 +248,6 @@ class GradientCapture:
         problem = budget_problem(plan, free_bytes(self.out_dir), max_bytes, API_SUGGESTION)
         if problem is not None:
             warnings.warn(f"gradstat: {problem}", GradstatWarning, stacklevel=3)
-
-    # --- set-up -----------------------------------------------------------------------
-    @staticmethod
-    def _fsdp_units(model: torch.nn.Module, hook: Any, hook_state: Any) -> list:
-        """The model's ``fully_shard`` units; [] for DDP; an error for anything else."""
-        if isinstance(model, DistributedDataParallel):
-            return []
-        units = fsdp.fsdp_units(model)
-        if not units:
-            raise UsageError(
-                f"GradientCapture records DistributedDataParallel or fully_shard (FSDP2) "
-                f"models; this is a {type(model).__name__} with neither"
-            )
-        fsdp.check_fsdp_support()
-        if hook is not None or hook_state is not None:
-            raise UsageError(
-                "hook= and hook_state= wrap a DDP communication hook; under FSDP2 gradstat "
-                "wraps each unit's reduce-scatter (set yours with set_custom_reduce_scatter "
-                "before GradientCapture, and it runs after the recording)"
-            )
-        if any(fsdp.is_wrapped(unit) for unit in units):
-            raise UsageError("this FSDP model already records into a GradientCapture")
-        return units
-
-    def _check_layouts(self) -> None:
-        """On every rank, before any unit is touched: what gradstat cannot record."""
-        for _, layout in self._layouts:
-            if layout.shard == 1 and layout.replicate > 1:
-                raise UsageError(
-                    f"FSDP unit {layout.name} is replicated over {layout.replicate} learners "
-                    "without sharding (a mesh whose shard dim has size 1): its local "
-                    "gradient never reaches a reduce-scatter; record it under DDP instead"
-                )
-
-    def _install_fsdp(self) -> None:
-        for unit, layout in self._layouts:
-            fsdp.install(
-                unit,
-                lambda flat, world, layout=layout: self._record_unit(layout, flat, world),
-                layout.shard,
-            )
-
-    @staticmethod
-    def _check_no_comm_hook(model: DistributedDataParallel) -> None:
-        """DDP takes one communication hook; gradstat's must wrap any other."""
-        registered = [getattr(h, "__qualname__", repr(h)) for h, _ in model._comm_hooks]
-        builtin = model._get_ddp_logging_data().get("comm_hook", "")
-        names = registered or ([builtin] if builtin else [])
-        if names:
-            raise UsageError(
-                f"the DDP model already has a communication hook ({names[0]}); gradstat "
-                "wraps your hook instead: register none and pass it as "
-                "GradientCapture(ddp, out_dir, hook=your_hook, hook_state=its_state)"
-            )
-
-    @staticmethod
-    def _select_parameters(
-        model: DistributedDataParallel | torch.nn.Module, pattern: str | None
-    ) -> tuple[list[Layer], list]:
-        module = model.module if isinstance(model, DistributedDataParallel) else model
-        named = select_named_parameters(module, pattern)
-        return layer_table([(name, tuple(p.shape)) for name, p in named]), [p for _, p in named]
-
-    def _metadata(
-        self,
-        meta: Mapping[str, Any] | None,
-        every: int,
-        start: int,
-        layers: str | None,
-        compression: str,
-    ) -> dict:
-        versions = {
-            "torch": torch.__version__,
-            "gradstat": __version__,
-            "python": sys.version.split()[0],
-        }
-        return {
-            "workload": "custom",
-            "data_parallel": "fsdp2" if self._units else "ddp",
-            "backend": dist.get_backend(self.process_group),
-            "every": every,
-            "start": start,
-            "layers_regex": layers or "",
-            "compression": compression,
-            "hostname": socket.gethostname(),
-            "command": " ".join(sys.argv),
-            "versions": json.dumps(versions),
-            **(meta or {}),
-        }
 
     # --- buffers ----------------------------------------------------------------------
     def _acquire(self) -> torch.Tensor:

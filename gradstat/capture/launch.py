@@ -11,32 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
-from gradstat.capture.hook import select_named_parameters
-from gradstat.capture.nodes import (
-    DEFAULT_JOIN_TIMEOUT,
-    check_folder,
-    log_name,
-    missing_text,
-    waiting_text,
-)
-from gradstat.capture.worker import LAUNCHER_PID_ENV, PROGRESS_PREFIX
+from gradstat.capture.follow import Follower, stop
+from gradstat.capture.hook_setup import select_named_parameters
+from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT, check_folder, log_name
+from gradstat.capture.worker import LAUNCHER_PID_ENV
 from gradstat.capture.workloads import build_workload, default_lr, resolve_size, workload_spec
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.store.compression import dataset_filters
@@ -45,8 +39,6 @@ from gradstat.store.schema import SUPPORTED_DTYPES
 from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
-#: Seconds between two "waiting for nodes" lines.
-WAIT_REPORT_SECONDS = 10.0
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
@@ -89,6 +81,45 @@ class CaptureOptions:
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
     def check(self) -> None:
+        """Refuse, as a ``UsageError`` naming the option, any setting that cannot run."""
+        self._check_counts()
+        spec = workload_spec(self.workload)
+        resolve_size(self.workload, self.size)
+        choices = {
+            "--dtype": (self.dtype, SUPPORTED_DTYPES),
+            "--backend": (self.backend, BACKENDS),
+            "--comm-hook": (self.comm_hook, COMM_HOOKS),
+        }
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise UsageError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.fsdp:
+            self._check_fsdp()
+        if self.compressor is not None:
+            self._check_compressor()
+        elif self.ratio is not None:
+            raise UsageError("--ratio applies to --compressor only")
+        self._check_backend()
+        if self.data is not None:
+            if not spec.takes_data:
+                raise UsageError(f"--data applies to the text workloads only, not {self.workload}")
+            if not Path(self.data).is_file():
+                raise UsageError(f"--data {self.data}: no such file")
+        if self.nnodes > 1 and not (self.master_addr and self.master_port):
+            raise UsageError("multi-node runs need --master-addr and --master-port")
+        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise UsageError(f"--out {self.out} is a file; give a folder for the capture")
+        if self.layers:
+            try:
+                re.compile(self.layers)
+            except re.error as exc:
+                raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
+        parse_ranks(self.record_ranks, self.world_size)
+        dataset_filters(self.compression)  # a known name, with its plugin installed
+
+    def _check_counts(self) -> None:
+        """The numbers: counts at least 1, a first step that is recorded, a node rank
+        among the nodes, a positive learning rate, join timeout and size limit."""
         positive = {
             "--steps": self.steps,
             "--every": self.every,
@@ -110,26 +141,13 @@ class CaptureOptions:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.lr is not None and not self.lr > 0:
             raise UsageError(f"--lr must be positive, got {self.lr}")
-        spec = workload_spec(self.workload)
-        resolve_size(self.workload, self.size)
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise UsageError(
-                f"--dtype must be one of {', '.join(SUPPORTED_DTYPES)}, got {self.dtype!r}"
-            )
-        if self.backend not in BACKENDS:
-            raise UsageError(
-                f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
-            )
-        if self.comm_hook not in COMM_HOOKS:
-            raise UsageError(
-                f"--comm-hook must be one of {', '.join(COMM_HOOKS)}, got {self.comm_hook!r}"
-            )
-        if self.fsdp:
-            self._check_fsdp()
-        if self.compressor is not None:
-            self._check_compressor()
-        elif self.ratio is not None:
-            raise UsageError("--ratio applies to --compressor only")
+        if not self.join_timeout > 0:
+            raise UsageError(f"--join-timeout must be positive, got {self.join_timeout:g}")
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise UsageError(f"--max-bytes must be positive, got {self.max_bytes}")
+
+    def _check_backend(self) -> None:
+        """``--backend nccl`` needs a visible GPU per learner on this machine."""
         if self.backend == "nccl" and not torch.cuda.is_available():
             raise UsageError("--backend nccl needs CUDA GPUs; none is visible (use gloo)")
         if self.backend == "nccl" and self.nproc_per_node > torch.cuda.device_count():
@@ -137,26 +155,6 @@ class CaptureOptions:
                 f"--nproc-per-node {self.nproc_per_node} exceeds the "
                 f"{torch.cuda.device_count()} visible GPUs"
             )
-        if self.data is not None:
-            if not spec.takes_data:
-                raise UsageError(f"--data applies to the text workloads only, not {self.workload}")
-            if not Path(self.data).is_file():
-                raise UsageError(f"--data {self.data}: no such file")
-        if self.nnodes > 1 and not (self.master_addr and self.master_port):
-            raise UsageError("multi-node runs need --master-addr and --master-port")
-        if not self.join_timeout > 0:
-            raise UsageError(f"--join-timeout must be positive, got {self.join_timeout:g}")
-        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
-            raise UsageError(f"--out {self.out} is a file; give a folder for the capture")
-        if self.layers:
-            try:
-                re.compile(self.layers)
-            except re.error as exc:
-                raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
-        parse_ranks(self.record_ranks, self.world_size)
-        dataset_filters(self.compression)  # a known name, with its plugin installed
-        if self.max_bytes is not None and self.max_bytes <= 0:
-            raise UsageError(f"--max-bytes must be positive, got {self.max_bytes}")
 
     @property
     def world_size(self) -> int:
@@ -291,17 +289,6 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
     return {**worker_environment(max(1, int(threads))), LAUNCHER_PID_ENV: str(os.getpid())}
 
 
-def _progress_report(line: str) -> dict | None:
-    """Rank 0's progress report, or None for any other line (kept in the log)."""
-    if not line.startswith(PROGRESS_PREFIX):
-        return None
-    try:
-        report = json.loads(line[len(PROGRESS_PREFIX) :])
-    except json.JSONDecodeError:
-        return None
-    return report if isinstance(report, dict) else None
-
-
 def _failure_reason(lines: deque[str]) -> str:
     """A learner killed by a signal (torchrun's summary: the others then only report the
     lost connection), else the worker's own ``Error:`` line, else the last exception line
@@ -333,24 +320,6 @@ def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, i
     if problem is not None:
         raise UsageError(problem)
     return plan, free
-
-
-def _forward_lines(stream, lines: queue.Queue) -> None:
-    """Move torchrun's output lines to a queue, so the launcher can also watch the clock."""
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Stop torchrun (it stops its learners) and wait for it, at most 10 s politely."""
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def recorded(run_dir: Path) -> tuple[int, int, str, str | None] | None:
@@ -411,20 +380,7 @@ def run_capture(
         on_plan(plan, free)
     log_path = run_dir / log_name(options.node_rank)
     argv = torchrun_argv(options, run_dir)
-    rendezvous = f"{options.master_addr}:{options.master_port}"
-    seen_warnings: set[str] = set()
-    tail: deque[str] = deque(maxlen=200)
-    try:  # "x" (O_EXCL): creating the log claims the folder, so only one capture wins
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "x")  # noqa: SIM115 (closed by the with block below)
-    except FileExistsError:
-        raise UsageError(
-            f"{run_dir} is being written by another capture (its {log_path.name} appeared "
-            "just now); choose another --out"
-        ) from None
-    except OSError as exc:  # e.g. a read-only file system
-        raise UsageError(f"--out {run_dir}: cannot write there ({exc.strerror})") from None
-    with log:
+    with _claim(run_dir, log_path) as log:
         log.write("$ " + shlex.join(argv) + "\n")
         log.flush()
         process = subprocess.Popen(
@@ -434,64 +390,32 @@ def run_capture(
             text=True,
             env=_worker_env(options),
         )
-        lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_forward_lines, args=(process.stdout, lines), daemon=True).start()
-        started, joined, next_report = time.monotonic(), options.nnodes == 1, 0.0
+        callbacks = (on_progress, on_warning, on_wait)
+        follower = Follower(process, log, run_dir, options, *callbacks)
         try:
-            while True:
-                try:
-                    line = lines.get(timeout=1.0)
-                except queue.Empty:
-                    waited = time.monotonic() - started
-                    if joined:
-                        continue
-                    if waited >= options.join_timeout:
-                        _stop(process)
-                        raise DataError(
-                            missing_text(
-                                run_dir,
-                                options.nnodes,
-                                options.node_rank,
-                                options.join_timeout,
-                                rendezvous,
-                            )
-                        ) from None
-                    if waited >= next_report:
-                        next_report += WAIT_REPORT_SECONDS
-                        if on_wait is not None:
-                            on_wait(
-                                waiting_text(
-                                    run_dir,
-                                    options.nnodes,
-                                    options.node_rank,
-                                    waited,
-                                    options.join_timeout,
-                                )
-                            )
-                    continue
-                if line is None:
-                    break
-                report = _progress_report(line)
-                if report is not None:
-                    joined = True
-                    if on_progress is not None and "step" in report:
-                        on_progress(report)
-                    continue
-                log.write(line)
-                tail.append(line)
-                if line.startswith("Warning:") and on_warning is not None:
-                    message = line[len("Warning:") :].strip()
-                    if message not in seen_warnings:
-                        seen_warnings.add(message)
-                        on_warning(message)
-            code = process.wait()
+            code = follower.follow()
         except KeyboardInterrupt:
-            _stop(process)
+            stop(process)
             raise Interrupted(_interrupted_text(run_dir)) from None
         except BaseException:
-            _stop(process)
+            stop(process)
             raise
     if code != 0:
-        raise DataError(f"capture failed: {_failure_reason(tail)} (full log: {log_path})")
+        raise DataError(f"capture failed: {_failure_reason(follower.tail)} (full log: {log_path})")
     _check_recorded(run_dir)
     return run_dir
+
+
+def _claim(run_dir: Path, log_path: Path) -> TextIO:
+    """The new log file, opened for writing: creating it (``O_EXCL``) claims the folder,
+    so that of two captures started into one folder only one runs."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return open(log_path, "x")
+    except FileExistsError:
+        raise UsageError(
+            f"{run_dir} is being written by another capture (its {log_path.name} appeared "
+            "just now); choose another --out"
+        ) from None
+    except OSError as exc:  # e.g. a read-only file system
+        raise UsageError(f"--out {run_dir}: cannot write there ({exc.strerror})") from None

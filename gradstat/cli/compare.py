@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot
 from gradstat.cli.output import Output, Result, View, show
 from gradstat.defaults import DIVERGENCE_TOLERANCE
+
+if TYPE_CHECKING:  # pandas loads with the analysis, when the command runs
+    import pandas as pd
 
 Runs = Annotated[
     list[Path],
@@ -73,7 +76,20 @@ def compare_command(
     from gradstat.analysis.compare import compare
 
     result = compare([str(r) for r in runs], tolerance)
-    summary = result.summary
+
+    def figure():
+        from gradstat.plots.compare import plot_compare
+
+        return plot_compare(result.losses, result.errors)
+
+    views = _views(result.summary, result.dense, tolerance)
+    shown_result = Result(result.errors, summary=views, document=result.to_dict(), figure=figure)
+    show(shown_result, Output(as_json, csv, False, plot, dpi))
+
+
+def _views(summary: pd.DataFrame, dense: str | None, tolerance: float) -> list[View]:
+    """The loss of each run, then where there are compressed runs their errors and
+    bytes against the ``dense`` run's open-loop prediction."""
     views = [
         View(
             "loss of each run, mean over learners",
@@ -84,7 +100,6 @@ def compare_command(
     ]
     compressed = summary[summary["label"] != "dense"]
     if len(compressed):
-        dense = result.dense or "none"
         shown = compressed.copy()
         for column in ("measured_bytes", "predicted_bytes", "divergence_step"):
             shown[column] = [_integer(v) for v in shown[column]]
@@ -95,16 +110,9 @@ def compare_command(
                 _ERROR_COLUMNS,
                 "Relative error ||ĝ-g||²/||g||² of the update applied online (online err), "
                 "of the replay over the run's own gradients (own replay) and over the dense "
-                f"run's, {dense} (open-loop); payload bytes per learner per step, online and "
-                "predicted; first step where the open-loop error is off by more than "
-                f"{tolerance:g} (relative).",
+                f"run's, {dense or 'none'} (open-loop); payload bytes per learner per step, "
+                "online and predicted; first step where the open-loop error is off by more "
+                f"than {tolerance:g} (relative).",
             )
         )
-
-    def figure():
-        from gradstat.plots.compare import plot_compare
-
-        return plot_compare(result.losses, result.errors)
-
-    shown_result = Result(result.errors, summary=views, document=result.to_dict(), figure=figure)
-    show(shown_result, Output(as_json, csv, False, plot, dpi))
+    return views

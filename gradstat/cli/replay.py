@@ -190,51 +190,8 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
     summary = summarize_replay(records, link, n)
     views = []
     for scope, rows in summary.groupby("scope", sort=False):
-        dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
         shown = _display(rows)
-        views.append(
-            View(
-                f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
-                f"{scope}: traffic and time (cost model: {n} learners)",
-                shown,
-                {
-                    "compressor": "compressor",
-                    "ratio": "ratio",
-                    "quality": "q",
-                    "buildup": "B",
-                    "bytes_per_learner": "bytes",
-                    "comm_ms": "comm ms",
-                    "compress_ms": "compress ms",
-                    "speedup": "speed-up",
-                },
-                f"Means over steps on {link_text(link)}. q = selected / k; B = union / k "
-                "of the indices sent, measured on the corrected vectors g + m (error "
-                "feedback), so it exceeds `gradstat buildup`'s on the raw gradients; "
-                "bytes sent per learner per step; comm = predicted communication; "
-                "compress = time per learner here, median over the steps after the first "
-                "(± half its interquartile range); speed-up = dense fp32 all-reduce "
-                f"({dense:.3g} ms) / (comm + compress).",
-            )
-        )
-        views.append(
-            View(
-                f"error of the aggregate, scope {scope}",
-                shown,
-                {
-                    "compressor": "compressor",
-                    "ratio": "ratio",
-                    "density": "density",
-                    "rel_error": "rel error",
-                    "cosine": "cosine",
-                    "memory_norm": "memory",
-                },
-                "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
-                "dense momentum update); memory = error-feedback norm after the last step. "
-                "Relative errors above 1 are normal with error feedback: what a step sends "
-                "includes residuals of earlier steps, which the mean gradient of that step "
-                "does not.",
-            )
-        )
+        views += [_traffic_view(scope, rows, shown, learners, n, link), _error_view(scope, shown)]
     return Result(
         records,
         summary=views,
@@ -247,6 +204,57 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
             "records": records.to_dict(orient="records"),
             "summary": summary.to_dict(orient="records"),
         },
+    )
+
+
+def _traffic_view(
+    scope: str, rows: pd.DataFrame, shown: pd.DataFrame, learners: int, n: int, link: Link
+) -> View:
+    """One scope's traffic and time table: ``rows`` its summary, ``shown`` as displayed,
+    ``learners`` replayed, ``n`` in the cost model on ``link``."""
+    dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
+    return View(
+        f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
+        f"{scope}: traffic and time (cost model: {n} learners)",
+        shown,
+        {
+            "compressor": "compressor",
+            "ratio": "ratio",
+            "quality": "q",
+            "buildup": "B",
+            "bytes_per_learner": "bytes",
+            "comm_ms": "comm ms",
+            "compress_ms": "compress ms",
+            "speedup": "speed-up",
+        },
+        f"Means over steps on {link_text(link)}. q = selected / k; B = union / k "
+        "of the indices sent, measured on the corrected vectors g + m (error "
+        "feedback), so it exceeds `gradstat buildup`'s on the raw gradients; "
+        "bytes sent per learner per step; comm = predicted communication; "
+        "compress = time per learner here, median over the steps after the first "
+        "(± half its interquartile range); speed-up = dense fp32 all-reduce "
+        f"({dense:.3g} ms) / (comm + compress).",
+    )
+
+
+def _error_view(scope: str, shown: pd.DataFrame) -> View:
+    """One scope's table of the aggregate's error against the mean gradient."""
+    return View(
+        f"error of the aggregate, scope {scope}",
+        shown,
+        {
+            "compressor": "compressor",
+            "ratio": "ratio",
+            "density": "density",
+            "rel_error": "rel error",
+            "cosine": "cosine",
+            "memory_norm": "memory",
+        },
+        "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
+        "dense momentum update); memory = error-feedback norm after the last step. "
+        "Relative errors above 1 are normal with error feedback: what a step sends "
+        "includes residuals of earlier steps, which the mean gradient of that step "
+        "does not.",
     )
 
 
@@ -289,47 +297,46 @@ def recommend_command(
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    with torch_threads(threads):  # cpu-here: measured on the threads compression runs on
-        profile = resolve_target(
-            None if target_file and target == "cpu-here" else target, target_file
-        )
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    profile = target_profile(target, target_file, threads)
     params = RecommendParams(
-        error_budget,
-        link,
-        cluster_size,
-        baseline.value,
-        specs,
-        ratios,
-        seed,
-        target=profile,
-        threads=threads,
+        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile, threads
     )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
-        result = recommend(
-            cap,
-            Selection.of(cap, steps),
-            params,
-            compute=compute,
-            progress=lambda units: progress(units, "recommend"),
-        )
+        tick = lambda units: progress(units, "recommend")  # noqa: E731
+        result = recommend(cap, Selection.of(cap, steps), params, compute=compute, progress=tick)
     show(recommend_result(result), Output(as_json, csv))
     if result.winner is None:
-        c = result.closest
-        name = c["compressor"] if math.isnan(c["ratio"]) else f"{c['compressor']} {c['ratio']:g}"
-        raise DataError(
-            f"no candidate keeps the mean relative error within {error_budget:g}; the closest "
-            f"is {name} with {c['rel_error']:.3g} (raise --error-budget or add ratios)"
-        )
+        raise _nothing_fits(result.closest, error_budget)
     if out is not None:
-        try:
-            out.write_text(to_json(result.to_dict()) + "\n")
-        except OSError as exc:
-            raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
-        err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
+        _write_recommendation(result, out)
+
+
+def target_profile(target: str, target_file: Path | None, threads: int):
+    """The hardware profile of ``--target`` or ``--target-file`` (a file wins over the
+    default ``cpu-here``), measured here on the ``threads`` compression runs on."""
+    with torch_threads(threads):
+        return resolve_target(None if target_file and target == "cpu-here" else target, target_file)
+
+
+def _nothing_fits(closest: pd.Series, error_budget: float) -> DataError:
+    """The error when no candidate stays within the budget, naming the ``closest``."""
+    c = closest
+    name = c["compressor"] if math.isnan(c["ratio"]) else f"{c['compressor']} {c['ratio']:g}"
+    return DataError(
+        f"no candidate keeps the mean relative error within {error_budget:g}; the closest "
+        f"is {name} with {c['rel_error']:.3g} (raise --error-budget or add ratios)"
+    )
+
+
+def _write_recommendation(result: Recommendation, out: Path) -> None:
+    """``--out``: the recommendation as one JSON document; a write error is a usage error."""
+    try:
+        out.write_text(to_json(result.to_dict()) + "\n")
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
+    err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 
 def _target_name(result: Recommendation) -> str:

@@ -29,12 +29,19 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
-from gradstat.cli.replay import Target, TargetFile
+from gradstat.cli.replay import Target, TargetFile, target_profile
 from gradstat.compressors.cost import Link
-from gradstat.compressors.targets import resolve_target
 from gradstat.errors import UsageError
 from gradstat.store import open_capture
-from gradstat.threads import torch_threads
+
+
+def _html_path(path: Path | None) -> Path | None:
+    """Callback of the report's ``--out``: an ``.html`` file in a writable place."""
+    path = out_path(path)
+    if path is not None and path.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--out {path}: the report is HTML; use a .html file name")
+    return path
+
 
 HtmlOut = Annotated[
     Path,
@@ -42,9 +49,17 @@ HtmlOut = Annotated[
         "--out",
         "-o",
         metavar="FILE.html",
-        callback=out_path,
+        callback=_html_path,
         help="The HTML file to write.",
         show_default=False,
+    ),
+]
+AllowDamaged = Annotated[
+    bool,
+    typer.Option(
+        "--allow-damaged",
+        help="Write the report even where rows fail their checksums (the sections "
+        "they stop say so, the page is marked damaged); by default that is an error.",
     ),
 ]
 
@@ -64,14 +79,7 @@ def report_command(
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
-    allow_damaged: Annotated[
-        bool,
-        typer.Option(
-            "--allow-damaged",
-            help="Write the report even where rows fail their checksums (the sections "
-            "they stop say so, the page is marked damaged); by default that is an error.",
-        ),
-    ] = False,
+    allow_damaged: AllowDamaged = False,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
 
@@ -87,17 +95,9 @@ def report_command(
 
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"--out {out}: the report is HTML; use a .html file name")
-    if not out.parent.exists():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
     # matplotlib and seaborn load here, not on every gradstat command
-    from gradstat.report.build import ReportSettings, build_report
-
-    with torch_threads(defaults.THREADS):  # the threads the report's replay runs on
-        profile = resolve_target(
-            None if target_file and target == "cpu-here" else target, target_file
-        )
+    from gradstat.report.build import build_report
+    from gradstat.report.context import ReportSettings
 
     settings = ReportSettings(
         ratios,
@@ -106,15 +106,23 @@ def report_command(
         Link(bandwidth, latency),
         cluster_size,
         dpi=dpi,
+        target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
-        target=profile,
         target_file=str(target_file) if target_file else None,
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)
-        page = build_report(
-            cap, settings, lambda key: lambda units: progress(units, key), allow_damaged
-        )
+        page = build_report(cap, settings, _section_progress, allow_damaged)
+    _write_page(page, out)
+
+
+def _section_progress(key: str):
+    """The progress wrapper of the work units of the report's section ``key``."""
+    return lambda units: progress(units, key)
+
+
+def _write_page(page: str, out: Path) -> None:
+    """The page to ``out``; a write error is a usage error."""
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:

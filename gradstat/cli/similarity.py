@@ -115,64 +115,76 @@ def similarity_command(
 
 
 def similarity_result(pairs: pd.DataFrame, per_step: pd.DataFrame, on: str) -> Result:
+    """The similarity tables: the overlap matrix at the smallest ratio (in the summary
+    while it has at most ``MATRIX_SHOWN`` learners, else in the detail), the means over
+    steps, and the per-step table as detail; ``on`` names the vectors (raw or ef)."""
     summary = similarity_summary(per_step)
-    matrix = overlap_matrix(pairs[pairs["ratio"] == pairs["ratio"].min()])
-    matrix_table = matrix.reset_index(names="learner")
-    matrix_table.columns = [str(c) for c in matrix_table.columns]
-    matrix_table["learner"] = matrix_table["learner"].astype(str)
-    matrix_view = View(
-        f"mean overlap matrix at ratio {pairs['ratio'].min():g} ('mean': the mean gradient's)",
-        matrix_table,
-    )
-    shown = [matrix_view] if len(matrix_table) <= MATRIX_SHOWN else []
+    matrix_view = _matrix_view(pairs)
+    shown = [matrix_view] if len(matrix_view.rows) <= MATRIX_SHOWN else []
     return Result(
         pairs,
-        summary=[
-            *shown,
-            View(
-                f"top-k similarity, mean over {per_step['step'].nunique()} steps (on {on})",
-                summary,
-                {
-                    "scope": "scope",
-                    "ratio": "ratio",
-                    "mean_overlap": "overlap",
-                    "mean_overlap_global": "vs mean",
-                    "overlap_vs_random": "x random",
-                    "buildup": "B",
-                    "random_buildup": "B random",
-                    "leader_breaks": "CLT breaks",
-                },
-                "overlap = |A n B| / k between learners; vs mean = with the mean gradient's "
-                "top-k; x random = overlap / k/d; B = union / k; CLT breaks = steps whose "
-                "leader breaks ScaleCom's contraction check.",
-            ),
-        ],
+        summary=[*shown, _summary_view(summary, per_step["step"].nunique(), on)],
         answer=similarity_answer(summary),
-        detail=[
-            *([] if shown else [matrix_view]),
-            View(
-                "top-k similarity per step",
-                per_step,
-                {
-                    "step": "step",
-                    "scope": "scope",
-                    "ratio": "ratio",
-                    "mean_overlap": "overlap",
-                    "mean_overlap_global": "vs mean",
-                    "full_intersection": "all n",
-                    "buildup": "B",
-                    "energy_topk": "E(I*)",
-                    "leader_contraction_ok": "CLT",
-                },
-                "all n = full intersection / k; E(I*) = energy of the mean's top-k; CLT = "
-                "ScaleCom's contraction check for leader step mod n.",
-            ),
-        ],
+        detail=[*([] if shown else [matrix_view]), _per_step_view(per_step)],
         document={
             "records": pairs.to_dict(orient="records"),
             "steps": per_step.to_dict(orient="records"),
             "summary": summary.to_dict(orient="records"),
         },
+    )
+
+
+def _matrix_view(pairs: pd.DataFrame) -> View:
+    """The learners' mean overlap matrix at the smallest ratio, the mean gradient's too."""
+    matrix = overlap_matrix(pairs[pairs["ratio"] == pairs["ratio"].min()])
+    table = matrix.reset_index(names="learner")
+    table.columns = [str(c) for c in table.columns]
+    table["learner"] = table["learner"].astype(str)
+    return View(
+        f"mean overlap matrix at ratio {pairs['ratio'].min():g} ('mean': the mean gradient's)",
+        table,
+    )
+
+
+def _summary_view(summary: pd.DataFrame, steps: int, on: str) -> View:
+    """The similarity means over ``steps`` steps, per scope and ratio."""
+    return View(
+        f"top-k similarity, mean over {steps} steps (on {on})",
+        summary,
+        {
+            "scope": "scope",
+            "ratio": "ratio",
+            "mean_overlap": "overlap",
+            "mean_overlap_global": "vs mean",
+            "overlap_vs_random": "x random",
+            "buildup": "B",
+            "random_buildup": "B random",
+            "leader_breaks": "CLT breaks",
+        },
+        "overlap = |A n B| / k between learners; vs mean = with the mean gradient's "
+        "top-k; x random = overlap / k/d; B = union / k; CLT breaks = steps whose "
+        "leader breaks ScaleCom's contraction check.",
+    )
+
+
+def _per_step_view(per_step: pd.DataFrame) -> View:
+    """The similarity of each step, scope and ratio."""
+    return View(
+        "top-k similarity per step",
+        per_step,
+        {
+            "step": "step",
+            "scope": "scope",
+            "ratio": "ratio",
+            "mean_overlap": "overlap",
+            "mean_overlap_global": "vs mean",
+            "full_intersection": "all n",
+            "buildup": "B",
+            "energy_topk": "E(I*)",
+            "leader_contraction_ok": "CLT",
+        },
+        "all n = full intersection / k; E(I*) = energy of the mean's top-k; CLT = "
+        "ScaleCom's contraction check for leader step mod n.",
     )
 
 

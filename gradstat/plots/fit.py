@@ -60,23 +60,32 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
     fig, axes = new_figure(nrows, ncols, width=4.2, height=3.4)
     cells = list(axes.flat)
     x = np.sort(magnitudes)
-    n = x.size
     low, high = _visible_low(x), float(x[-1])
     grid = np.geomspace(low, high, 400)
     colors = {name: f"C{i}" for i, name in enumerate(dists)}
+    _histogram(cells[0], x, (low, high), grid, dists, colors)
+    fits = records[(records["kind"] == "fit") & records["error"].isna()]
+    _tail(cells[1], x, grid, dists, colors, fits)
+    _quantiles(cells[2:], x, dists, colors)
+    _legend(fig, cells[0], cells[1], cells[panels:])
+    fig.suptitle(title)
+    return fig
 
-    hist = cells[0]
-    # Density of ln|g| (x f(x)): on log-spaced bins the shape of the bulk stays readable.
+
+def _histogram(ax, x: np.ndarray, span: tuple[float, float], grid, dists, colors) -> None:
+    """The density of ln|g| (x f(x)) of the sorted sample ``x`` on log-spaced bins over
+    ``span`` (the shape of the bulk stays readable), with each fitted density."""
+    low, high = span
     edges = np.geomspace(low, high, 80)
     counts, _ = np.histogram(x, bins=edges)
-    heights = counts / (n * np.diff(np.log(edges)))
-    hist.stairs(heights, edges, fill=True, color="0.8", label="|g| (histogram)")
+    heights = counts / (x.size * np.diff(np.log(edges)))
+    ax.stairs(heights, edges, fill=True, color="0.8", label="|g| (histogram)")
     peak = heights.max()
     for name, dist in dists.items():
         curve = grid * dist.magnitudes().logpdf(grid).exp().numpy()
-        hist.plot(grid, curve, color=colors[name], label=name)
+        ax.plot(grid, curve, color=colors[name], label=name)
         peak = max(peak, min(float(np.nanmax(curve)), 4 * heights.max()))
-    hist.set(
+    ax.set(
         xscale="log",
         xlim=(low, high),
         ylim=(0, 1.08 * peak),
@@ -85,22 +94,23 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
         title="histogram of |g| (log bins), fitted densities",
     )
 
-    ccdf = cells[1]
-    survival = 1.0 - np.arange(n) / n
-    ccdf.plot(x, survival, color="black", lw=2, label="empirical")
+
+def _tail(ax, x: np.ndarray, grid, dists, colors, fits: pd.DataFrame) -> None:
+    """The log-log CCDF of the upper half of the sorted sample ``x`` (the tail thresholds
+    are read from, so its curves separate where they matter) with the fitted tails, and
+    for each ratio of ``fits`` the empirical top-k threshold (dashed, labelled at the
+    top) and each distribution's fitted threshold (open circles)."""
+    n = x.size
+    ax.plot(x, 1.0 - np.arange(n) / n, color="black", lw=2, label="empirical")
     for name, dist in dists.items():
-        ccdf.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name])
-    thresholds = records[(records["kind"] == "fit") & records["error"].isna()]
-    # The tail is what thresholds are read from: the CCDF starts at the median of |g|,
-    # not at the smallest magnitude, so its curves separate where they matter.
-    tail_low = float(np.quantile(x, 0.5))
-    for ratio, group in thresholds.groupby("ratio"):
+        ax.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name])
+    for ratio, group in fits.groupby("ratio"):
         density = float(group["k"].iloc[0]) / float(group["nonzero"].iloc[0])
         empirical_threshold = float(group["empirical"].iloc[0])
-        ccdf.axvline(empirical_threshold, color="0.4", ls="--", lw=0.8)
-        ccdf.axhline(density, color="0.75", ls=":", lw=0.8)
+        ax.axvline(empirical_threshold, color="0.4", ls="--", lw=0.8)
+        ax.axhline(density, color="0.75", ls=":", lw=0.8)
         # the label on the dashed line at the top, clear of every marker
-        ccdf.annotate(
+        ax.annotate(
             f"k/d = {ratio:g}",
             (empirical_threshold, 1.0),
             xycoords=("data", "axes fraction"),
@@ -113,29 +123,31 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
             color="0.3",
         )
         for row in group.itertuples(index=False):
-            ccdf.plot(
-                row.threshold, density, "o", mfc="none", mew=1.2, color=colors[row.dist], ms=5
-            )
-    ccdf.set(
+            ax.plot(row.threshold, density, "o", mfc="none", mew=1.2, color=colors[row.dist], ms=5)
+    ax.set(
         xscale="log",
         yscale="log",
-        xlim=(tail_low, 1.2 * high),
+        xlim=(float(np.quantile(x, 0.5)), 1.2 * float(x[-1])),
         ylim=(0.5 / n, 0.7),
         xlabel="|g|",
         ylabel="P(|g| > x)",
         title="tail (CCDF); dashed: top-k threshold,\ncircles: fitted thresholds",
     )
 
+
+def _quantiles(cells: list, x: np.ndarray, dists, colors) -> None:
+    """One Q-Q panel per distribution: fitted against empirical quantiles of ``x``,
+    log-log, with the diagonal; quantiles off the scale are counted in a note, not piled
+    on its edge."""
     probabilities = np.unique(
-        np.concatenate([np.linspace(0.01, 0.9, 40), 1.0 - np.geomspace(0.1, 1.0 / n, 40)])
+        np.concatenate([np.linspace(0.01, 0.9, 40), 1.0 - np.geomspace(0.1, 1.0 / x.size, 40)])
     )
     empirical = np.quantile(x, probabilities)
     lo, hi = empirical.min() / 2, empirical.max() * 2
-    for ax, (name, dist) in zip(cells[2:], dists.items(), strict=False):
+    for ax, (name, dist) in zip(cells, dists.items(), strict=False):
         fitted = np.array([dist.magnitude_isf(1.0 - p) for p in probabilities])
         inside = (fitted >= lo) & (fitted <= hi)
         ax.plot(fitted[inside], empirical[inside], ".", color=colors[name])
-        # Quantiles off the scale are counted, not piled on its edge.
         below, above = int((fitted < lo).sum()), int((fitted > hi).sum())
         off = [f"{below} below {lo:.1g}"] * bool(below) + [f"{above} above {hi:.1g}"] * bool(above)
         if off:
@@ -159,10 +171,14 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
             ylabel="empirical quantile",
             title=f"Q-Q {name}",
         )
+
+
+def _legend(fig: Figure, hist, ccdf, free: list) -> None:
+    """One legend for the figure (the histogram's entries, the empirical CCDF second):
+    in the first ``free`` cell, else below the grid; the free cells blank."""
     handles, labels = hist.get_legend_handles_labels()
     handles.insert(1, ccdf.lines[0])
     labels.insert(1, "empirical CCDF")
-    free = cells[panels:]
     if free:
         free[0].legend(handles, labels, loc="center", fontsize="small", frameon=False)
     else:
@@ -176,8 +192,6 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
         )
     for ax in free:
         ax.axis("off")
-    fig.suptitle(title)
-    return fig
 
 
 def plot_fit_at(

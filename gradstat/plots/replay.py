@@ -47,19 +47,7 @@ def plot_replay(records: pd.DataFrame) -> Figure:
     scope = records["scope"].iloc[0]
     data = records[records["scope"] == scope].copy()
     data["label"] = [_label(c, r) for c, r in zip(data["compressor"], data["ratio"], strict=True)]
-    ratios = sorted(data["ratio"].dropna().unique(), reverse=True)
-    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(ratios)}
-    lines = {r: LINESTYLES[i % len(LINESTYLES)] for i, r in enumerate(ratios)}
-
-    def style(group: pd.DataFrame) -> dict:
-        ratio = group["ratio"].iloc[0]
-        fixed = math.isnan(ratio)
-        return {
-            "color": compressor_color(group["compressor"].iloc[0]),
-            "marker": "o" if fixed else markers[ratio],
-            "ls": "-" if fixed else lines[ratio],
-        }
-
+    style = _styles(sorted(data["ratio"].dropna().unique(), reverse=True))
     means = data.groupby("label", sort=False)[["bytes_per_learner", "rel_error"]].mean()
     typical = float(means["rel_error"].median())
     apart = set(means.index[means["rel_error"] < APART * typical]) if typical > 0 else set()
@@ -74,59 +62,97 @@ def plot_replay(records: pd.DataFrame) -> Figure:
     for label, group in data.groupby("label", sort=False):
         look = style(group)
         x, y = means.loc[label, "bytes_per_learner"], means.loc[label, "rel_error"]
-        same = [
-            other
-            for other, ox, oy in placed
-            if y > 0
-            and oy > 0
-            and abs(math.log10(x / ox)) < COINCIDE
-            and abs(math.log10(y / oy)) < COINCIDE
-        ]
+        same = _coinciding(placed, x, y)
         curve = group["buildup"].to_numpy(dtype=float)
-        twin = next(
-            (
-                o
-                for o, c in curves
-                if c.shape == curve.shape and np.allclose(c, curve, equal_nan=True)
-            ),
-            None,
-        )
-        notes = [f"= {same[0]} in error vs traffic"] if same else []
-        if twin is not None and np.isfinite(curve).any():
-            notes.append(f"build-up = {twin}'s")
-        shown = label + (f" ({'; '.join(notes)})" if notes else "")
+        shown = label + _notes(same, _twin(curves, curve), curve)
         curves.append((label, curve))
         marker = "v" if label in apart else look["marker"]
         handles.append(Line2D([], [], **{**look, "marker": marker}, mfc="none", label=shown))
         if label in apart:
-            trade.plot(x, floor, ls="none", ms=8, marker="v", color=look["color"])
-            above = stacked.get(x, 0)
-            stacked[x] = above + 1
-            trade.annotate(
-                f"{label}: {y:.1g}",
-                (x, floor),
-                xytext=(-6, 7 + 9 * above),
-                textcoords="offset points",
-                ha="right",
-                fontsize=7,
-                color=look["color"],
-            )
+            _draw_apart(trade, label, (x, y), floor, look, stacked)
         else:
             # open markers, a size larger for each point they cover: both stay visible
-            trade.plot(
-                x,
-                y,
-                ls="none",
-                ms=7 + 4 * len(same),
-                mfc="none",
-                mew=1.6,
-                marker=look["marker"],
-                color=look["color"],
-            )
+            size = 7 + 4 * len(same)
+            trade.plot(x, y, ms=size, mfc="none", mew=1.6, **{**look, "ls": "none"})
             error.plot(group["step"], group["rel_error"], ms=2.5, lw=1, **look)
         placed.append((label, x, y))
         if np.isfinite(group["buildup"]).any():
             buildup.plot(group["step"], group["buildup"], ms=2.5, lw=1, **look)
+    _label_axes(trade, error, buildup, scope, kept, apart, floor)
+    key.axis("off")
+    key.legend(
+        handles=handles, loc="center", fontsize="small", frameon=False, title="compressor, ratio"
+    )
+    return fig
+
+
+def _styles(ratios: list[float]):
+    """The style of a configuration's records: its compressor's colour, and a marker and
+    line style per ratio in ``ratios`` (fixed-rate compressors: circles, solid)."""
+    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(ratios)}
+    lines = {r: LINESTYLES[i % len(LINESTYLES)] for i, r in enumerate(ratios)}
+
+    def style(group: pd.DataFrame) -> dict:
+        ratio = group["ratio"].iloc[0]
+        fixed = math.isnan(ratio)
+        return {
+            "color": compressor_color(group["compressor"].iloc[0]),
+            "marker": "o" if fixed else markers[ratio],
+            "ls": "-" if fixed else lines[ratio],
+        }
+
+    return style
+
+
+def _coinciding(placed: list[tuple[str, float, float]], x: float, y: float) -> list[str]:
+    """The labels of the ``placed`` points within ``COINCIDE`` decades of (x, y)."""
+    return [
+        other
+        for other, ox, oy in placed
+        if y > 0
+        and oy > 0
+        and abs(math.log10(x / ox)) < COINCIDE
+        and abs(math.log10(y / oy)) < COINCIDE
+    ]
+
+
+def _twin(curves: list[tuple[str, np.ndarray]], curve: np.ndarray) -> str | None:
+    """The label of an earlier build-up curve equal to ``curve``, if any."""
+    return next(
+        (o for o, c in curves if c.shape == curve.shape and np.allclose(c, curve, equal_nan=True)),
+        None,
+    )
+
+
+def _notes(same: list[str], twin: str | None, curve: np.ndarray) -> str:
+    """The legend's note on what a configuration's point or build-up coincides with."""
+    notes = [f"= {same[0]} in error vs traffic"] if same else []
+    if twin is not None and np.isfinite(curve).any():
+        notes.append(f"build-up = {twin}'s")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _draw_apart(ax, label: str, at: tuple[float, float], floor: float, look, stacked) -> None:
+    """A configuration drawn apart: a triangle at the bottom edge ``floor`` at its bytes,
+    labelled with its error; labels at one x stack upwards (``stacked`` counts them)."""
+    x, y = at
+    ax.plot(x, floor, ls="none", ms=8, marker="v", color=look["color"])
+    above = stacked.get(x, 0)
+    stacked[x] = above + 1
+    ax.annotate(
+        f"{label}: {y:.1g}",
+        (x, floor),
+        xytext=(-6, 7 + 9 * above),
+        textcoords="offset points",
+        ha="right",
+        fontsize=7,
+        color=look["color"],
+    )
+
+
+def _label_axes(trade, error, buildup, scope: str, kept, apart: set, floor: float) -> None:
+    """Scales, limits, labels and titles of the three panels: log axes where the errors
+    are positive, room for the bottom edge where configurations are drawn apart."""
     trade.set_xscale("log")
     if (kept["rel_error"] > 0).any():
         trade.set_yscale("log")
@@ -151,8 +177,3 @@ def plot_replay(records: pd.DataFrame) -> Figure:
     for ax in (trade, error):
         plain_log_axis(ax, "y")
     plain_log_axis(trade, "x")
-    key.axis("off")
-    key.legend(
-        handles=handles, loc="center", fontsize="small", frameon=False, title="compressor, ratio"
-    )
-    return fig

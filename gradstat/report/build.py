@@ -1,12 +1,10 @@
 """``gradstat report``: every analysis of one capture on one self-contained HTML page.
 
-The page is one ordered table of section specs (:data:`SECTIONS`: key, title, build).
-Each build runs its analysis through a shared :class:`ReportContext` (which replays the
-compressors once for both the replay and the recommendation sections), draws figures
-with the library's plot functions and returns a :class:`Part`: the reading of what the
-numbers show, figures, tables under human column names, and its line for the summary
-box at the top. A section that cannot be computed (too few learners, an interrupted
-capture with too few steps) says why instead of failing the whole report.
+:func:`build_report` builds each section of gradstat/report/sections.py in turn; a
+section that cannot be computed (too few learners, an interrupted capture with too few
+steps) says why instead of failing the whole report. It adds the training section
+(gradstat/report/training.py) where compressed runs sit beside the capture, and the
+provenance table (:func:`assumptions`), and renders the page (gradstat/report/html.py).
 """
 
 from __future__ import annotations
@@ -15,472 +13,21 @@ import os
 import platform
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Callable
 
-import numpy as np
 import pandas as pd
 import torch
 
 from gradstat import __version__, defaults
-from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
-from gradstat.analysis.compute import Compute
-from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
-from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
 from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.recommend import Recommendation, choose
-from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
-from gradstat.analysis.selection import Selection
-from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
-from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
-from gradstat.compressors.targets import Target, builtin_target, spread_text
+from gradstat.compressors.targets import Target, spread_text
 from gradstat.errors import DamagedData, GradstatError, GradstatWarning
-from gradstat.plots.capture import plot_loss
-from gradstat.plots.fit import plot_fit_at
-from gradstat.plots.replay import plot_replay
-from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
-from gradstat.report import answers
+from gradstat.report.context import ReportContext, ReportSettings
 from gradstat.report.html import Section, render
+from gradstat.report.sections import SECTIONS
 from gradstat.report.training import TITLE as TRAINING_TITLE
 from gradstat.report.training import training_section
 from gradstat.store import Capture
-from gradstat.threads import torch_threads
-
-
-@dataclass
-class ReportSettings:
-    """What the report computes; the defaults are those of the commands it stands for."""
-
-    ratios: Sequence[float] = defaults.RATIOS
-    compressors: str = defaults.REPORT_COMPRESSORS
-    error_budget: float = defaults.ERROR_BUDGET
-    link: Link = field(
-        default_factory=lambda: Link(
-            parse_bandwidth(defaults.BANDWIDTH), parse_latency(defaults.LATENCY)
-        )
-    )
-    cost_learners: int | None = None
-    fit_steps: int = 5
-    dpi: int = defaults.REPORT_DPI
-    compute: Compute = field(default_factory=Compute)
-    #: The hardware compression is priced on; None: ``cpu-here``, measured once on the
-    #: replay's threads (pass a ``recommend --out`` file's profile to quote its numbers).
-    target: Target | None = None
-    #: Where ``target`` came from (``--target-file``), for the equivalent command.
-    target_file: str | None = None
-
-
-@dataclass
-class Part:
-    """What a section's build returns: the reading (a paragraph on what the numbers
-    show), figures, ``(caption, table)`` pairs and its lines for the summary box."""
-
-    reading: str
-    figures: list = field(default_factory=list)
-    tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
-    verdict: list[str] = field(default_factory=list)
-
-
-class ReportContext:
-    """The capture, the settings and what several sections share (the replay, once)."""
-
-    def __init__(
-        self, cap: Capture, settings: ReportSettings, progress: Callable[[str], Progress]
-    ) -> None:
-        self.cap, self.settings, self.progress = cap, settings, progress
-        self.selection = Selection.of(cap)  # the whole capture
-        self.compute = settings.compute
-
-    @cached_property
-    def replay(self) -> tuple[Replay, pd.DataFrame]:
-        s = self.settings
-        params = ReplayParams(
-            s.compressors, s.ratios, s.link, cost_learners=s.cost_learners, skip_unfit=True
-        )
-        run = Replay(self.cap, self.selection, params, compute=self.compute)
-        return run, run.run(self.progress("replay"))
-
-    @cached_property
-    def target(self) -> Target:
-        """The profile every compression time of the page is priced with (one, so a
-        configuration has one time everywhere on the page)."""
-        if self.settings.target is not None:
-            return self.settings.target
-        with torch_threads(defaults.THREADS):
-            return builtin_target("cpu-here")
-
-    @cached_property
-    def recommendation(self) -> Recommendation:
-        run, records = self.replay
-        return choose(run, records, error_budget=self.settings.error_budget, target=self.target)
-
-    @cached_property
-    def priced(self) -> pd.DataFrame:
-        """The replay's summary in replay order, with the recommendation's times (the
-        work model on :attr:`target` at the cluster size) beside the measured ones."""
-        run, records = self.replay
-        keys = ["scope", "compressor", "ratio"]
-        order = summarize_replay(records, self.settings.link, run.cost_learners)[keys]
-        return order.merge(self.recommendation.ranking, on=keys, how="left")
-
-    @property
-    def cost_learners(self) -> int:
-        """The cluster size of the cost model: as set, else the run's world size."""
-        return self.settings.cost_learners or self.cap.world_size
-
-
-@dataclass(frozen=True)
-class SectionSpec:
-    """One section of the page: its anchor, its heading and the function building it."""
-
-    key: str
-    title: str
-    build: Callable[[ReportContext], Part]
-
-
-def _overview(ctx: ReportContext) -> Part:
-    cap, steps = ctx.cap, ctx.cap.steps
-    facts = pd.DataFrame(
-        [
-            ("workload", f"{cap.workload} ({cap.meta.get('workload_description', '')})"),
-            ("status", cap.status),
-            ("learners", f"{cap.learners_text()} ({cap.meta.get('backend')})"),
-            (
-                "recorded steps",
-                f"{len(steps)}" + (f" ({steps[0]}..{steps[-1]})" if len(steps) else ""),
-            ),
-            ("gradient size", f"{cap.numel:,} values in {len(cap.layers)} layers ({cap.dtype})"),
-            ("bytes on disk", f"{cap.describe()['bytes'] / 1e6:.1f} MB"),
-            ("command", str(cap.meta.get("command", ""))),
-        ],
-        columns=["", "value"],
-    )
-    if cap.status == "complete":
-        state = "The capture is complete."
-    else:
-        last = f"step {steps[-1]}" if len(steps) else "before its first step"
-        state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
-    recorded = f"; {cap.learners_text()} recorded" if cap.is_sample else ""
-    reading = f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
-    reading += f"training{recorded}. {state}"
-    figures = []
-    if len(steps):
-        first, last = np.nanmean(cap.losses[:, 0]), np.nanmean(cap.losses[:, -1])
-        reading += (
-            f" The learners' mean loss went from {first:.3g} to {last:.3g} over the recorded "
-            "steps; each learner's curve is its own batch, so the spread between curves is "
-            "the data-parallel noise that makes their gradients differ."
-        )
-        figures.append(plot_loss(steps, cap.losses, f"{cap.workload}: training loss per learner"))
-    return Part(reading, figures, [("capture", facts)])
-
-
-def _stages_text(quality: pd.DataFrame, estimator: str) -> list[str]:
-    """Per ratio, q of ``estimator`` by stage count, and whether more stages bring q
-    closer to 1 (said only when they do)."""
-    lines = []
-    rows = quality[(quality["estimator"] == estimator) & (quality["stages"] != "auto")]
-    for ratio, group in rows.groupby("ratio", sort=False):
-        group = group.sort_values("stages")
-        q = group["q median"].to_numpy()
-        by_stage = ", ".join(
-            f"{s} stage{'s' if s != '1' else ''}: {v:.3g}"
-            for s, v in zip(group["stages"], q, strict=True)
-        )
-        if len(q) > 1:
-            first, last = abs(np.log(q[0])), abs(np.log(q[-1]))
-            trend = (
-                "more stages bring q closer to 1"
-                if last < first
-                else "more stages do not bring q closer to 1 here"
-            )
-            by_stage += f"; {trend}"
-        lines.append(f"{estimator} at ratio {ratio:g}, median q by stages: {by_stage}.")
-    return lines
-
-
-def _fit(ctx: ReportContext) -> Part:
-    cap, settings = ctx.cap, ctx.settings
-    chosen = np.unique(np.linspace(0, len(cap.steps) - 1, settings.fit_steps).round().astype(int))
-    steps = ",".join(str(int(cap.steps[i])) for i in chosen) if len(cap.steps) else None
-    analysis = Fit(
-        cap,
-        steps=steps,
-        compute=ctx.compute,
-        dists="all",
-        ratios=settings.ratios,
-        sample=200_000,
-    )
-    records = analysis.run(ctx.progress("fit"))
-    ranking, quality = rank_distributions(records), _distinct(quality_summary(records))
-    stages = _stages_text(quality, "sidco-gpd")
-    reading = (
-        f"Distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
-        f"{len(analysis.learners)} learners): {answers.best_fit(ranking)} A threshold "
-        "estimator's quality is q = selected / k of the target: q near 1 keeps the intended "
-        "number of elements without a sort. "
-        + " ".join(stages + answers.closest_estimators(quality))
-    )
-    step, learner, scope = analysis.steps[0], analysis.learners[0], analysis.scopes[0]
-    magnitudes = magnitude_sample(cap, step, learner, scope)
-    figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.workload)
-    return Part(
-        reading,
-        [figure],
-        [
-            ("distributions ranked by KS", _human(ranking)),
-            (
-                "threshold estimators: median q = selected / k (range over records)",
-                _by_ratio(quality),
-            ),
-        ],
-        [answers.best_fit(ranking), *answers.closest_estimators(quality, notes=False)[-1:]],
-    )
-
-
-def _distinct(quality: pd.DataFrame) -> pd.DataFrame:
-    """The estimator table without the rows of a fitted distribution's own quantile
-    (``fit:exp``) that repeat an estimator's row (SIDCo-E with one stage is that very
-    quantile): one row per distinct answer."""
-    keys = ["ratio", "q median", "q min", "q max"]
-    fitted = quality["estimator"].str.startswith("fit:")
-    seen = set(map(tuple, quality.loc[~fitted, keys].to_numpy().tolist()))
-    repeat = [
-        f and tuple(row) in seen
-        for f, row in zip(fitted, quality[keys].to_numpy().tolist(), strict=True)
-    ]
-    return quality[~pd.Series(repeat, index=quality.index)]
-
-
-def _by_ratio(quality: pd.DataFrame) -> pd.DataFrame:
-    """One row per (estimator, stages), per ratio its median q and range ``min..max``:
-    half the rows of one row per ratio, each estimator's ratios side by side."""
-    table = quality[["estimator", "stages"]].drop_duplicates().reset_index(drop=True)
-    for ratio, rows in quality.groupby("ratio", sort=False):
-        rows = table.merge(rows, on=["estimator", "stages"], how="left")
-        table[f"q at {ratio:g}"] = rows["q median"]
-        table[f"range at {ratio:g}"] = [
-            "" if pd.isna(low) else f"{low:.3g}..{high:.3g}"
-            for low, high in zip(rows["q min"], rows["q max"], strict=True)
-        ]
-    return table
-
-
-def _similarity(ctx: ReportContext) -> Part:
-    ratio = min(ctx.settings.ratios)
-    result = similarity(
-        ctx.cap,
-        ctx.selection,
-        SimilarityParams(ratio),
-        compute=ctx.compute,
-        progress=ctx.progress("similarity"),
-    )
-    summary = similarity_summary(result.steps)
-    row = summary.iloc[0]
-    reading = (
-        f"At density {ratio:g} (k = {int(row['k'])} of {int(row['d']):,}), two learners' top-k "
-        f"sets share {row['mean_overlap']:.1%} of their indices on average "
-        f"({row['overlap_vs_random']:.0f}x the {row['random_overlap']:.2%} expected of random "
-        f"sets), and a learner's set holds {row['mean_overlap_global']:.1%} of the mean "
-        f"gradient's top-k. That similarity is what ScaleCom's CLT-k relies on: one "
-        f"leader's indices capture {row['mean_energy']:.1%} of the mean gradient's energy "
-        f"against {row['energy_topk']:.1%} for its own top-k."
-    )
-    return Part(
-        reading,
-        [plot_similarity(result.pairs)],
-        [("summary over steps", _human(summary))],
-        answers.similarity_answer(summary),
-    )
-
-
-def _buildup(ctx: ReportContext) -> Part:
-    records = buildup(
-        ctx.cap,
-        ctx.selection,
-        BuildupParams(ctx.settings.ratios),
-        compute=ctx.compute,
-        progress=ctx.progress("buildup"),
-    )
-    summary = buildup_summary(records)
-    reading = (
-        "Gradient build-up: " + " ".join(answers.buildup_answer(summary)) + " Build-up below "
-        "the random baseline means the learners agree on the important coordinates; it "
-        "still grows with the number of learners, which is why all-gathered sparse "
-        "gradients stop paying off at scale (a dense all-reduce moves the whole vector once)."
-    )
-    return Part(
-        reading,
-        [plot_buildup(records)],
-        [("B(m)", _human(summary))],
-        answers.buildup_answer(summary)[-1:],
-    )
-
-
-def _overlap(ctx: ReportContext) -> Part:
-    ratio = min(ctx.settings.ratios)
-    records = temporal_overlap(
-        ctx.cap,
-        ctx.selection,
-        OverlapParams(ratio),
-        compute=ctx.compute,
-        progress=ctx.progress("overlap"),
-    )
-    summary = overlap_summary(records)
-    mean_row = summary[summary["learner"].astype(str) == "mean"].iloc[0]
-    reading = (
-        f"Between consecutive recorded steps ({_gap(mean_row)} apart): "
-        + " ".join(answers.overlap_answer(summary))
-        + " High temporal overlap means indices chosen at one step stay good for the next, "
-        "which is what index-reuse and error-feedback schemes exploit."
-    )
-    return Part(
-        reading,
-        [plot_overlap(records)],
-        [("per learner", _human(summary))],
-        answers.overlap_answer(summary),
-    )
-
-
-def _replay(ctx: ReportContext) -> Part:
-    records, n = ctx.replay[1], ctx.cost_learners
-    summary = ctx.priced
-    reading = (
-        f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps; times are predicted for {n} learners on the modelled link, "
-        f"compression on {ctx.target.name} from the work model (the times of the "
-        "recommendation below); the replay's own compression time here, the median over "
-        "the warm steps (the first step excluded), is listed beside it with its spread. "
-        + " ".join(answers.replay_answer(summary))
-        + " Relative errors above 1 are normal with error feedback: what is sent at a step "
-        "includes residuals of earlier steps. Replay is open-loop: it follows the "
-        "recorded (uncompressed) trajectory, so it measures error and traffic, not final "
-        "accuracy."
-    )
-    columns = [
-        "compressor",
-        "ratio",
-        "density",
-        "quality",
-        "buildup",
-        "bytes_per_learner",
-        "comm_seconds",
-        "compress_seconds",
-        "seconds",
-        "measured_compress_seconds",
-        "measured_compress_spread",
-        "rel_error",
-        "cosine",
-    ]
-    return Part(reading, [plot_replay(records)], [("mean over steps", _human(summary[columns]))])
-
-
-def _recommend(ctx: ReportContext) -> Part:
-    result = ctx.recommendation
-    lines = result.explanation()
-    assumed = ["Assumed: " + a + "." for a in result.assumptions()]
-    if result.winner is not None and result.settings:
-        lines.append(
-            "Settings: "
-            + ", ".join(
-                f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
-                for k, v in result.settings.items()
-            )
-            + "."
-        )
-    columns = ["compressor", "ratio", "rel_error", "seconds", "speedup", "within_budget"]
-    link = ctx.settings.link
-    verdict = lines[: 1 if result.pays_off else 2]  # a winner that loses says so
-    verdict.append(f"Link: {link.bandwidth * 8 / 1e9:g} Gbit/s, {link.latency * 1e6:g} us.")
-    if result.winner is None:
-        verdict = ["No candidate fits the error budget: " + lines[0]]
-    reading = " ".join(lines + assumed)
-    return Part(reading, [], [("candidates", _human(result.ranking[columns]))], verdict)
-
-
-def _gap(row: pd.Series) -> str:
-    low, high = int(row["gap_min"]), int(row["gap_max"])
-    steps = f"{low}" if low == high else f"{low} to {high}"
-    return f"{steps} training step" + ("" if high == 1 else "s")
-
-
-#: Column names as people read them, with units; seconds become milliseconds.
-HEADERS = {
-    "dist": "distribution",
-    "ks": "KS",
-    "ad": "AD",
-    "aic": "AIC",
-    "estimator": "estimator",
-    "ratio": "ratio k/d",
-    "stages": "stages",
-    "q median": "q median",
-    "q min": "q min",
-    "q max": "q max",
-    "n": "records",
-    "scope": "scope",
-    "k": "k",
-    "d": "d",
-    "steps": "steps",
-    "mean_overlap": "overlap",
-    "min_overlap": "min overlap",
-    "mean_overlap_global": "overlap with mean's top-k",
-    "random_overlap": "random overlap",
-    "overlap_vs_random": "x random",
-    "full_intersection": "all-learner overlap",
-    "buildup": "build-up B",
-    "random_buildup": "random B",
-    "buildup_max": "max B",
-    "energy_topk": "energy of own top-k",
-    "mean_energy": "energy of leader's top-k",
-    "leader_breaks": "CLT breaks",
-    "m": "learners m",
-    "union": "union |U|",
-    "density": "density",
-    "allgather_vs_allreduce": "all-gather / dense bytes",
-    "learner": "learner",
-    "pairs": "step pairs",
-    "gap_min": "min gap (steps)",
-    "gap_max": "max gap (steps)",
-    "mean_jaccard": "Jaccard",
-    "compressor": "compressor",
-    "quality": "q",
-    "bytes_per_learner": "bytes per learner",
-    "comm_seconds": "comm (ms)",
-    "compress_seconds": "compress (ms)",
-    "measured_compress_seconds": "compress here (ms)",
-    "measured_compress_spread": "spread here",
-    "seconds": "time per step (ms)",
-    "rel_error": "relative error",
-    "cosine": "cosine",
-    "speedup": "speed-up",
-    "within_budget": "within budget",
-}
-
-
-def _human(table: pd.DataFrame) -> pd.DataFrame:
-    """Human column names with units: seconds as ms, ``qerr@r`` as threshold error."""
-    table = table.copy()
-    for column in table.columns:
-        if str(column).endswith("seconds") or column == "seconds":
-            table[column] = table[column] * 1e3
-        if str(column).endswith("_spread"):  # interquartile range / median
-            table[column] = [f"±{50 * v:.0f} %" for v in table[column]]
-    names = {c: HEADERS.get(c, c) for c in table.columns}
-    names |= {c: f"threshold error at {c[5:]}" for c in table.columns if str(c).startswith("qerr@")}
-    return table.rename(columns=names)
-
-
-#: The report's sections, in page order.
-SECTIONS: tuple[SectionSpec, ...] = (
-    SectionSpec("overview", "Capture", _overview),
-    SectionSpec("fit", "Distribution fits and threshold estimators", _fit),
-    SectionSpec("similarity", "Top-k similarity across learners", _similarity),
-    SectionSpec("buildup", "Gradient build-up", _buildup),
-    SectionSpec("overlap", "Temporal overlap", _overlap),
-    SectionSpec("replay", "Compressor replay", _replay),
-    SectionSpec("recommend", "Recommendation", _recommend),
-)
 
 
 def equivalent_command(ctx: ReportContext) -> str:
@@ -538,27 +85,7 @@ def build_report(
     sections it stops say so and the page is marked damaged.
     """
     ctx = ReportContext(cap, settings or ReportSettings(), progress or (lambda key: no_progress))
-    sections, verdicts = [], []
-    damaged = cap.status == "damaged"
-    for spec in SECTIONS:
-        try:
-            part = spec.build(ctx)
-        except GradstatError as exc:
-            if isinstance(exc, DamagedData):
-                if not allow_damaged:
-                    raise
-                damaged = True
-                warnings.warn(
-                    f"report: the {spec.title} section is left out: {exc}",
-                    GradstatWarning,
-                    stacklevel=2,
-                )
-            sections.append(Section(spec.key, spec.title, error=str(exc)))
-            verdicts.append((spec.title, [f"not available: {exc}"]))
-            continue
-        sections.append(Section(spec.key, spec.title, part.reading, part.figures, part.tables))
-        if part.verdict:
-            verdicts.append((spec.title, part.verdict))
+    sections, verdicts, damaged = _sections(ctx, allow_damaged)
     try:  # only when compressed runs of this training sit beside the capture
         training = training_section(cap)
     except GradstatError as exc:
@@ -577,3 +104,32 @@ def build_report(
         provenance=assumptions(ctx),
         dpi=ctx.settings.dpi,
     )
+
+
+def _sections(
+    ctx: ReportContext, allow_damaged: bool
+) -> tuple[list[Section], list[tuple[str, list[str]]], bool]:
+    """Each section of :data:`SECTIONS` built (or saying why it could not be), the
+    summary box's lines, and whether a damaged row left a section out (a warning each;
+    without ``allow_damaged`` the ``DamagedData`` error is raised)."""
+    sections, verdicts, damaged = [], [], False
+    for spec in SECTIONS:
+        try:
+            part = spec.build(ctx)
+        except GradstatError as exc:
+            if isinstance(exc, DamagedData):
+                if not allow_damaged:
+                    raise
+                damaged = True
+                warnings.warn(
+                    f"report: the {spec.title} section is left out: {exc}",
+                    GradstatWarning,
+                    stacklevel=3,
+                )
+            sections.append(Section(spec.key, spec.title, error=str(exc)))
+            verdicts.append((spec.title, [f"not available: {exc}"]))
+            continue
+        sections.append(Section(spec.key, spec.title, part.reading, part.figures, part.tables))
+        if part.verdict:
+            verdicts.append((spec.title, part.verdict))
+    return sections, verdicts, damaged
