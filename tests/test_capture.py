@@ -234,3 +234,15 @@ def test_progress_lines_that_interleaved_are_logged_not_fatal():
     merged = good.rstrip("\n") + "Warning: gradstat stopped recording\n"
     assert _progress_report(merged) is None
     assert _progress_report("W1129 some torchrun log line\n") is None
+
+
+def test_capture_options_are_named_as_the_fields_of_capture_options():
+    """capture_command hands its parameters to CaptureOptions by name."""
+    import dataclasses
+    import inspect
+
+    from gradstat.capture.launch import CaptureOptions
+    from gradstat.cli.capture import capture_command
+
+    names = set(inspect.signature(capture_command).parameters) - {"list_workloads"}
+    assert names <= {f.name for f in dataclasses.fields(CaptureOptions)}

@@ -156,7 +156,7 @@ def test_no_module_over_500_lines():
 #: The most lines a function may have before it counts as long, and how many long
 #: functions the package may hold (the issue asks for at most 12).
 LONG_FUNCTION = 50
-MAX_LONG_FUNCTIONS = 5
+MAX_LONG_FUNCTIONS = 1
 
 
 def long_functions(sources=SOURCES, root=ROOT) -> list[tuple[int, str, str]]:

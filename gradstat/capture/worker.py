@@ -71,6 +71,9 @@ def _compression_hook(spec: str, ratio: float | None, seed: int):
 
 
 def train(args: argparse.Namespace) -> None:
+    """One learner of ``gradstat capture``: join the process group, build the workload
+    and its DDP (or FSDP2) model, train ``args.steps`` steps under a ``GradientCapture``;
+    each node's first learner prints progress lines for the launcher."""
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -84,44 +87,9 @@ def train(args: argparse.Namespace) -> None:
         device = torch.device("cpu")
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts them too)
     workload = build_workload(args.workload, args.size, args.data)
-    model = workload.model.to(device)
-    fsdp = getattr(args, "fsdp", False)
-    if fsdp:  # FSDP2: fully_shard per block, then the root
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (world,))
-        ddp = fully_shard_workload(args.workload, model, mesh)
-    else:
-        ids = [local_rank] if device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids)
+    ddp = _parallel_model(args, workload.model.to(device), device, local_rank, world)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
-    if getattr(args, "compressor", None):
-        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed)
-    meta = {
-        "workload": args.workload,
-        "workload_description": workload.description,
-        "size": workload.size,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "seed": args.seed,
-        "steps_requested": args.steps,
-        "comm_hook": "fsdp2-reduce-scatter" if fsdp else args.comm_hook,
-        "command": args.command or " ".join(sys.argv),
-    }
-    capture = GradientCapture(
-        ddp,
-        args.out,
-        every=args.every,
-        start=args.start,
-        layers=args.layers,
-        dtype=args.dtype,
-        hook=hook,
-        hook_state=hook_state,
-        meta=meta,
-        record_ranks=args.record_ranks,
-        compression=args.compression,
-    )
+    capture = _capture(args, ddp, workload)
     batches = workload.batches(rank, world, args.batch_size, args.seed)
     started = time.perf_counter()
     for step in range(args.steps):
@@ -146,6 +114,57 @@ def train(args: argparse.Namespace) -> None:
     capture.close()
     dist.destroy_process_group()
     exit_without_teardown()
+
+
+def _parallel_model(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    device: torch.device,
+    local_rank: int,
+    world: int,
+) -> torch.nn.Module:
+    """``model`` under FSDP2 (``args.fsdp``: fully_shard per block, then the root) or
+    DistributedDataParallel (on this learner's GPU under NCCL)."""
+    if getattr(args, "fsdp", False):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world,))
+        return fully_shard_workload(args.workload, model, mesh)
+    ids = [local_rank] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def _capture(args: argparse.Namespace, ddp: torch.nn.Module, workload) -> GradientCapture:
+    """The ``GradientCapture`` of the run: the hook asked for (``--comm-hook``, or the
+    ``--compressor`` trained with), the options and the workload's metadata."""
+    fsdp = getattr(args, "fsdp", False)
+    hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
+    if getattr(args, "compressor", None):
+        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed)
+    meta = {
+        "workload": args.workload,
+        "workload_description": workload.description,
+        "size": workload.size,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "steps_requested": args.steps,
+        "comm_hook": "fsdp2-reduce-scatter" if fsdp else args.comm_hook,
+        "command": args.command or " ".join(sys.argv),
+    }
+    return GradientCapture(
+        ddp,
+        args.out,
+        every=args.every,
+        start=args.start,
+        layers=args.layers,
+        dtype=args.dtype,
+        hook=hook,
+        hook_state=hook_state,
+        meta=meta,
+        record_ranks=args.record_ranks,
+        compression=args.compression,
+    )
 
 
 def exit_without_teardown(code: int = 0) -> None:

@@ -37,6 +37,8 @@ from gradstat.errors import UsageError
 if TYPE_CHECKING:  # the analysis imports torch and scipy: loaded when the command runs
     import pandas as pd
 
+    from gradstat.analysis.fit import Fit
+
 Dist = Annotated[
     str,
     typer.Option(
@@ -135,14 +137,8 @@ def fit_command(
             sample=sample or None,
             seed=seed,
         )
-        if plot_step is not None and plot_step not in analysis.steps:
-            raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
+        drawn = _drawn(analysis, plot_step)
         records = analysis.run(lambda units: progress(units, "fit"))
-        drawn = (
-            analysis.steps[0] if plot_step is None else plot_step,
-            analysis.learners[0],
-            analysis.scopes[0],
-        )
         sample_drawn = magnitude_sample(cap, *drawn, seed=seed) if plot else None
     for message, group in records.dropna(subset=["error"]).groupby("error", sort=False):
         warn(f"{len(group)} records not computed: {message}")
@@ -150,6 +146,15 @@ def fit_command(
     if plot is not None:
         result.figure = lambda: _figure(records, drawn, sample_drawn)
     show(result, Output(as_json, csv, detail, plot, dpi))
+
+
+def _drawn(analysis: Fit, plot_step: int | None) -> tuple:
+    """``(step, learner, scope)`` that ``--plot`` draws: ``--plot-step`` (which must be
+    among the selected steps) or the first selected step, the first learner and scope."""
+    if plot_step is not None and plot_step not in analysis.steps:
+        raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
+    step = analysis.steps[0] if plot_step is None else plot_step
+    return step, analysis.learners[0], analysis.scopes[0]
 
 
 def fit_result(records: pd.DataFrame, method: str) -> Result:

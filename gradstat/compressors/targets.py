@@ -45,6 +45,7 @@ import math
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -250,54 +251,20 @@ def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Tar
     gpu = device.type == "cuda"
     numel = numel or (1 << 26 if gpu else 1 << 20)
     square, tall_side = (4096, 8192) if gpu else (512, 1024)
-    generator = torch.Generator(device=device).manual_seed(0)
+    small_k, large_k = numel // 1000, numel // 10
     if not gpu:
         torch.empty(ALLOCATOR_WARMUP, dtype=torch.uint8)  # allocated and freed at once
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator, device=device)
-
-    a, b = randn(numel), randn(numel)
-    small_k, large_k = numel // 1000, numel // 10
-    mask = a > 2.05
-    m = randn(square, square)
-    tall = randn(1, tall_side, tall_side)
-    q = randn(tall_side, 4)
-    one = torch.ones(1, device=device)
-    timings = time_operations(
-        {
-            "bandwidth": lambda: a + b,
-            "topk_rate": lambda: torch.topk(a, small_k, sorted=False),
-            "topk_per_selected": lambda: torch.topk(a, large_k, sorted=False),
-            "sort_rate": lambda: torch.sort(a[: numel // 4]),
-            "randperm_rate": lambda: torch.randperm(numel, generator=generator, device=device),
-            "compare_rate": lambda: a > 0.5,
-            "compact_rate": lambda: torch.nonzero(mask),
-            "random_rate": lambda: torch.rand(numel, generator=generator, device=device),
-            "flops": lambda: m @ m,
-            "matmul_bandwidth": lambda: (tall @ q, tall.transpose(1, 2) @ q),
-            "launch": lambda: [torch.add(one, one) for _ in range(100)],
-        },
-        _cuda_call if gpu else _cpu_call,
-    )
+    operations = _operations(device, numel, (small_k, large_k), square, tall_side)
+    timings = time_operations(operations, _cuda_call if gpu else _cpu_call)
     t = {name: timing.median for name, timing in timings.items()}
     t_small, t_large = t["topk_rate"], t["topk_per_selected"]
     per_selected = max((t_large - t_small) / (large_k - small_k), 0.0)
-    topk_rate = numel / max(t_small - small_k * per_selected, 1e-9)
-    if gpu:
-        name = "gpu-here"
-        description = f"this machine's {torch.cuda.get_device_name(device)}"
-        how = "measured now with CUDA events"
-    else:
-        threads = torch.get_num_threads()
-        name, description = "cpu-here", f"this machine's CPU, {threads} torch thread(s)"
-        how = f"measured now on {threads} torch thread(s)"
-    how += f", median of {REPEATS} calls"
+    name, description, how = _origin(device)
     target = Target(
         name=name,
         description=description,
         bandwidth=12 * numel / t["bandwidth"],
-        topk_rate=topk_rate,
+        topk_rate=numel / max(t_small - small_k * per_selected, 1e-9),
         topk_per_selected=per_selected,
         sort_rate=(numel // 4) / t["sort_rate"],
         randperm_rate=numel / t["randperm_rate"],
@@ -308,21 +275,71 @@ def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Tar
         matmul_bandwidth=2 * 4 * tall_side * tall_side / t["matmul_bandwidth"],
         launch=t["launch"] / 100,
         spread={rate: round(timing.spread, 4) for rate, timing in timings.items()},
-        sources={
-            "bandwidth": f"{how}: a + b of {numel:,} float32 (12 B per element)",
-            "topk_rate": f"{how}: torch.topk of {numel:,} at densities 0.001 and 0.1",
-            "sort_rate": f"{how}: torch.sort of {numel // 4:,} float32",
-            "randperm_rate": f"{how}: torch.randperm({numel:,})",
-            "compare_rate": f"{how}: a > 0.5 on {numel:,} float32",
-            "compact_rate": f"{how}: torch.nonzero of a {numel:,}-element mask",
-            "random_rate": f"{how}: torch.rand({numel:,})",
-            "flops": f"{how}: {square}x{square} @ {square}x{square} float32",
-            "matmul_bandwidth": f"{how}: M Q and M^T Q, M {tall_side}x{tall_side}, Q {tall_side}x4",
-            "launch": f"{how}: torch.add on 1-element tensors",
-        },
+        sources=_sources(how, numel, square, tall_side),
     )
     _warn_noisy(target)
     return target
+
+
+def _operations(
+    device: torch.device, numel: int, ks: tuple[int, int], square: int, tall_side: int
+) -> dict[str, Callable[[], object]]:
+    """The operation timed for each rate of :func:`measure`, on random float32 data of
+    ``numel`` elements on ``device`` (top-k at the two ``ks``), a ``square`` matrix and a
+    ``tall_side`` x ``tall_side`` one with a rank-4 partner; seeded, so runs compare."""
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    a, b = randn(numel), randn(numel)
+    mask = a > 2.05
+    m = randn(square, square)
+    tall = randn(1, tall_side, tall_side)
+    q = randn(tall_side, 4)
+    one = torch.ones(1, device=device)
+    return {
+        "bandwidth": lambda: a + b,
+        "topk_rate": lambda: torch.topk(a, ks[0], sorted=False),
+        "topk_per_selected": lambda: torch.topk(a, ks[1], sorted=False),
+        "sort_rate": lambda: torch.sort(a[: numel // 4]),
+        "randperm_rate": lambda: torch.randperm(numel, generator=generator, device=device),
+        "compare_rate": lambda: a > 0.5,
+        "compact_rate": lambda: torch.nonzero(mask),
+        "random_rate": lambda: torch.rand(numel, generator=generator, device=device),
+        "flops": lambda: m @ m,
+        "matmul_bandwidth": lambda: (tall @ q, tall.transpose(1, 2) @ q),
+        "launch": lambda: [torch.add(one, one) for _ in range(100)],
+    }
+
+
+def _origin(device: torch.device) -> tuple[str, str, str]:
+    """``(name, description, how measured)`` of a profile measured now on ``device``."""
+    if device.type == "cuda":
+        name = "gpu-here"
+        description = f"this machine's {torch.cuda.get_device_name(device)}"
+        how = "measured now with CUDA events"
+    else:
+        threads = torch.get_num_threads()
+        name, description = "cpu-here", f"this machine's CPU, {threads} torch thread(s)"
+        how = f"measured now on {threads} torch thread(s)"
+    return name, description, how + f", median of {REPEATS} calls"
+
+
+def _sources(how: str, numel: int, square: int, tall_side: int) -> dict[str, str]:
+    """Where each rate of a measured profile comes from, for its ``sources``."""
+    return {
+        "bandwidth": f"{how}: a + b of {numel:,} float32 (12 B per element)",
+        "topk_rate": f"{how}: torch.topk of {numel:,} at densities 0.001 and 0.1",
+        "sort_rate": f"{how}: torch.sort of {numel // 4:,} float32",
+        "randperm_rate": f"{how}: torch.randperm({numel:,})",
+        "compare_rate": f"{how}: a > 0.5 on {numel:,} float32",
+        "compact_rate": f"{how}: torch.nonzero of a {numel:,}-element mask",
+        "random_rate": f"{how}: torch.rand({numel:,})",
+        "flops": f"{how}: {square}x{square} @ {square}x{square} float32",
+        "matmul_bandwidth": f"{how}: M Q and M^T Q, M {tall_side}x{tall_side}, Q {tall_side}x4",
+        "launch": f"{how}: torch.add on 1-element tensors",
+    }
 
 
 def _warn_noisy(target: Target) -> None:

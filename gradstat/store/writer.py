@@ -85,41 +85,17 @@ class RankFileWriter:
         # equal chunks of at most MAX_CHUNK_BYTES: HDF5 stores an edge chunk at full size
         chunks_per_row = -(-numel * np_dtype.itemsize // MAX_CHUNK_BYTES)
         chunk_cols = -(-numel // chunks_per_row)
-        self._grad = self._file.create_dataset(
-            "grad",
-            (0, numel),
-            maxshape=(None, numel),
-            dtype=np_dtype,
-            chunks=(1, chunk_cols),
-            **filters,
-        )
-        self._grad.attrs[DTYPE_ATTR] = dtype
-        self._step = self._file.create_dataset(
-            "step", (0,), maxshape=(None,), dtype="int64", chunks=(1024,)
-        )
-        self._loss = self._file.create_dataset(
-            "loss", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
-        )
+        self._grad = self._row_dataset("grad", np_dtype, chunk_cols, filters)
+        self._step = self._series("step", "int64")
+        self._loss = self._series("loss", "float64")
         self._columns = chunk_cols
         self._grad_crc = self._block_checksums(GRAD_CRC, chunks_per_row)
-        self._record_crc = self._file.create_dataset(
-            RECORD_CRC, (0,), maxshape=(None,), dtype="uint32", chunks=(1024,)
-        )
+        self._record_crc = self._series(RECORD_CRC, "uint32")
         self._datasets = (self._grad, self._step, self._loss, self._grad_crc, self._record_crc)
         self._sent = self._sent_bytes = self._sent_crc = None
         if sent:
-            self._sent = self._file.create_dataset(
-                "sent",
-                (0, numel),
-                maxshape=(None, numel),
-                dtype=np_dtype,
-                chunks=(1, chunk_cols),
-                **filters,
-            )
-            self._sent.attrs[DTYPE_ATTR] = dtype
-            self._sent_bytes = self._file.create_dataset(
-                "sent_bytes", (0,), maxshape=(None,), dtype="float64", chunks=(1024,)
-            )
+            self._sent = self._row_dataset("sent", np_dtype, chunk_cols, filters)
+            self._sent_bytes = self._series("sent_bytes", "float64")
             self._sent_crc = self._block_checksums(SENT_CRC, chunks_per_row)
             self._datasets += (self._sent, self._sent_bytes, self._sent_crc)
         attrs = self._file.attrs
@@ -132,6 +108,26 @@ class RankFileWriter:
         attrs["committed"] = np.int64(0)
         attrs["closed"] = np.int8(0)  # an integer, not an HDF5 enum: every tool reads it
         self._file.swmr_mode = True
+
+    def _row_dataset(
+        self, name: str, np_dtype: np.dtype, chunk_cols: int, filters: dict
+    ) -> h5py.Dataset:
+        """A ``(rows, numel)`` dataset of ``np_dtype`` growing by rows, in chunks of one
+        row's ``chunk_cols`` columns, its gradstat dtype name in ``DTYPE_ATTR``."""
+        dataset = self._file.create_dataset(
+            name,
+            (0, self.numel),
+            maxshape=(None, self.numel),
+            dtype=np_dtype,
+            chunks=(1, chunk_cols),
+            **filters,
+        )
+        dataset.attrs[DTYPE_ATTR] = self.dtype
+        return dataset
+
+    def _series(self, name: str, dtype: str) -> h5py.Dataset:
+        """A 1-D dataset with one value per row, growing by rows."""
+        return self._file.create_dataset(name, (0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
 
     def _block_checksums(self, name: str, blocks: int) -> h5py.Dataset:
         """A ``(rows, blocks)`` uint32 dataset of per-chunk CRC-32Cs, growing by rows."""
