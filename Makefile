@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   ?= captures/demo
 
-.PHONY: setup test test-all lint demo clean
+.PHONY: setup test test-slow test-all lint demo clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,lightning,transformers]'
 	touch $(STAMP)
 
+# `make test`: lint and every test but the long end-to-end runs marked `slow` (under
+# ~10 minutes on 2 cores); `make test-slow`: those alone; `make test-all`: lint and all.
+# CI (.ci/run) runs `make test` and then `make test-slow`.
 test: $(STAMP)
+	$(BIN)/ruff check gradstat tests benchmarks
+	$(BIN)/ruff format --check gradstat tests benchmarks
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks
 	$(BIN)/ruff format --check gradstat tests benchmarks
 	$(BIN)/python -m pytest -q

@@ -4,9 +4,13 @@ Besides the capture it saves, for every recorded step, the all-reduced ``.grad``
 DDP leaves on the parameters (``reference-rankN.npy``), so a test can check that the
 mean of the learners' recorded gradients equals it, and (without gradient accumulation)
 each learner's own local gradient computed apart from DDP (``local-rankN.npy``).
+
+``--runs JSON`` (a list of argument lists, each as for one run) trains several runs one
+after another in one launch, so a test module pays torchrun's start once.
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +24,10 @@ from gradstat.capture.worker import exit_without_teardown
 from gradstat.capture.workloads import build_workload
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", default=None, help="a JSON list of argument lists")
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--workload", default="digits")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--hook", default="allreduce", choices=["allreduce", "fp16", "powersgd"])
@@ -30,9 +35,13 @@ def main() -> None:
     parser.add_argument("--no-capture", action="store_true")
     parser.add_argument("--record-ranks", default=None)
     parser.add_argument("--dtype", default="float32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.runs is None and args.out is None:
+        parser.error("give --out or --runs")
+    return args
 
-    dist.init_process_group("gloo")
+
+def train(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     workload = build_workload(args.workload, "tiny")
@@ -91,6 +100,13 @@ def main() -> None:
         np.save(args.out / f"local-rank{rank}.npy", np.stack(local))
     weights = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()]).numpy()
     np.save(args.out / f"weights-rank{rank}.npy", weights)
+
+
+def main() -> None:
+    args = parse()
+    dist.init_process_group("gloo")
+    for run in [args] if args.runs is None else [parse(a) for a in json.loads(args.runs)]:
+        train(run)
     dist.destroy_process_group()
     exit_without_teardown()  # gloo may abort in static destructors at exit
 

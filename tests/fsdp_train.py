@@ -33,7 +33,7 @@ STEPS, BATCH, LENGTH = 2, 3, 4
 
 
 class Net(nn.Module):
-    """Embedding -> two nested units -> norm -> head; dim-0 sizes uneven for 2 and 3."""
+    """Embedding -> two nested units -> norm -> head; dim-0 sizes uneven for 2, 3 and 4."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +21,25 @@ from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 SCRIPT = TESTS / "ddp_reference_train.py"
 
 
-def _run_reference(out, *args):
-    result = torchrun(SCRIPT, "--out", str(out), *args)
+#: the runs of tests/ddp_reference_train.py this module checks, trained in one launch
+RUNS = {
+    "digits": ["--workload", "digits", "--steps", "3"],
+    "charlm": ["--workload", "charlm", "--steps", "3"],
+    "fp16": ["--hook", "fp16", "--steps", "3"],
+    "powersgd": ["--hook", "powersgd", "--steps", "4"],
+    "powersgd-without": ["--hook", "powersgd", "--steps", "4", "--no-capture"],
+    "accumulate": ["--accumulate", "3", "--steps", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each run of RUNS in its folder: one torchrun launch trains them one after another."""
+    out = tmp_path_factory.mktemp("reference")
+    argv = [["--out", str(out / name), *args] for name, args in RUNS.items()]
+    result = torchrun(SCRIPT, "--runs", json.dumps(argv), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    references = [np.load(out / f"reference-rank{r}.npy") for r in range(2)]
-    return references
+    return out
 
 
 def _check_mean_equals_allreduced(out, rtol, atol):
@@ -41,9 +56,8 @@ def _check_mean_equals_allreduced(out, rtol, atol):
 
 
 @pytest.mark.parametrize("workload", ["digits", "charlm"])
-def test_mean_of_recorded_gradients_is_the_allreduced_gradient(tmp_path, workload):
-    _run_reference(tmp_path, "--workload", workload, "--steps", "3")
-    summary = _check_mean_equals_allreduced(tmp_path, rtol=1e-5, atol=1e-7)
+def test_mean_of_recorded_gradients_is_the_allreduced_gradient(runs, workload):
+    summary = _check_mean_equals_allreduced(runs / workload, rtol=1e-5, atol=1e-7)
     layers = summary["layers"]
     assert layers[0]["offset"] == 0
     for before, after in itertools.pairwise(layers):
@@ -53,26 +67,23 @@ def test_mean_of_recorded_gradients_is_the_allreduced_gradient(tmp_path, workloa
         assert int(np.prod(layer["shape"])) == layer["numel"]
 
 
-def test_fp16_hook_inside_capture_sees_the_uncompressed_local_gradient(tmp_path):
-    _run_reference(tmp_path, "--hook", "fp16", "--steps", "3")
+def test_fp16_hook_inside_capture_sees_the_uncompressed_local_gradient(runs):
     # .grad is the fp16 all-reduce: equal to our fp32 mean to fp16 precision only
-    _check_mean_equals_allreduced(tmp_path, rtol=2e-3, atol=1e-4)
+    _check_mean_equals_allreduced(runs / "fp16", rtol=2e-3, atol=1e-4)
 
 
-def test_powersgd_hook_trains_exactly_as_without_capture(tmp_path):
-    with_capture, without = tmp_path / "with", tmp_path / "without"
-    _run_reference(with_capture, "--hook", "powersgd", "--steps", "4")
-    _run_reference(without, "--hook", "powersgd", "--steps", "4", "--no-capture")
+def test_powersgd_hook_trains_exactly_as_without_capture(runs):
+    with_capture, without = runs / "powersgd", runs / "powersgd-without"
     np.testing.assert_array_equal(
         np.load(with_capture / "weights-rank0.npy"), np.load(without / "weights-rank0.npy")
     )
     with open_capture(with_capture) as cap:
         assert len(cap.steps) == 4
+    assert not (without / "capture.h5").exists()
 
 
-def test_no_sync_accumulation_records_the_accumulated_gradient(tmp_path):
-    _run_reference(tmp_path, "--accumulate", "3", "--steps", "2")
-    _check_mean_equals_allreduced(tmp_path, rtol=1e-5, atol=1e-7)
+def test_no_sync_accumulation_records_the_accumulated_gradient(runs):
+    _check_mean_equals_allreduced(runs / "accumulate", rtol=1e-5, atol=1e-7)
 
 
 def test_capture_cli_every_start_layers_float16(tmp_path, capsys):

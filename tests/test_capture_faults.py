@@ -34,31 +34,38 @@ def _rows_match_reference(out):
             )
 
 
-def test_accumulation_without_no_sync_records_and_warns_once(tmp_path):
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory):
+    """Every fault of tests/ddp_faults_train.py, one after another in one launch."""
+    out = tmp_path_factory.mktemp("faults")
+    result = torchrun(SCRIPT, "--out", str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def _stderr(faults, fault: str) -> str:
+    """What both learners printed to stderr during ``fault``'s run."""
+    return "".join((faults / f"{fault}-stderr-rank{r}.txt").read_text() for r in range(2))
+
+
+def test_accumulation_without_no_sync_records_and_warns_once(faults):
     """Regression: every row was dropped silently ('complete, 0 recorded')."""
-    out = tmp_path / "acc"
-    result = torchrun(SCRIPT, "--out", str(out), "--fault", "accumulate")
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.count("ddp.no_sync()") == 2  # once per learner
-    _rows_match_reference(out)
+    assert _stderr(faults, "accumulate").count("ddp.no_sync()") == 2  # once per learner
+    _rows_match_reference(faults / "accumulate")
 
 
-def test_skipped_step_call_does_not_lose_the_next_step(tmp_path):
+def test_skipped_step_call_does_not_lose_the_next_step(faults):
     """Regression: after a skipped capture.step() the next step's row was dropped."""
-    out = tmp_path / "skip"
-    result = torchrun(SCRIPT, "--out", str(out), "--fault", "skip")
-    assert result.returncode == 0, result.stderr
-    assert "once per step" in result.stderr
-    _rows_match_reference(out)  # steps 0, 2, 3
+    assert "once per step" in _stderr(faults, "skip")
+    _rows_match_reference(faults / "skip")  # steps 0, 2, 3
 
 
-def test_model_with_a_comm_hook_is_refused_before_any_file(tmp_path):
-    out = tmp_path / "hooked"
-    result = torchrun(SCRIPT, "--out", str(out), "--fault", "hooked")
-    assert result.returncode != 0
-    assert "already has a communication hook (fp16_compress_hook)" in result.stderr
-    assert "hook=your_hook, hook_state=" in result.stderr
-    assert not out.exists()
+def test_model_with_a_comm_hook_is_refused_before_any_file(faults):
+    stderr = _stderr(faults, "hooked")
+    assert stderr.count("Error: ") == 2  # on each learner
+    assert "already has a communication hook (fp16_compress_hook)" in stderr
+    assert "hook=your_hook, hook_state=" in stderr
+    assert not (faults / "hooked").exists()
 
 
 def _capture_argv(out, *extra):

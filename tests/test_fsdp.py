@@ -1,5 +1,5 @@
 """Capture under FSDP2 (``fully_shard``): rows equal an unsharded replica's local
-gradients (tests/fsdp_train.py), on 1, 2, 3 and 4 (HSDP 2 x 2) gloo learners, and every
+gradients (tests/fsdp_train.py), on 1, 2 and 4 (1-D and HSDP 2 x 2) gloo learners, and every
 analysis runs on an FSDP capture."""
 
 from __future__ import annotations
@@ -109,14 +109,12 @@ def test_refusals_are_one_line_usage_errors(monkeypatch):
         fsdp.check_fsdp_support()
 
 
-def test_three_learners(tmp_path):
-    out = _train(tmp_path, 3, "plain,accumulate,bf16-reduce")
-    for case in ("plain", "accumulate", "bf16-reduce"):
-        _assert_rows_are_local_gradients(out / case, 3, [0, 1, 2])
-
-
-def test_hsdp_on_a_two_by_two_mesh_and_one_learner(tmp_path):
-    _assert_rows_are_local_gradients(_train(tmp_path / "4", 4, "hsdp") / "hsdp", 4, [0, 1, 2, 3])
+def test_four_learners_one_and_two_dimensional_and_one_learner(tmp_path):
+    """Shards over 4 learners (uneven, some empty: the 2 gain rows), HSDP on a 2 x 2 mesh
+    in the same launch, and a world of one."""
+    many = _train(tmp_path / "4", 4, "hsdp,plain,accumulate,bf16-reduce")
+    for case in ("hsdp", "plain", "accumulate", "bf16-reduce"):
+        _assert_rows_are_local_gradients(many / case, 4, [0, 1, 2, 3])
     out = _train(tmp_path / "1", 1, "plain,bf16-reduce")
     for case in ("plain", "bf16-reduce"):
         _assert_rows_are_local_gradients(out / case, 1, [0])

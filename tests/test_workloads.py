@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -100,12 +102,23 @@ def test_text_workloads_read_data_files(tmp_path):
     assert "words.txt" in build_workload("gpt2", "tiny", text).description
 
 
-@pytest.mark.parametrize("name", ["resnet50", "gpt2", "lstm"])
-def test_real_gloo_capture_mean_is_the_allreduced_gradient(tmp_path, name):
-    result = torchrun(REFERENCE_SCRIPT, "--out", str(tmp_path), "--workload", name, "--steps", "2")
+REAL = ["resnet50", "gpt2", "lstm"]
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """2 steps of each REAL workload (tiny), one after another in one torchrun launch."""
+    out = tmp_path_factory.mktemp("workloads")
+    runs = [["--out", str(out / name), "--workload", name, "--steps", "2"] for name in REAL]
+    result = torchrun(REFERENCE_SCRIPT, "--runs", json.dumps(runs), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    reference = np.load(tmp_path / "reference-rank0.npy")
-    with open_capture(tmp_path) as cap:
+    return out
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_gloo_capture_mean_is_the_allreduced_gradient(real_runs, name):
+    reference = np.load(real_runs / name / "reference-rank0.npy")
+    with open_capture(real_runs / name) as cap:
         assert cap.status == "complete" and cap.numel == parameter_count(name, "tiny")
         for row, (_step, grads) in enumerate(cap.iter_steps()):
             np.testing.assert_allclose(grads.mean(0).numpy(), reference[row], rtol=1e-4, atol=1e-6)
