@@ -19,6 +19,14 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   (the balloon's free page reporting), and a fresh process's pages cost host faults,
   about 1.8 s a GB (docs/large.md). Replay rows also print time / (read + touch).
 
+``--plain NAME,...`` also times each analysis without each named fast path (one at a
+time, :data:`PLAIN`: the compiled row loops by their numpy twins, paired scans, the
+reading thread, direct reads, RowPasses' kept sets, the top-k pre-filter, the zero
+drop), the audit of docs/large.md ("Fast paths"). ``--base TREE`` runs each analysis
+from another source tree too, on a capture its own writer made. Each tree (and each
+fast path left out) first runs every analysis once on a small capture, untimed, so that
+no timed run pays numba's compile.
+
 ``--repeats N`` runs each N times in fresh processes (median time, largest RSS); ``--busy``
 runs each analysis again while another CPU-bound process (a Python busy loop) runs, and
 prints busy / quiet.
@@ -59,6 +67,61 @@ SIZES = {"8M": 8 << 20, "32M": 32 << 20, "128M": 128 << 20}
 RATIO = 0.001
 LAYERS = 8
 
+#: ``--plain NAME``: what the child runs instead of each fast path (docs/large.md, "Fast
+#: paths"), swapped in before the analysis starts.
+PLAIN = {
+    # every compiled row loop (gradstat.stats.row_kernels) by its numpy twin (row_plain)
+    "loops": """
+import gradstat.stats.row_kernels as fast, gradstat.stats.row_plain as slow
+for name in [n for n in vars(slow) if not n.startswith("_") and callable(getattr(fast, n, 0))]:
+    if getattr(fast, name) is not getattr(slow, name) and callable(getattr(slow, name)):
+        swap(getattr(fast, name), getattr(slow, name))
+""",
+    # the rows of a top-k set analysis scanned one at a time, not in pairs
+    "pairs": """
+import gradstat.analysis.row_workspace as rw
+ensure = rw.Workspace.ensure
+def single(self, *args, **kwargs):
+    ensure(self, *args, **kwargs)
+    self.pairs, self.depth = False, 1
+rw.Workspace.ensure = single
+""",
+    # no reading thread: each row read when it is asked for, into as few buffers as can be
+    "ahead": """
+import gradstat.analysis.row_workspace as rw
+def rows(self, cap, step, learners, scope, start, stop, then=None, after=None):
+    for i, learner in enumerate(learners):
+        buffer = self.buffers[i % self.depth]  # as many as the caller holds
+        row = rw.read_block(cap, step, learner, scope, start, stop, buffer)
+        yield row if after is None else (row, after(row))
+rw.Workspace.rows = rows
+""",
+    # HDF5's read_direct for every row, not preadv at the chunks' offsets
+    "direct": """
+import gradstat.store.rows as rows
+rows.DirectRows.usable = classmethod(lambda cls, path, dataset: None)
+""",
+    # RowPasses keeps no exceedance sets: each count and filter scans the first pool
+    "pools": """
+import gradstat.stats.passes as passes
+passes.RowPasses._keep = lambda self, threshold, inclusive, found: None
+""",
+    # top-k of every row by torch.topk of all of it, no sampled pre-filter
+    "prefilter": """
+import gradstat.stats.topk_sets as topk_sets
+swap(topk_sets.prefilter_threshold, lambda row, k, sample=None: None)
+""",
+    # zeros dropped by a mask and numpy's compress, not by moving blocks between runs
+    "zeros": """
+import numpy as np, torch, gradstat.stats.passes as passes
+def drop_zeros(x):
+    kept = x[x != 0]
+    x[: kept.numel()] = kept
+    return x[: kept.numel()], x.numel() - kept.numel()
+swap(passes.drop_zeros_in_place, drop_zeros)
+""",
+}
+
 CHILD = r"""
 import json, sys, time
 import numpy as np
@@ -81,6 +144,18 @@ else:
     tune_allocators()
 
 path, what, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+
+def swap(fast, plain):  # the function fast replaced by plain wherever gradstat names it
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("gradstat"):
+            for name, value in list(vars(module).items()):
+                if value is fast:
+                    setattr(module, name, plain)
+
+
+for plain in filter(None, sys.argv[4].split(",")):  # --plain: fast paths left out
+    exec(PLAIN[plain])
 if what == "touch":  # a replay's error-feedback memories: first touch in a fresh process
     with open_capture(path) as cap:
         size = len(cap.learners) * cap.numel
@@ -94,7 +169,7 @@ if what not in ("read", "read-one", "fit"):  # those never load numba
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:
     steps = [int(s) for s in cap.steps]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if what in ("read", "read-one"):
         buffer = np.empty(cap.numel, dtype=np.float32)
         learners = cap.learners if what == "read" else cap.learners[:1]
@@ -113,10 +188,10 @@ with open_capture(path) as cap:
     elif what.startswith("replay-"):  # one compressor with error feedback, every step
         params = ReplayParams(what.removeprefix("replay-"), [ratio], Link(10e9 / 8, 5e-6))
         replay(cap, Selection.of(cap), params, compute=compute)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 with open("/proc/self/status") as status:  # this process's own peak (see run_child)
     peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-print(json.dumps({"seconds": seconds, "peak_rss": peak}))
+print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_rss": peak}))
 """
 
 
@@ -143,16 +218,22 @@ def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: i
 
 
 def median_run(
-    path: Path, what: str, repeats: int, busy: bool = False, tree: str | None = None
+    path: Path,
+    what: str,
+    repeats: int,
+    busy: bool = False,
+    tree: str | None = None,
+    plain: str = "",
 ) -> tuple[float, float]:
     """Median seconds and largest peak RSS of ``repeats`` fresh runs (``tree``: the
-    source tree on the child's ``PYTHONPATH``; None: this one)."""
-    runs = [run_child(path, what, busy, tree) for _ in range(repeats)]
+    source tree on the child's ``PYTHONPATH``, None: this one; ``plain``: the fast
+    paths of :data:`PLAIN` it runs without, comma-separated)."""
+    runs = [run_child(path, what, busy, tree, plain) for _ in range(repeats)]
     return statistics.median(r[0] for r in runs), max(r[1] for r in runs)
 
 
 def run_child(
-    path: Path, what: str, busy: bool = False, tree: str | None = None
+    path: Path, what: str, busy: bool = False, tree: str | None = None, plain: str = ""
 ) -> tuple[float, float]:
     """(seconds inside the child, the child's own peak RSS in bytes); ``busy``: while a
     CPU-bound process competes for the cores."""
@@ -162,14 +243,15 @@ def run_child(
         )
         try:
             time.sleep(0.5)  # let it take its core
-            return run_child(path, what, tree=tree)
+            return run_child(path, what, tree=tree, plain=plain)
         finally:
             spinner.kill()
             spinner.wait()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        code = f"PLAIN = {PLAIN!r}\n{CHILD}"
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(path), what, str(RATIO)],
+            [sys.executable, "-c", code, str(path), what, str(RATIO), plain],
             stdout=out,
             stderr=err,
             env=env,
@@ -221,7 +303,76 @@ def raw_vs_h5py(path: Path, numel: int) -> float:
     return best_raw / best_h5
 
 
+def write_with(tree: str | None, folder: Path, numel: int, learners: int, steps: int) -> None:
+    """:func:`write_synthetic` by the writer of source tree ``tree`` (None: this one), in
+    a fresh process: an older tree cannot read a newer tree's schema, so with ``--base``
+    each tree reads the same values in the capture format of its own writer."""
+    if tree is None:
+        write_synthetic(folder, numel, learners, steps)
+        return
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from pathlib import Path; from scale import write_synthetic; "
+        f"write_synthetic(Path({str(folder)!r}), {numel}, {learners}, {steps})"
+    )
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": tree}, check=True)
+
+
+def warm_up(args: argparse.Namespace) -> None:
+    """Each analysis once per tree on a small capture, untimed: numba compiles a loop
+    on its first call after its source changed (seconds), then loads it from its cache
+    (a tree's first timed run would otherwise pay the compile)."""
+    for tree in {None, args.base}:
+        folder = args.dir / "scale-warm-up"
+        if folder.exists():
+            shutil.rmtree(folder)
+        write_with(tree, folder, 1 << 22, 2, 2)
+        try:
+            for what in args.analyses.split(","):
+                for plain in [""] + ([] if tree else args.plain.split(",")):
+                    run_child(folder, what, tree=tree, plain=plain)
+        finally:
+            shutil.rmtree(folder)
+
+
+def floors(folder: Path, repeats: int, tree: str | None = None, plain: str = "") -> dict:
+    """The read floors of a capture: every row, learner 0's rows, the first touch."""
+    return {
+        what: median_run(folder, what, repeats, tree=tree, plain=plain)[0]
+        for what in ("read", "read-one", "touch")
+    }
+
+
 def main() -> None:
+    args = parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    header = (
+        f"{'numel':>6} {'n':>3} {'analysis':>12} {'s/step':>8} {'x read':>7} "
+        f"{'peak RSS':>9} {'RSS target':>10} {'x read+touch':>12}"
+        + (f" {'busy/quiet':>10}" if args.busy else "")
+        + (f" {'new/base':>8} {'base x read':>11}" if args.base else "")
+        + "".join(f" {'/-' + name:>9}" for name in filter(None, args.plain.split(",")))
+    )
+    print(header)
+    warm_up(args)
+    for size in args.sizes.split(","):
+        for learners in (int(n) for n in args.learners.split(",")):
+            folders = {None: args.dir / f"scale-{size}-{learners}"}
+            if args.base:
+                folders[args.base] = args.dir / f"scale-{size}-{learners}-base"
+            for tree, folder in folders.items():
+                if folder.exists():
+                    shutil.rmtree(folder)
+                write_with(tree, folder, SIZES[size], learners, args.steps)
+            try:
+                run_size(args, size, learners, folders)
+            finally:
+                for folder in folders.values():
+                    shutil.rmtree(folder)
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="8M,32M,128M", help="numel per learner: 8M,32M,128M")
     parser.add_argument("--learners", default="4,16")
@@ -237,66 +388,59 @@ def main() -> None:
     )
     parser.add_argument("--busy", action="store_true", help="also time each with a CPU hog")
     parser.add_argument(
+        "--plain",
+        default="",
+        help=f"fast paths to time without, one at a time, comma-separated: {', '.join(PLAIN)};"
+        " a column /-NAME each: the time with it over the time without it (this tree)",
+    )
+    parser.add_argument(
         "--base",
         help="another source tree (e.g. /work/wt/base): each analysis also runs from it, "
-        "alternating, and the line ends with this tree's time over the base's",
+        "alternating, on a capture of the same values its own writer made; the line ends "
+        "with this tree's time over the base's and the base's time over its own read",
     )
-    args = parser.parse_args()
-    analyses = args.analyses.split(",")
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    header = (
-        f"{'numel':>6} {'n':>3} {'analysis':>12} {'s/step':>8} {'x read':>7} "
-        f"{'peak RSS':>9} {'RSS target':>10} {'x read+touch':>12}"
-        + (f" {'busy/quiet':>10}" if args.busy else "")
-        + (f" {'new/base':>8}" if args.base else "")
+    return parser.parse_args()
+
+
+def run_size(args: argparse.Namespace, size: str, learners: int, folders: dict) -> None:
+    """Every analysis on the captures of one size and learner count (``folders``: tree
+    -> capture), one line each."""
+    numel, folder = SIZES[size], folders[None]
+    floor = floors(folder, args.repeats)
+    base_floor = floors(folders[args.base], args.repeats, args.base) if args.base else {}
+    k = max(1, round(RATIO * numel))
+    target = 600e6 + 3 * numel * 4 + 16 * learners * k
+    print(
+        f"{size:>6} {learners:>3} {'h5py/raw':>12} raw/h5py read {raw_vs_h5py(folder, numel):.2f}"
     )
-    print(header)
-    for size in args.sizes.split(","):
-        numel = SIZES[size]
-        for learners in (int(n) for n in args.learners.split(",")):
-            folder = args.dir / f"scale-{size}-{learners}"
-            if folder.exists():
-                shutil.rmtree(folder)
-            write_synthetic(folder, numel, learners, args.steps)
-            try:
-                read_all, _ = median_run(folder, "read", args.repeats)
-                read_one, _ = median_run(folder, "read-one", args.repeats)
-                touch, _ = median_run(folder, "touch", args.repeats)
-                k = max(1, round(RATIO * numel))
-                target = 600e6 + 3 * numel * 4 + 16 * learners * k
-                print(
-                    f"{size:>6} {learners:>3} {'h5py/raw':>12} raw/h5py read "
-                    f"{raw_vs_h5py(folder, numel):.2f}"
-                )
-                print(f"{size:>6} {learners:>3} {'read':>12} {read_all / args.steps:8.2f}")
-                print(f"{size:>6} {learners:>3} {'touch':>12} {touch:8.2f} (once)")
-                for what in analyses:
-                    seconds, peak = median_run(folder, what, args.repeats)
-                    versus = ""
-                    if args.base:
-                        before, _ = median_run(folder, what, args.repeats, tree=args.base)
-                        again, peak_again = median_run(folder, what, args.repeats)
-                        seconds = statistics.median([seconds, again])
-                        peak = max(peak, peak_again)
-                        versus = f" {seconds / before:8.2f}"
-                    floor = read_one if what == "fit" else read_all
-                    per_step = seconds / args.steps  # fit: per row of learner 0
-                    allowance = target + (learners * numel * 4 if "replay" in what else 0)
-                    with_touch = seconds / (read_all + touch) if "replay" in what else None
-                    busy = ""
-                    if args.busy:
-                        loaded, _ = median_run(folder, what, args.repeats, busy=True)
-                        busy = f" {loaded / seconds:10.2f}"
-                    print(
-                        f"{size:>6} {learners:>3} {what:>12} {per_step:8.2f} "
-                        f"{seconds / floor:7.2f} {peak / 1e6:7.0f}MB "
-                        f"{allowance / 1e6:8.0f}MB "
-                        f"{'' if with_touch is None else f'{with_touch:12.2f}':>12}{busy}{versus}",
-                        flush=True,
-                    )
-            finally:
-                shutil.rmtree(folder)
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    print(f"{size:>6} {learners:>3} {'read':>12} {floor['read'] / args.steps:8.2f}")
+    print(f"{size:>6} {learners:>3} {'touch':>12} {floor['touch']:8.2f} (once)")
+    others = [(folders[args.base], args.base, "")] if args.base else []
+    others += [(folder, None, name) for name in filter(None, args.plain.split(","))]
+    for what in args.analyses.split(","):
+        floor_of = "read-one" if what == "fit" else "read"
+        seconds, peak = median_run(folder, what, args.repeats)
+        befores = [median_run(f, what, args.repeats, tree=t, plain=n)[0] for f, t, n in others]
+        if others:  # alternating: this tree, the others, this tree again
+            again, peak_again = median_run(folder, what, args.repeats)
+            seconds, peak = statistics.median([seconds, again]), max(peak, peak_again)
+        column = "".join(f" {seconds / before:8.2f}" for before in befores[: bool(args.base)])
+        if args.base:
+            column += f" {befores[0] / base_floor[floor_of]:11.2f}"
+        column += "".join(f" {seconds / before:9.2f}" for before in befores[bool(args.base) :])
+        allowance = target + (learners * numel * 4 if "replay" in what else 0)
+        touched = floor["read"] + floor["touch"]
+        with_touch = f"{seconds / touched:12.2f}" if "replay" in what else ""
+        busy = ""
+        if args.busy:
+            loaded, _ = median_run(folder, what, args.repeats, busy=True)
+            busy = f" {loaded / seconds:10.2f}"
+        print(
+            f"{size:>6} {learners:>3} {what:>12} {seconds / args.steps:8.2f} "
+            f"{seconds / floor[floor_of]:7.2f} {peak / 1e6:7.0f}MB {allowance / 1e6:8.0f}MB "
+            f"{with_touch:>12}{busy}{column}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

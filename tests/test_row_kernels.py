@@ -25,14 +25,12 @@ from gradstat.stats.row_kernels import (
     scan_row_pair,
     squared_norm,
 )
+from gradstat.stats.row_plain import compensated_add
 
 
 def _kahan(s: np.ndarray, c: np.ndarray, x: np.ndarray) -> None:
-    """Kahan's update as numpy's four passes (what the analyses did before)."""
-    y = x - c
-    t = s + y
-    c[:] = (t - s) - y
-    s[:] = t
+    """Kahan's update as numpy's four passes, in place."""
+    s[:], c[:] = compensated_add(s, c, x)
 
 
 @pytest.mark.parametrize("numel", [1, 15, 17, PIECE - 1, PIECE + 33, 3 * PIECE + 5])

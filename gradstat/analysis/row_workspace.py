@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gradstat.stats.row_kernels import Room
+from gradstat.stats.row_plain import compensated_add
 from gradstat.stats.topk_sets import candidates_room
 from gradstat.store import Capture, Scope
 
@@ -69,18 +70,15 @@ def _then(
 
 
 class CompensatedSum:
-    """A running sum of float32 rows in float32 with Kahan's compensation (Kahan 1965):
-    y = x - c, t = s + y, c = (t - s) - y, s = t. Its error stays about 2 eps sum |x_i|
-    whatever the number of rows, as a float64 sum would, at float32's memory and speed
-    (a float64 accumulator needs a slow mixed-type add). The sum is s - c. Kept for the
-    steps of a unit: the first row of a step is copied in, not added to zeros."""
+    """A running sum of float32 rows in float32 with Kahan's compensation
+    (:func:`~gradstat.stats.row_plain.compensated_add`): its error stays about 2 eps
+    sum |x_i| whatever the number of rows, as a float64 sum would, at float32's memory
+    and speed. The sum is s - c. Kept for the steps of a unit: the first row of a step
+    is copied in, not added to zeros."""
 
     def __init__(self, width: int, device: torch.device) -> None:
         self.total = torch.empty(width, dtype=torch.float32, device=device)
         self.error = torch.empty(width, dtype=torch.float32, device=device)
-        chunk = min(width, CHUNK)
-        self._y = torch.empty(chunk, dtype=torch.float32, device=device)
-        self._t = torch.empty(chunk, dtype=torch.float32, device=device)
 
     def add(self, start: int, x: torch.Tensor, first: bool) -> None:
         """Add ``x`` (at most ``CHUNK`` values) to columns ``start:start + len(x)``;
@@ -92,12 +90,9 @@ class CompensatedSum:
             s.copy_(x)
             c.zero_()
             return
-        y, t = self._y[: x.numel()], self._t[: x.numel()]
-        torch.sub(x, c, out=y)
-        torch.add(s, y, out=t)
-        torch.sub(t, s, out=c)
-        c.sub_(y)
+        t, compensation = compensated_add(s, c, x)
         s.copy_(t)
+        c.copy_(compensation)
 
     def mean(self, n: int, *, out: torch.Tensor) -> torch.Tensor:
         """(s - c) / n of the first ``len(out)`` columns into ``out``."""

@@ -33,6 +33,7 @@ from gradstat.analysis.row_workspace import (
     process_workspace,
 )
 from gradstat.stats.row_kernels import MeanOf, mean_row, scan_row, scan_row_pair
+from gradstat.stats.row_plain import compensated_add
 from gradstat.stats.topk_sets import (
     indices_above,
     prefilter_threshold,
@@ -223,17 +224,11 @@ def _pair_mean(
 ) -> torch.Tensor:
     """The mean a step's last pair leaves (:func:`~gradstat.stats.row_kernels.scan_row_pair`)
     at a few positions: a then b added to the compensated sum ``s``, ``c`` (or making it,
-    when ``first``), then ``(s - c) / n``; float32, the same operations in the same order,
-    so the same bits."""
-    if first:
-        s, c = a, torch.zeros_like(a)
-    else:
-        y = a - c
-        t = s + y
-        s, c = t, (t - s) - y
-    y = b - c
-    t = s + y
-    return (t - ((t - s) - y)).div_(n)
+    when ``first``; :func:`~gradstat.stats.row_plain.compensated_add`), then
+    ``(s - c) / n``; float32, the same operations in the same order, so the same bits."""
+    s, c = (a, torch.zeros_like(a)) if first else compensated_add(s, c, a)
+    s, c = compensated_add(s, c, b)
+    return (s - c).div_(n)
 
 
 def _top(

@@ -48,9 +48,9 @@ def flags_of(x):
 
 @njit(inline="always", **_OPTIONS)
 def kahan_step(s, c, x):
-    """(s, c) after adding ``x`` to the sum ``s`` with compensation ``c`` (Kahan 1965):
-    y = x - c, t = s + y, c = (t - s) - y, s = t. (Inlined into each loop, see
-    :func:`block_hits`.)"""
+    """(s, c) after adding ``x`` to the sum ``s`` with compensation ``c``: the loop form
+    of :func:`gradstat.stats.row_plain.compensated_add` (Kahan 1965), the same operations
+    in the same order. (Inlined into each loop, see :func:`block_hits`.)"""
     y = x - c
     t = s + y
     return t, (t - s) - y

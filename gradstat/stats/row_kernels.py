@@ -2,14 +2,14 @@
 pass per operation.
 
 A step of a top-k set analysis touches each learner's row once: check it is finite, add it
-to the running compensated sum of the step (Kahan 1965: y = x - c, t = s + y,
-c = (t - s) - y, s = t) and collect the candidates |x| >= t of its top-k (the sampled
-threshold of :func:`gradstat.stats.topk_sets.topk_indices`). numpy runs these as eight
-passes (abs, compare, nonzero, sum and Kahan's four), each over memory; the row is longer
-than any cache, so the loop here does all of it in one pass over cache-sized pieces
-(figures: docs/large.md). The sum is bit for bit numpy's
-(the same operations in the same order, no fast-math), and the candidates are the same
-indices in the same (ascending) order.
+to the running compensated sum of the step (:func:`~gradstat.stats.row_plain.
+compensated_add`, Kahan 1965) and collect the candidates |x| >= t of its top-k (the
+sampled threshold of :func:`gradstat.stats.topk_sets.topk_indices`). numpy runs these as
+eight passes (abs, compare, nonzero, sum and Kahan's four), each over memory; the row is
+longer than any cache, so the loop here does all of it in one pass over cache-sized
+pieces (figures: docs/large.md). The sum is bit for bit numpy's (the same operations in
+the same order, no fast-math), and the candidates are the same indices in the same
+(ascending) order.
 
 Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candidates and
 the squares of the rest (the new memory's norm), the reference sum with the finiteness
@@ -20,6 +20,10 @@ vectorizes them; each term is exact and the sum float64-accurate in any order).
 values counted first in vector instructions. Whether a row is finite is an integer OR
 over its bit patterns, taken inside whichever loop reads the row (free where that loop
 waits on memory).
+
+Each function has a plain numpy twin of the same name and contract in
+:mod:`gradstat.stats.row_plain`, which the tests compare it with and
+``benchmarks/scale.py --plain loops`` runs in its place (docs/large.md, "Fast paths").
 
 Two rows can be added in one pass (:func:`scan_row_pair`): the compensated sum is then
 read and written once for both, the two Kahan updates in learner order as before, so the
