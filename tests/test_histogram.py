@@ -19,9 +19,9 @@ from gradstat.stats.histogram import (
     bin_sums_compiled,
     bin_sums_numpy,
     bin_sums_torch,
-    bucket_compiled,
-    bucket_numpy,
-    bucket_torch,
+    gather_compiled,
+    gather_numpy,
+    gather_torch,
 )
 from gradstat.stats.histogram_fit import anderson_darling, fit_moments, ks, loglik
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
@@ -66,12 +66,16 @@ def test_the_three_builds_agree(row):
     assert numpy_.zeros == np.count_nonzero(a == 0)
     assert numpy_.counts.sum() == np.count_nonzero(a)
     assert numpy_.sums.sum() == pytest.approx(a.astype(np.float64).sum(), rel=1e-12)
-    for floor in (0, 20_000, int(numpy_.top_bits >> histogram.SHIFT)):
-        pool = bucket_numpy(row, floor)
-        assert np.array_equal(bucket_compiled(row, floor, numpy_.counts), pool)
-        assert np.array_equal(bucket_torch(torch.from_numpy(row), floor), pool)
-        chosen = a[(a > 0) & ((a.view(np.uint32) >> histogram.SHIFT) >= floor)]
-        assert np.array_equal(np.sort(pool), np.sort(chosen))
+    occupied = np.flatnonzero(numpy_.counts)
+    top = int(numpy_.top_bits >> histogram.SHIFT)
+    for bins in (occupied, occupied[occupied >= 20_000], [top], occupied[::7], [0, 1, 2**15]):
+        chosen = gather_numpy(row, bins)
+        assert np.array_equal(gather_compiled(row, bins, numpy_.counts), chosen)
+        assert np.array_equal(gather_torch(torch.from_numpy(row), bins), chosen)
+        index = a.view(np.uint32) >> histogram.SHIFT
+        expected = a[(a > 0) & np.isin(index, bins)]
+        assert np.array_equal(np.sort(chosen), np.sort(expected))
+        assert np.all(np.diff(chosen.view(np.uint32) >> histogram.SHIFT) >= 0)  # by bin
 
 
 def test_nan_and_inf_stay_out_of_the_bins(row):
@@ -82,6 +86,11 @@ def test_nan_and_inf_stay_out_of_the_bins(row):
         assert bins.nonfinite == 3
         assert bins.counts.sum() == np.count_nonzero(np.abs(row)) - np.count_nonzero(row[10:13])
     assert bin_sums_torch(torch.from_numpy(bad)).nonfinite == 3
+    occupied = np.flatnonzero(bins.counts)
+    chosen = gather_numpy(bad, occupied)
+    assert chosen.size == bins.counts.sum() and np.isfinite(chosen).all()
+    assert np.array_equal(gather_compiled(bad, occupied, bins.counts), chosen)
+    assert np.array_equal(gather_torch(torch.from_numpy(bad), occupied), chosen)
 
 
 @pytest.mark.parametrize("mode", ["compiled", "numpy", "torch"])
@@ -185,3 +194,57 @@ def test_binned_records_equal_the_passes_records(row):
                 assert new["params"][key] == pytest.approx(value, rel=1e-9, abs=1e-300)
             assert new["n_fit"] == old["n_fit"]
             assert math.isclose(new["loglik"], old["loglik"], rel_tol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def long_row():
+    """Long enough to plan its gather (``PLAN_MIN_NUMEL``), without the huge value."""
+    g = _row(histogram.PLAN_MIN_NUMEL + 1000, seed=1)
+    return np.where(np.abs(g) > 1, np.float32(0.5), g)
+
+
+def test_a_planned_gather_gives_the_same_records_in_one_pass(long_row, monkeypatch):
+    """Planning (each bin's values spread evenly, the bins asked for gathered in one
+    pass) changes no record against a row whose every bin is read; the exact run asks
+    for no bin the plan missed (gathers counted), and the adaptive stage counts learn
+    from the exact run alone."""
+    values = torch.from_numpy(long_row)
+    scope = Scope("model", ((0, long_row.size),))
+    params = FitParams(dists="gpd,gamma,exp", stages=None)
+    made = []
+    build = RowHistogram.__init__
+
+    def keep(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(RowHistogram, "__init__", keep)
+    fitter = _Fitter(params)
+    planned = fitter.one(0, 0, scope, values.clone())
+    hist = made[-1]
+    assert hist.plans and hist.gathers == 1
+    kept = sum(part.size for part in hist._kept.values())
+    assert kept < hist.nonzeros / 10  # only the bins asked for
+    assert all(len(a._history) == 1 for a in fitter._adaptive.values())
+    monkeypatch.setattr(histogram, "PLAN_MIN_NUMEL", 1 << 40)
+    whole = _Fitter(params).one(0, 0, scope, values.clone())
+    assert made[-1].gathers == 1 and not made[-1].plans  # every bin in one pass
+    assert len(planned) == len(whole)
+    for new, old in zip(planned, whole, strict=True):
+        assert new.keys() == old.keys()
+        for key in new:
+            same = new[key] == old[key] or (new[key] != new[key] and old[key] != old[key])
+            assert same, (key, new[key], old[key])
+
+
+def test_a_question_outside_the_plan_gathers_once_more(long_row):
+    a = np.abs(long_row)
+    nonzero = np.sort(a[a > 0])
+    hist = RowHistogram(torch.from_numpy(long_row))
+    t = float(nonzero[-500])
+    with hist.planning():
+        assert abs(hist.count(t) - _count(a, t, False)) <= hist.bins.counts.max()
+    assert hist.gathers == 1
+    assert hist.count(t) == _count(a, t, False) and hist.gathers == 1
+    low = float(nonzero[100])
+    assert hist.count(low, True) == _count(a, low, True) and hist.gathers == 2

@@ -218,6 +218,17 @@ class _Fitter:
             "zeros": hist.bins.zeros - nonfinite,
             "nonfinite": nonfinite,
         }
+        if hist.plans:
+            with hist.planning():  # which bins' values the records ask for
+                hist.prefetch(histogram_fit.score_bins(hist))
+                self._binned_rows(base, values, hist, planning=True)
+        return self._binned_rows(base, values, hist)
+
+    def _binned_rows(
+        self, base: dict, values: torch.Tensor, hist: RowHistogram, planning: bool = False
+    ) -> list[dict]:
+        """The records from ``hist``; ``planning`` (:meth:`RowHistogram.planning`): no
+        scores (their bins are asked for apart), no adaptive stage count fed."""
         empirical: dict[float, float | str] = {}
         for ratio in self.ratios:
             k = k_for(ratio, values.numel())
@@ -233,13 +244,13 @@ class _Fitter:
             fit_base = {**base, "kind": "fit", "dist": name, "method": self.method, "stages": 1}
             try:
                 dist = histogram_fit.fit_moments(get_distribution(name), hist)
-                scores = self._binned_scores(dist, hist)
+                scores = {} if planning else self._binned_scores(dist, hist)
             except GradstatError as exc:
                 rows += [_row(fit_base, ratio=r, error=str(exc)) for r in self.ratios]
                 continue
             fit_base.update(params=dist.params, **scores)
             rows += self._quantile_rows(fit_base, dist, empirical, hist, hist.nonzeros)
-        rows += self._estimators(base, values, empirical, hist)
+        rows += self._estimators(base, values, empirical, hist, learn=not planning)
         return rows
 
     @staticmethod
@@ -388,7 +399,12 @@ class _Fitter:
         )
 
     def _estimators(
-        self, base: dict, values: torch.Tensor, empirical: dict, shared: RowPasses
+        self,
+        base: dict,
+        values: torch.Tensor,
+        empirical: dict,
+        shared: RowPasses,
+        learn: bool = True,
     ) -> list[dict]:
         rows = []
         generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
@@ -411,15 +427,12 @@ class _Fitter:
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))
                         continue
-                    if adaptive:
+                    if adaptive and learn:
                         key = (base["learner"], base["scope"], estimator, ratio)
                         self._adaptive[key].update(result.quality)
                     reference = empirical[ratio]
-                    error = (
-                        quantile_error(result.threshold, reference)
-                        if not isinstance(reference, str)
-                        else math.nan
-                    )
+                    known = not isinstance(reference, str)
+                    error = quantile_error(result.threshold, reference) if known else math.nan
                     rows.append(
                         _row(
                             row_base,
@@ -428,7 +441,7 @@ class _Fitter:
                             threshold=result.threshold,
                             selected=result.selected,
                             quality=result.quality,
-                            empirical=None if isinstance(reference, str) else reference,
+                            empirical=reference if known else None,
                             quantile_error=error,
                         )
                     )

@@ -5,11 +5,15 @@ Non-negative float32 values order as their bit patterns do as integers, so the b
 |x| in ascending order. One pass (:func:`bin_sums`) takes each bin's count, float64 sum and
 sum of squares, and the row's zeros, signed sum and maximum. A count at a bin edge is then
 exact from the counts alone; a count at any other threshold is exact from the counts
-above the threshold's bin plus a count over that bin's own values. Those come from the
-*pool*: a second pass (:func:`bucket`) that groups by bin every |x| in the bins holding the
-upper ``POOL_SHARE`` of the non-zeros (a stable counting sort: the bins are contiguous
-slices). A bin under the pool is read by a pass of its own, kept (rare: fit's thresholds
-sit in the upper half).
+above the threshold's bin plus a count over that bin's own values. Those come from
+:func:`gather`: one more pass over the row that reads the values of only the bins asked
+for. Which bins a long row's records ask for is found by *planning* (:meth:`RowHistogram.
+planning`): the records are computed once from the bins alone, each bin's values spread
+evenly over it, and the bins that computation touched (+- ``MARGIN``) are gathered in one
+pass; the exact computation that follows asks for another bin rarely (an approximate
+answer that steered a search elsewhere), and each such miss is one more gather
+(``RowHistogram.gathers`` counts them). A row under ``PLAN_MIN_NUMEL`` values gathers all
+its bins on the first question instead.
 
 :class:`RowHistogram` answers what the threshold estimators ask of a row (the interface of
 :class:`~gradstat.stats.passes.RowPasses`) and what a distribution fit needs: the moments
@@ -17,16 +21,19 @@ of every non-zero |x|, the k-th largest |x|, sums of a smooth function over ever
 (the log-likelihood, the log sum; quadratic in each bin, error below 1e-8 relative), and
 KS and Anderson-Darling on the whole row (:mod:`gradstat.stats.histogram_fit`).
 
-Three ways to build the bins, the same numbers: numpy (:func:`bin_sums_numpy`, the plain
-reference), numba (:mod:`gradstat.stats._histogram_loops`, one pass; CPU rows of at least
-``COMPILED_MIN_NUMEL``) and torch (:func:`bin_sums_torch`, ``torch.bincount`` on the bit
-patterns: any device, e.g. ``--device cuda``).
+Three ways to build the bins and to gather bins' values, the same numbers: numpy
+(:func:`bin_sums_numpy`, :func:`gather_numpy`: the plain references), numba
+(:mod:`gradstat.stats._histogram_loops`, one pass each; CPU rows of at least
+``COMPILED_MIN_NUMEL``) and torch (:func:`bin_sums_torch`, :func:`gather_torch`:
+``torch.bincount`` and a stable sort on the bit patterns: any device, e.g.
+``--device cuda``).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +47,10 @@ from gradstat.stats.row_kernels import float32_limit
 SHIFT = 15
 #: Bins of non-negative finite float32 values, and one more for +inf (thresholds).
 NBINS = (0x7F800000 >> SHIFT) + 1
-#: Share of the non-zeros the pool holds at least (the bins from the median up).
-POOL_SHARE = 0.5
+#: Bins either side of each planned bin that the planned gather reads too.
+MARGIN = 1
+#: Rows from this size plan their gather; a shorter one gathers every bin at once.
+PLAN_MIN_NUMEL = 1 << 21
 #: Bit patterns below this are subnormal.
 NORMAL_BITS = 0x00800000
 _CHUNK = 1 << 18
@@ -119,46 +128,44 @@ def bin_sums_torch(values: torch.Tensor) -> BinSums:
 
 def bin_sums_compiled(row: np.ndarray) -> BinSums:
     """The numba loop (one pass); the same numbers as :func:`bin_sums_numpy` up to the
-    order of float64 additions (counts as float64: exact below 2^53)."""
-    acc = np.zeros((NBINS, 4))
-    zeros, nonfinite, top = _loops().bin_sums(row, SHIFT, acc)
-    counts = acc[:, 0].astype(np.int64)
-    sums, squares = np.ascontiguousarray(acc[:, 1]), np.ascontiguousarray(acc[:, 2])
-    signed = float(np.sum(acc[:, 3]))
-    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), signed, int(top))
+    order of float64 additions."""
+    counts, sums, squares = _empty()
+    zeros, nonfinite, signed, top = _loops().bin_sums(row, SHIFT, counts, sums, squares)
+    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), float(signed), int(top))
 
 
-def bucket_numpy(row: np.ndarray, floor: int) -> np.ndarray:
-    """The plain reference of the pool: the |x| of bins ``floor`` and up, grouped by bin
-    in ascending order, each bin's in the row's order (a stable sort of the bins)."""
+def gather_numpy(row: np.ndarray, bins) -> np.ndarray:
+    """The plain reference of a gather: the |x| of the (ascending) ``bins``, grouped by
+    bin in ascending order, each bin's in the row's order (zeros and NaN/Inf in none)."""
     a = np.abs(row)
     bits = a.view(np.uint32)
     index = bits >> SHIFT
-    keep = (bits != 0) & (index >= floor) & np.isfinite(a)
+    keep = np.isin(index, np.asarray(bins, np.uint32)) & (bits != 0) & np.isfinite(a)
     order = np.argsort(index[keep], kind="stable")
     return a[keep][order]
 
 
-def bucket_torch(values: torch.Tensor, floor: int) -> np.ndarray:
-    """The pool by a stable ``torch.sort`` of the bins on the values' device."""
+def gather_torch(values: torch.Tensor, bins) -> np.ndarray:
+    """:func:`gather_numpy` by a stable ``torch.sort`` of the bins on the values' device."""
     a = values.reshape(-1).abs()
-    bits = a.view(torch.int32)
-    index = bits >> SHIFT
-    keep = (bits != 0) & (index >= floor) & torch.isfinite(a)
+    index = a.view(torch.int32) >> SHIFT
+    chosen = torch.as_tensor(np.asarray(bins, np.int64), device=a.device)
+    keep = torch.isin(index, chosen) & (a != 0) & torch.isfinite(a)
     order = torch.sort(index[keep], stable=True).indices
     return a[keep][order].cpu().numpy()
 
 
-def bucket_compiled(row: np.ndarray, floor: int, counts: np.ndarray) -> np.ndarray:
-    """The pool by the numba counting sort (:func:`bucket_numpy`'s result)."""
-    sizes = counts[floor:]
-    total = int(sizes.sum())
-    starts = np.zeros(sizes.size + 1, np.int64)  # slot 0: the scratch place out[total]
-    starts[0] = total
-    np.cumsum(sizes[:-1], out=starts[2:])
-    out = np.empty(total + 1, np.float32)
-    _loops().bucket(row, SHIFT, floor, starts, out)
-    return out[:total]
+def gather_compiled(row: np.ndarray, bins, counts: np.ndarray) -> np.ndarray:
+    """:func:`gather_numpy`'s result by the numba loop (one pass, each value written to
+    its bin's place); ``counts``: every bin's count (:class:`BinSums`)."""
+    bins = np.asarray(bins, np.int64)
+    starts = np.zeros(bins.size + 1, np.int64)
+    np.cumsum(counts[bins], out=starts[1:])
+    slot = np.full(NBINS, -1, np.int32)
+    slot[bins] = np.arange(bins.size, dtype=np.int32)
+    out = np.empty(int(starts[-1]), np.float32)
+    _loops().gather(row, SHIFT, slot, starts[:-1], out)
+    return out
 
 
 def _loops():
@@ -191,9 +198,10 @@ class RowHistogram:
     itself (thresholds at or below 0) want a finite row.
 
     ``compiled``: the numba loops may build the bins of a long CPU row (False: numpy's);
-    other devices and dtypes use torch's. The pool is built on the first question a bin's
-    values must answer. Counts and sums are exact (float64 sums); :meth:`exceed` returns
-    its set grouped by bin, not in the row's order.
+    other devices and dtypes use torch's. A bin's values are gathered on the first
+    question they must answer (see the module); ``gathers`` counts those passes. Counts
+    and sums are exact (float64 sums); :meth:`exceed` returns its set grouped by bin, not
+    in the row's order.
     """
 
     def __init__(self, values: torch.Tensor, *, compiled: bool = True) -> None:
@@ -218,66 +226,93 @@ class RowHistogram:
         self._above_squares = np.zeros(NBINS + 1)
         self._above_squares[:-1] = np.cumsum(self.bins.squares[::-1])[::-1]
         self.nonzeros = int(self.above[0])
-        self._pool: np.ndarray | None = None
-        self._floor = NBINS
-        self._starts: np.ndarray | None = None
+        self.gathers = 0
         self._kept: dict[int, np.ndarray] = {}
+        self._planned: set[int] | None = None
         self._sums: MagnitudeSums | None = None
         self._exceedance: dict[tuple[float, bool], ExceedanceSums] = {}
+        #: answers that depend on the row alone, kept for the estimators (a planning run
+        #: and the run after it: e.g. DGC's sampled threshold)
+        self.memo: dict = {}
 
     @property
     def numel(self) -> int:
         return self.values.numel()
 
-    # --- the pool and the values of one bin ------------------------------------------
-    def _build_pool(self) -> None:
-        need = math.ceil(POOL_SHARE * self.nonzeros)
-        floor = int(np.count_nonzero(self.above[:-1] >= max(need, 1))) - 1
-        floor = max(floor, 0)
-        if self.mode == "compiled":
-            pool = bucket_compiled(self._row, floor, self.bins.counts)
-        elif self.mode == "numpy":
-            pool = bucket_numpy(self._row, floor)
-        else:
-            pool = bucket_torch(self.values.float(), floor)
-        starts = np.zeros(NBINS - floor + 1, np.int64)
-        np.cumsum(self.bins.counts[floor:], out=starts[1:])
-        self._pool, self._floor, self._starts = pool, floor, starts
+    @property
+    def plans(self) -> bool:
+        """Whether the row is long enough to plan its gather (``PLAN_MIN_NUMEL``)."""
+        return self.numel >= PLAN_MIN_NUMEL
+
+    # --- the values of the bins --------------------------------------------------------
+    @contextmanager
+    def planning(self):
+        """Inside: answer every question from the bins alone (each bin's values spread
+        evenly over it) and note the bins asked for; on leaving, forget those answers
+        and gather the noted bins, ``MARGIN`` either side, in one pass."""
+        self._planned = set()
+        try:
+            yield
+        finally:
+            planned, self._planned = self._planned, None
+            self._sums = None
+            self._exceedance.clear()
+        near = np.fromiter(planned, np.int64, len(planned))
+        near = np.add.outer(near, np.arange(-MARGIN, MARGIN + 1)).ravel()
+        self.prefetch(near[(near >= 0) & (near < NBINS)])
+
+    def _spread(self, bins: np.ndarray) -> np.ndarray:
+        """Stand-ins for the values of ``bins`` while planning: count[j] values evenly
+        spread over each bin j (float32, grouped by bin)."""
+        sizes = self.bins.counts[bins]
+        low, high = bin_edges(bins)
+        first = np.repeat(np.cumsum(sizes) - sizes, sizes)
+        at = (np.arange(int(sizes.sum())) - first + 0.5) / np.repeat(sizes, sizes)
+        return (np.repeat(low, sizes) + at * np.repeat(high - low, sizes)).astype(np.float32)
 
     def bin_values(self, j: int) -> np.ndarray:
         """The |x| of bin ``j`` (float32, unordered within the bin)."""
-        if self._pool is None:
-            self._build_pool()
-        assert self._starts is not None and self._pool is not None
-        if j >= self._floor:
-            at = j - self._floor
-            return self._pool[self._starts[at] : self._starts[at + 1]]
-        if j not in self._kept:  # under the pool: a pass of its own over the row
+        if not self.bins.counts[j]:
+            return np.empty(0, np.float32)
+        if j not in self._kept:
+            if self._planned is not None:
+                self._planned.add(j)
+                return self._spread(np.array([j]))
             self.prefetch([j])
         return self._kept[j]
 
+    def _tail(self, j: int) -> np.ndarray:
+        """The |x| of the bins above bin ``j``, grouped by bin."""
+        bins = self.occupied()
+        bins = bins[bins > j]
+        if self._planned is not None:  # each value at its bin's centre: the count is right
+            self._planned.update(bins.tolist())
+            low, high = bin_edges(bins)
+            return np.repeat(((low + high) / 2).astype(np.float32), self.bins.counts[bins])
+        self.prefetch(bins)
+        return np.concatenate([self._kept[int(b)] for b in bins]) if bins.size else bins[:0]
+
     def prefetch(self, bins) -> None:
-        """Read the values of those of ``bins`` under the pool in one pass over the row."""
-        if self._pool is None:
-            self._build_pool()
-        wanted = sorted({int(j) for j in bins if j < self._floor and j not in self._kept})
+        """Read the values of those of ``bins`` not yet read in one pass over the row (a
+        row under ``PLAN_MIN_NUMEL``: every bin's); while planning, note them."""
+        if self._planned is not None:
+            self._planned.update(int(j) for j in np.asarray(bins).ravel())
+            return
+        if not self.plans:
+            bins = self.occupied()
+        wanted = [int(j) for j in np.unique(np.asarray(bins, np.int64)) if j not in self._kept]
+        wanted = [j for j in wanted if self.bins.counts[j]]
         if not wanted:
             return
-        sizes = self.bins.counts[wanted]
-        starts = np.zeros(len(wanted) + 1, np.int64)
-        np.cumsum(sizes, out=starts[1:])
+        self.gathers += 1
         if self.mode == "compiled":
-            slot = np.full(NBINS, -1, np.int32)
-            slot[wanted] = np.arange(len(wanted), dtype=np.int32)
-            out = np.empty(int(starts[-1]), np.float32)
-            _loops().gather(self._row, SHIFT, slot, starts[:-1], out)
+            out = gather_compiled(self._row, wanted, self.bins.counts)
+        elif self.mode == "numpy":
+            out = gather_numpy(self._row, wanted)
         else:
-            a = self.values.float().abs()
-            index = a.view(torch.int32) >> SHIFT
-            chosen = torch.from_numpy(np.asarray(wanted, np.int64)).to(a.device)
-            keep = torch.isin(index, chosen) & (a != 0) & torch.isfinite(a)
-            order = torch.sort(index[keep], stable=True).indices
-            out = a[keep][order].cpu().numpy()
+            out = gather_torch(self.values.float(), wanted)
+        starts = np.zeros(len(wanted) + 1, np.int64)
+        np.cumsum(self.bins.counts[wanted], out=starts[1:])
         for at, j in enumerate(wanted):
             self._kept[j] = out[starts[at] : starts[at + 1]]
 
@@ -324,16 +359,10 @@ class RowHistogram:
         limit = float32_limit(threshold, inclusive)
         if row_passes.zeros_selected(threshold, inclusive) or limit != limit:
             return row_passes.exceed(self.values, threshold, inclusive)
-        if self._pool is None:
-            self._build_pool()
         j, part = self._split(limit)
         if j >= NBINS:
             return torch.from_numpy(part)
-        if j < self._floor:  # under the pool: a pass over the row
-            return row_passes.exceed(self.values, threshold, inclusive)
-        assert self._pool is not None and self._starts is not None
-        rest = self._pool[self._starts[j - self._floor + 1] :]
-        return torch.from_numpy(np.concatenate([part, rest]))
+        return torch.from_numpy(np.concatenate([part, self._tail(j)]))
 
     def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
         """Count, float64 sum and sum of squares, and minimum of :meth:`exceed`'s set."""

@@ -145,6 +145,32 @@ def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     return ThresholdResult(threshold, settings.shared.count(threshold, inclusive=True), k)
 
 
+def _dgc_sampled(flat: torch.Tensor, k: int, settings: Settings) -> float:
+    """DGC's first threshold: the smallest of the top ceil(sample * delta) of a 1% sample
+    (at least 2/delta). Kept in ``settings.shared.memo`` where the shared passes have
+    one (:class:`~gradstat.stats.histogram.RowHistogram`: a planning run and the run it
+    plans draw the sample once), under the generator's state, which a kept answer
+    advances as the draw did."""
+    d = flat.numel()
+    density = k / d
+    size = min(d, max(math.ceil(0.01 * d), math.ceil(2.0 / density)))
+    generator, memo = settings.generator, getattr(settings.shared, "memo", None)
+    key = None
+    if memo is not None and generator is not None:
+        key = (size, k, bytes(generator.get_state().numpy()))
+        if key in memo:
+            threshold, state = memo[key]
+            generator.set_state(state)
+            return threshold
+    index = torch.randint(d, (size,), generator=generator, device="cpu")
+    sample = flat[index.to(flat.device)].abs()
+    top = max(1, math.ceil(size * density))
+    threshold = float(torch.topk(sample, top, sorted=False).values.amin())
+    if key is not None:
+        memo[key] = (threshold, generator.get_state())
+    return threshold
+
+
 def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     """DGC: sample 1% of coordinates (at least 2/delta), take the smallest of the top
     ceil(sample * delta) sampled magnitudes; exact top-k on the candidates when more than
@@ -153,13 +179,7 @@ def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     a threshold above 0): a count of the non-zeros is a pass over the row, 7 of the 65 ms
     of a replayed DGC step of 32M values."""
     flat = values.reshape(-1)
-    d = flat.numel()
-    density = k / d
-    size = min(d, max(math.ceil(0.01 * d), math.ceil(2.0 / density)))
-    index = torch.randint(d, (size,), generator=settings.generator, device="cpu")
-    sample = flat[index.to(flat.device)].abs()
-    top = max(1, math.ceil(size * density))
-    threshold = float(torch.topk(sample, top, sorted=False).values.amin())
+    threshold = _dgc_sampled(flat, k, settings)
     if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
         raise DataError("the values contain NaN or Inf; drop them before estimating")
     counted = False
