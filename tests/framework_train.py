@@ -37,7 +37,10 @@ def _flat_grad(model: nn.Module) -> np.ndarray:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().copy()
 
 
-def train_lightning(out: Path) -> list[np.ndarray]:
+def _train_with_lightning(out: Path, label: str, strategy, shard: bool) -> list[np.ndarray]:
+    """Lightning's Trainer on 2 CPU devices with ``strategy``; ``shard``: the module
+    shards itself with ``fully_shard`` in ``configure_model`` (ModelParallelStrategy),
+    which reduce-scatters every micro-batch, so no accumulation then."""
     import lightning.pytorch as pl
 
     from gradstat.integrations.lightning import GradstatCallback
@@ -46,6 +49,14 @@ def train_lightning(out: Path) -> list[np.ndarray]:
         def __init__(self) -> None:
             super().__init__()
             self.net = _net()
+
+        def configure_model(self) -> None:
+            if shard:
+                from torch.distributed.fsdp import fully_shard
+
+                mesh = self.device_mesh["data_parallel"]
+                fully_shard(self.net[0], mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -59,16 +70,17 @@ def train_lightning(out: Path) -> list[np.ndarray]:
             self.rows: list[np.ndarray] = []
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            self.rows.append(_flat_grad(pl_module))
+            grads = [p.grad.full_tensor() if shard else p.grad for p in pl_module.parameters()]
+            self.rows.append(torch.cat([g.reshape(-1) for g in grads]).numpy().copy())
 
     reference = Reference()
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=strategy,
         max_steps=STEPS,
-        accumulate_grad_batches=ACCUMULATE,
-        callbacks=[GradstatCallback(out, meta={"test": "lightning"}), reference],
+        accumulate_grad_batches=1 if shard else ACCUMULATE,
+        callbacks=[GradstatCallback(out, meta={"test": label}), reference],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -76,6 +88,10 @@ def train_lightning(out: Path) -> list[np.ndarray]:
     )
     trainer.fit(Regression(), DataLoader(_data(), batch_size=BATCH))
     return reference.rows
+
+
+def train_lightning(out: Path) -> list[np.ndarray]:
+    return _train_with_lightning(out, "lightning", "ddp", shard=False)
 
 
 def train_transformers(out: Path) -> list[np.ndarray]:
@@ -150,53 +166,12 @@ def train_accelerate(out: Path) -> list[np.ndarray]:
 
 
 def train_lightning_fsdp2(out: Path) -> list[np.ndarray]:
-    """Lightning's ModelParallelStrategy: the module shards itself with ``fully_shard``
-    in ``configure_model``; the callback records the sharded model."""
-    import lightning.pytorch as pl
+    """Lightning's ModelParallelStrategy with FSDP2; the callback records the sharded
+    model."""
     from lightning.pytorch.strategies import ModelParallelStrategy
-    from torch.distributed.fsdp import fully_shard
 
-    from gradstat.integrations.lightning import GradstatCallback
-
-    class Regression(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = _net()
-
-        def configure_model(self) -> None:
-            mesh = self.device_mesh["data_parallel"]
-            fully_shard(self.net[0], mesh=mesh)
-            fully_shard(self.net, mesh=mesh)
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    class Reference(pl.Callback):
-        def __init__(self) -> None:
-            self.rows: list[np.ndarray] = []
-
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            grads = [p.grad.full_tensor().reshape(-1) for p in pl_module.parameters()]
-            self.rows.append(torch.cat(grads).numpy().copy())
-
-    reference = Reference()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-        max_steps=STEPS,  # no accumulation: this strategy reduce-scatters every micro-batch
-        callbacks=[GradstatCallback(out, meta={"test": "lightning-fsdp2"}), reference],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(Regression(), DataLoader(_data(), batch_size=BATCH))
-    return reference.rows
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    return _train_with_lightning(out, "lightning-fsdp2", strategy, shard=True)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from gradstat.stats.sidco import AdaptiveStages
@@ -301,3 +302,33 @@ class Reference:
             ) < row.abs() / scale.clamp_min(TINY)
             sent[i] = torch.sign(row) * keep_it * scale
         return self._dense(sent, math.ceil(self.d / 4) + 4, "allgather")
+
+
+def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
+    """Top-k with residual error feedback, step by step, in numpy, for a user's GRACE-style
+    top-k: ``k = max(1, int(d * ratio))``; per step ``k``, the union (how many elements
+    any learner sent), the relative error of the mean of what the learners sent against
+    the mean gradient, and the mean norm of the learners' memories."""
+    n, steps, d = grads.shape
+    k = max(1, int(d * ratio))
+    memory = np.zeros((n, d), dtype=np.float32)
+    out = []
+    for s in range(steps):
+        p = grads[:, s] + memory
+        sent = np.zeros_like(p)
+        for i in range(n):
+            chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
+            sent[i, chosen] = p[i, chosen]
+        memory = p - sent
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        estimate = sent.astype(np.float64).mean(axis=0)
+        out.append(
+            {
+                "step": s,
+                "k": k,
+                "union": int(np.count_nonzero(sent.any(axis=0))),
+                "rel_error": float(((estimate - mean) ** 2).sum() / (mean**2).sum()),
+                "memory_norm": float(np.linalg.norm(memory.astype(np.float64), axis=1).mean()),
+            }
+        )
+    return out

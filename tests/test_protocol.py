@@ -17,6 +17,7 @@ from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors import REGISTRY, Compressor, Entry, Memory, Stream
 from gradstat.compressors.cost import Link
 from gradstat.store import Scope, layer_table, open_capture, write_capture
+from tests.reference_compressors import ef_topk
 
 GRADSTAT = Path(compressors_package.__file__).resolve().parents[1]
 COMPRESSORS = GRADSTAT / "compressors"
@@ -83,34 +84,6 @@ class Adapted(ThreeTensorTopK, Compressor):
         self.k = k
 
 
-def ef_records(grads: np.ndarray, ratio: float) -> list[dict]:
-    """Residual error feedback with top-k, in numpy: per step the elements sent, the
-    union, bytes (int64 index + float32 value + an int32 count), error and memory norm."""
-    n, steps, d = grads.shape
-    k = max(1, int(d * ratio))
-    memory = np.zeros((n, d), dtype=np.float32)
-    out = []
-    for s in range(steps):
-        p = grads[:, s] + memory
-        sent = np.zeros_like(p)
-        for i in range(n):
-            chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
-            sent[i, chosen] = p[i, chosen]
-        memory = p - sent
-        mean = grads[:, s].astype(np.float64).mean(axis=0)
-        estimate = sent.astype(np.float64).mean(axis=0)
-        out.append(
-            {
-                "density": k / d,
-                "union": int(np.count_nonzero(sent.any(axis=0))),
-                "bytes_per_learner": 12 * k + 4,
-                "rel_error": float(((estimate - mean) ** 2).sum() / (mean**2).sum()),
-                "memory_norm": float(np.linalg.norm(memory.astype(np.float64), axis=1).mean()),
-            }
-        )
-    return out
-
-
 def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path, monkeypatch):
     """Registered like a built-in (one Entry), a three-tensor sparse payload replays:
     bytes are its tensors' sizes, elements sent and build-up its decompressed non-zeros,
@@ -124,9 +97,11 @@ def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path,
     with open_capture(path) as cap:
         params = ReplayParams("three-tensor-topk", (0.02,), Link(1.25e9, 5e-6))
         records = replay(cap, params=params).to_dict("records")
-    for got, want in zip(records, ef_records(grads, 0.02), strict=True):
-        for key in ("density", "union", "bytes_per_learner"):
-            assert got[key] == want[key], key
+    for got, want in zip(records, ef_topk(grads, 0.02), strict=True):
+        assert got["density"] == want["k"] / 900
+        assert got["union"] == want["union"]
+        # int64 index + float32 value per element, and the int32 count
+        assert got["bytes_per_learner"] == 12 * want["k"] + 4
         assert got["rel_error"] == pytest.approx(want["rel_error"], rel=1e-5)
         assert got["memory_norm"] == pytest.approx(want["memory_norm"], rel=1e-5)
 
