@@ -248,3 +248,24 @@ def test_a_question_outside_the_plan_gathers_once_more(long_row):
     assert hist.count(t) == _count(a, t, False) and hist.gathers == 1
     low = float(nonzero[100])
     assert hist.count(low, True) == _count(a, low, True) and hist.gathers == 2
+
+
+def test_loglik_past_a_bounded_support_is_minus_inf_without_warnings():
+    # regression: a GPD of negative shape fitted to |normal| values ends below the largest
+    # of them; the per-bin quadratic subtracted -inf from -inf (NaN, and numpy's
+    # "invalid value" RuntimeWarning in the user's output) instead of scipy's -inf
+    import warnings
+
+    g = np.random.default_rng(0).standard_normal(200_000).astype(np.float32)
+    hist = RowHistogram(torch.from_numpy(g))
+    dist = fit_moments(get_distribution("gpd"), hist)
+    assert dist.params["c"] < 0  # bounded support: the case
+    x = np.abs(g).astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert loglik(dist, hist) == dist.magnitudes().to_scipy().logpdf(x).sum() == -np.inf
+        # a bounded function: the bins past its end are summed value by value
+        end = float(np.quantile(x, 0.9))
+        with np.errstate(divide="ignore"):
+            reference = np.sum(np.log(np.clip(end - x, 0, None)))
+            assert hist.expectation(lambda v: np.log(np.clip(end - v, 0, None))) == reference

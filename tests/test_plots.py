@@ -78,3 +78,48 @@ def test_saving_skips_only_invisible_minor_ticks(tmp_path, low, high):
     assert isinstance(minor, NullLocator) == (high / low > 100)
     pixels = [np.asarray(Image.open(tmp_path / f"{n}.png")) for n in ("plain", "ours")]
     assert np.array_equal(*pixels)
+
+
+def _overlapping_tick_labels(fig) -> list[str]:
+    """Pairs of drawn x tick labels, on any axes of ``fig``, whose boxes overlap."""
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        ticks = ax.xaxis.get_majorticklabels() + ax.xaxis.get_minorticklabels()
+        boxes = [
+            (t.get_text(), t.get_window_extent(renderer))
+            for t in ticks
+            if t.get_visible() and t.get_text()
+        ]
+        boxes.sort(key=lambda item: item[1].x0)
+        for (a, box_a), (b, box_b) in zip(boxes, boxes[1:], strict=False):
+            if box_a.x1 > box_b.x0:
+                found.append(f"{ax.get_title()!r}: {a!r} / {b!r}")
+    return found
+
+
+def test_fit_figure_tail_labels_do_not_overlap(tmp_path):
+    # regression: a tail spanning under two decades (|normal| magnitudes: median 0.67,
+    # largest about 5) labelled its minor ticks 2x10^0, 3x10^0, 4x10^0 on top of each other
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from gradstat.analysis.fit import Fit, magnitude_sample
+    from gradstat.plots.fit import plot_fit_at
+    from gradstat.store import layer_table, open_capture, write_capture
+
+    grads = np.random.default_rng(0).standard_normal((1, 1, 200_000)).astype(np.float32)
+    write_capture(tmp_path / "cap", grads, layer_table([("w", (200_000,))]))
+    with open_capture(tmp_path / "cap") as cap:
+        analysis = Fit(cap, dists="gpd,exp", ratios="0.01", steps=[0])
+        records = analysis.run()
+        sample = magnitude_sample(cap, 0, 0, analysis.scopes[0])
+    fig = plot_fit_at(records, sample, 0, 0, "model")
+    fig.canvas.draw()
+    tail = next(ax for ax in fig.axes if ax.get_title().startswith("tail"))
+    low, high = tail.get_xlim()
+    assert high / low < 100  # the case: under two decades
+    assert [t.get_text() for t in tail.xaxis.get_majorticklabels() if t.get_text()]
+    overlaps = _overlapping_tick_labels(fig)
+    plt.close(fig)
+    assert not overlaps, overlaps

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gradstat.plots.style import new_figure
+from gradstat.plots.style import new_figure, plain_log_axis
 from gradstat.stats.distributions import Distribution, get_distribution
 
 
@@ -133,6 +133,7 @@ def _tail(ax, x: np.ndarray, grid, dists, colors, fits: pd.DataFrame) -> None:
         ylabel="P(|g| > x)",
         title="tail (CCDF); dashed: top-k threshold,\ncircles: fitted thresholds",
     )
+    plain_log_axis(ax, "x")  # a tail under two decades wide: 2, 5, 10, not 2x10^0
 
 
 def _quantiles(cells: list, x: np.ndarray, dists, colors) -> None:

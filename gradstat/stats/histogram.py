@@ -411,30 +411,41 @@ class RowHistogram:
         """The bins holding some |x|, ascending."""
         return np.flatnonzero(self.bins.counts)
 
+    def _exact_sum(self, function, bins: np.ndarray) -> float:
+        """sum of ``function(|x|)`` over the values of ``bins``, each value itself."""
+        if bins.size == 0:
+            return 0.0
+        self.prefetch(bins)
+        values = np.concatenate([self.bin_values(int(j)) for j in bins])
+        return float(np.sum(function(values.astype(np.float64))))
+
     def expectation(self, function) -> float:
         """sum of ``function(|x|)`` over the non-zeros: in each bin of normal floats the
         quadratic through ``function`` at the bin's centre c and c +- h/2 (h the
         half-width), summed with the bin's count, sum and sum of squares (exact for
         quadratics; the error per value is of order h^3 times the third derivative: with
         h 2^-9 of the value, 1e-8 relative and less for ln and the fitted log-densities);
-        each subnormal value itself (their bins are wide relative to their values)."""
+        each subnormal value itself (their bins are wide relative to their values), and
+        each value of a bin where ``function`` is not finite on its edges or those points."""
         counts = self.bins.counts
         bins = np.flatnonzero(counts)
-        small = bins[bins < (NORMAL_BITS >> SHIFT)]
-        exact = 0.0
-        if small.size:
-            self.prefetch(small)
-            values = np.concatenate([self.bin_values(int(j)) for j in small])
-            exact = float(np.sum(function(values.astype(np.float64))))
-            bins = bins[small.size :]
+        exact = self._exact_sum(function, bins[bins < (NORMAL_BITS >> SHIFT)])
+        bins = bins[bins >= (NORMAL_BITS >> SHIFT)]
         if bins.size == 0:
             return exact
         low, high = bin_edges(bins)
         c, h = (low + high) / 2.0, (high - low) / 2.0
+        left, mid, right = function(c - h / 2), function(c), function(c + h / 2)
+        # a bin's values taken one by one where function is not finite on its edges or
+        # points (e.g. a log-density's -inf past the end of a bounded support)
+        smooth = np.isfinite(left + mid + right + function(low) + function(high))
+        if not smooth.all():
+            exact += self._exact_sum(function, bins[~smooth])
+            bins, c, h = bins[smooth], c[smooth], h[smooth]
+            left, mid, right = left[smooth], mid[smooth], right[smooth]
         m = counts[bins].astype(np.float64)
         s1 = self.bins.sums[bins] - m * c  # sum of (x - c)
         s2 = self.bins.squares[bins] - 2.0 * c * self.bins.sums[bins] + m * c * c
-        left, mid, right = function(c - h / 2), function(c), function(c + h / 2)
         slope = (right - left) / h
         curve = (right - 2.0 * mid + left) / (h * h / 4.0)
         return exact + float(np.sum(m * mid + slope * s1 + 0.5 * curve * s2))
