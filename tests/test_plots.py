@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -92,7 +93,7 @@ def _overlapping_tick_labels(fig) -> list[str]:
             if t.get_visible() and t.get_text()
         ]
         boxes.sort(key=lambda item: item[1].x0)
-        for (a, box_a), (b, box_b) in zip(boxes, boxes[1:], strict=False):
+        for (a, box_a), (b, box_b) in itertools.pairwise(boxes):
             if box_a.x1 > box_b.x0:
                 found.append(f"{ax.get_title()!r}: {a!r} / {b!r}")
     return found
