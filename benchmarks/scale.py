@@ -21,7 +21,7 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 
 ``--plain NAME,...`` also times each analysis without each named fast path (one at a
 time, :data:`PLAIN`: the compiled row loops by their numpy twins, the reading thread,
-direct reads, RowPasses' kept sets, the top-k pre-filter, the zero drop), the audit of
+direct reads, RowPasses' kept sets and the top-k pre-filter), the audit of
 docs/large.md ("Fast paths"). ``--base TREE`` runs each analysis from another source
 tree too, on a capture its own writer made. Each tree (and each fast path left out)
 first runs every analysis once on a small capture, untimed, so that no timed run pays
@@ -101,15 +101,6 @@ passes.RowPasses._keep = lambda self, threshold, inclusive, found: None
     "prefilter": """
 import gradstat.stats.topk_sets as topk_sets
 swap(topk_sets.prefilter_threshold, lambda row, k, sample=None: None)
-""",
-    # zeros dropped by a mask and numpy's compress, not by moving blocks between runs
-    "zeros": """
-import numpy as np, torch, gradstat.stats.passes as passes
-def drop_zeros(x):
-    kept = x[x != 0]
-    x[: kept.numel()] = kept
-    return x[: kept.numel()], x.numel() - kept.numel()
-swap(passes.drop_zeros_in_place, drop_zeros)
 """,
 }
 

@@ -13,7 +13,6 @@ from gradstat.errors import DataError, UsageError
 from gradstat.stats import passes as passes_module
 from gradstat.stats.density import k_for
 from gradstat.stats.passes import (
-    _MOVE_MAX_RUNS,
     _SCAN_CHUNK,
     RowPasses,
     compress,
@@ -393,13 +392,13 @@ def test_compress_equals_boolean_indexing(n):
 
 def _zero_patterns(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Where a row's zeros are: none, at the ends and across chunk boundaries, in runs
-    (few and too many per chunk to move), dense, everywhere."""
+    (few and many per chunk), dense, everywhere."""
     chunk = _SCAN_CHUNK
     runs = np.zeros(n, dtype=bool)
     for start in range(100, n, chunk // 4):  # 4 runs a chunk, one across each boundary
         runs[start : start + 700] = True
     many_runs = np.zeros(n, dtype=bool)
-    many_runs[:: chunk // (2 * _MOVE_MAX_RUNS)] = True  # 2 x the runs a chunk may move
+    many_runs[:: chunk // 64] = True  # 64 runs a chunk
     edges = np.zeros(n, dtype=bool)
     edges[[0, chunk - 1, chunk, 2 * chunk - 1, n - 1]] = True
     return {
@@ -414,8 +413,8 @@ def _zero_patterns(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("pattern", ["none", "edges", "runs", "many runs", "dense", "all"])
 def test_drop_zeros_in_place_equals_boolean_indexing(pattern):
-    """The zeros go, the rest stays in order over the row's front (blocks moved or a
-    chunk compacted), and the count is right, however the zeros lie across chunks."""
+    """The zeros go, the rest stays in order over the row's front, and the count is
+    right, however the zeros lie across chunks."""
     rng = np.random.default_rng(11)
     n = 3 * _SCAN_CHUNK + 1001
     values = rng.standard_normal(n).astype(np.float32) + 10.0  # no zero of its own
