@@ -133,7 +133,15 @@ def test_torchrun_m_gradstat_every_command(capsys, capture, command):
     assert _unmeasured(json.loads(job.stdout)) == _single(capsys, _argv(command, capture))[0]
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+#: --jobs 2 in make test: one command per kind of unit (rows, step pairs, configurations,
+#: overlap's lags in test_parallel.py); the others, whose units are those, in the slow set
+JOBS_SLOW = {"overlap", "recommend"}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, marks=[pytest.mark.slow] if c in JOBS_SLOW else []) for c in COMMANDS],
+)
 def test_jobs_2_prints_what_jobs_1_prints(capsys, capture, command):
     one = _single(capsys, _argv(command, capture, "--jobs", "1"))
     two = _single(capsys, _argv(command, capture, "--jobs", "2"))
