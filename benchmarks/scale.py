@@ -21,7 +21,7 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 
 ``--plain NAME,...`` also times each analysis without each named fast path (one at a
 time, :data:`PLAIN`: the compiled row loops by their numpy twins, the reading thread,
-direct reads, RowPasses' kept sets and the top-k pre-filter), the audit of
+RowPasses' kept sets and the top-k pre-filter), the audit of
 docs/large.md ("Fast paths"). ``--base TREE`` runs each analysis from another source
 tree too, on a capture its own writer made. Each tree (and each fast path left out)
 first runs every analysis once on a small capture, untimed, so that no timed run pays
@@ -86,11 +86,6 @@ def rows(self, cap, step, learners, scope, start, stop, then=None, after=None):
         row = rw.read_block(cap, step, learner, scope, start, stop, buffer)
         yield row if after is None else (row, after(row))
 rw.Workspace.rows = rows
-""",
-    # HDF5's read_direct for every row, not preadv at the chunks' offsets
-    "direct": """
-import gradstat.store.rows as rows
-rows.DirectRows.usable = classmethod(lambda cls, path, dataset: None)
 """,
     # RowPasses keeps no exceedance sets: each count and filter scans the first pool
     "pools": """

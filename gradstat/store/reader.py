@@ -441,8 +441,6 @@ class Capture:
             yield int(step), self.read_step(int(step), chosen)
 
     def close(self) -> None:
-        for source in self._sources.values():
-            source.close()
         self._sources = {}
         for f in self._files:
             if f.id.valid:

@@ -19,7 +19,6 @@ import numpy as np
 
 from gradstat.errors import DamagedData
 from gradstat.store.checksums import row_checksum
-from gradstat.store.direct import DirectRows
 
 #: Values read per piece of a block cut by the column range (schema 2: the whole row).
 PIECE_VALUES = 1 << 20
@@ -29,9 +28,9 @@ class RowSource:
     """The rows of one dataset (``/grad`` or ``/sent``) of one rank file, as stored.
 
     ``checksums``: the dataset of their CRC-32Cs, ``(rows, blocks)`` or ``(rows,)`` for
-    one per row, or None (schema 1); ``block``: values per checksum. ``direct``: read
-    through :class:`~gradstat.store.direct.DirectRows` where the layout allows (else,
-    and as the reference, HDF5's ``read_direct``).
+    one per row, or None (schema 1); ``block``: values per checksum. Values are read by
+    HDF5's ``read_direct`` into the caller's buffer (nothing is mapped: a file cut under
+    a read is a ``DataError``, never SIGBUS).
     """
 
     def __init__(
@@ -41,13 +40,11 @@ class RowSource:
         dataset: h5py.Dataset,
         checksums: h5py.Dataset | None,
         block: int | None,
-        direct: bool = True,
     ) -> None:
         self.path, self.learner, self.dataset = path, learner, dataset
         self.numel = int(dataset.shape[1])
         self.checksums = checksums
         self.block = block or self.numel
-        self.direct = DirectRows.usable(path, dataset) if direct else None
 
     def read(self, row: int, step: int, start: int, stop: int, out: np.ndarray) -> None:
         """Columns ``[start, stop)`` of ``row`` (training step ``step``) as stored, into
@@ -111,8 +108,6 @@ class RowSource:
             )
 
     def _raw(self, row: int, step: int, start: int, stop: int, out: np.ndarray) -> None:
-        if self.direct is not None and self.direct.read(row, start, stop, out):
-            return
         try:
             self.dataset.read_direct(out, np.s_[row, start:stop])
         except (OSError, RuntimeError, ValueError, TypeError) as exc:
@@ -122,8 +117,3 @@ class RowSource:
         name = self.dataset.name.lstrip("/")
         what = f"step {step}" if name == "grad" else f"step {step} of /{name}"
         return DamagedData(f"{self.path} (learner {self.learner}): {what} is damaged: {reason}")
-
-    def close(self) -> None:
-        if self.direct is not None:
-            self.direct.close()
-            self.direct = None

@@ -45,8 +45,8 @@ from gradstat.store.schema import (
 
 #: HDF5 sets aside file space for metadata (the chunk index, object headers) in blocks
 #: of this size instead of 2 KiB at a time, so that its small allocations do not fall
-#: between the chunks of a row: each row then lies in one run of the file and is read
-#: with one ``preadv`` (gradstat/store/direct.py). About 0.02% larger files.
+#: between the chunks of a row: each row then lies in one run of the file. About 0.02%
+#: larger files.
 META_BLOCK_BYTES = 1 << 16
 
 

@@ -1,5 +1,4 @@
-"""Rows read straight from the file (gradstat.store.direct) against HDF5's own reads, and
-checked reads of any column range (gradstat.store.rows)."""
+"""Checked reads of any column range (gradstat.store.rows) against plain h5py reads."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from crc32c import crc32c
 from gradstat import open_capture
 from gradstat.errors import DataError
 from gradstat.store import layer_table, write_capture
-from gradstat.store.rows import RowSource
 from gradstat.store.schema import MAX_CHUNK_BYTES, rank_file_name
 
 #: Values per row: three and a bit float32 chunks (an edge chunk), two bfloat16 chunks.
@@ -42,12 +40,11 @@ def _edges(chunk: int, rng) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_direct_reads_equal_hdf5_reads(tmp_path, dtype):
+def test_reads_equal_plain_hdf5_reads(tmp_path, dtype):
     """Whole rows and column ranges that start, end and cross inside chunks, bit for bit."""
     grads = _grads()
     path = write_capture(tmp_path / dtype, grads, layer_table([("w", (NUMEL,))]), dtype=dtype)
     with open_capture(path) as cap:
-        assert cap._source(0, "grad").direct is not None  # the direct path is taken
         for step in cap.steps:
             for learner in cap.learners:
                 got = cap.read_row(int(step), learner)
@@ -57,55 +54,6 @@ def test_direct_reads_equal_hdf5_reads(tmp_path, dtype):
             columns = slice(int(start), int(stop))
             got = cap.read_row(1, 2, columns=columns)
             assert np.array_equal(got, _hdf5_row(path, 2, 1, columns)), (start, stop)
-
-
-def test_the_fast_path_equals_the_plain_hdf5_path(tmp_path):
-    """RowSource with and without DirectRows hand out the same bytes, checked the same."""
-    path = write_capture(tmp_path / "cap", _grads(1, 2), layer_table([("w", (NUMEL,))]))
-    with h5py.File(path / rank_file_name(0), "r") as f:
-        sums = f["grad_crc32c"]
-        block = int(sums.attrs["columns"])
-        fast = RowSource(path, 0, f["grad"], sums, block, direct=True)
-        plain = RowSource(path, 0, f["grad"], sums, block, direct=False)
-        assert fast.direct is not None and plain.direct is None
-        for start, stop in _edges(block, np.random.default_rng(1)):
-            a, b = np.empty(stop - start, np.float32), np.empty(stop - start, np.float32)
-            fast.read(1, 1, start, stop, a)
-            plain.read(1, 1, start, stop, b)
-            assert np.array_equal(a, b)
-        fast.close()
-
-
-def test_compressed_rows_are_left_to_hdf5(tmp_path):
-    grads = _grads(2, 2)
-    path = tmp_path / "gz"
-    from gradstat.store import RankFileWriter, finalize_root, write_root
-
-    path.mkdir()
-    write_root(path, layer_table([("w", (NUMEL,))]), 1, "float32", {}, run_id="x" * 32)
-    with RankFileWriter(
-        path / rank_file_name(0), 0, NUMEL, compression="gzip", run_id="x" * 32
-    ) as w:
-        for step in range(2):
-            w.append(step, 0.0, grads[0, step])
-    finalize_root(path)
-    with open_capture(path) as cap:
-        assert cap._source(0, "grad").direct is None
-        assert np.array_equal(cap.read_row(1, 0, columns=slice(7, NUMEL - 3)), grads[0, 1, 7:-3])
-
-
-def test_direct_reads_open_no_descriptors(tmp_path):
-    """They read through HDF5's own descriptor of each rank file, and nothing is left
-    open after the capture closes."""
-    path = write_capture(tmp_path / "cap", _grads(), layer_table([("w", (NUMEL,))]))
-    before = len(os.listdir("/proc/self/fd"))
-    with open_capture(path) as cap:
-        opened = len(os.listdir("/proc/self/fd"))
-        for learner in cap.learners:
-            cap.read_row(0, learner)
-            assert cap._source(cap._position[learner], "grad").direct is not None
-        assert len(os.listdir("/proc/self/fd")) == opened
-    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def _flip(path, learner: int, row: int, chunk: int, at: int = 100) -> None:
