@@ -88,7 +88,7 @@ def test_compute_validates_and_sizes_blocks():
         Compute(jobs=0)
     small = Compute(memory=parse_bytes("16MiB"))
     assert small.block_numel(1000) == 1000
-    assert small.block_numel(10**9) == (16 << 20) // (4 * ROWS_ALIVE) == (16 << 20) // 16
+    assert small.block_numel(10**9) == (16 << 20) // (4 * ROWS_ALIVE) == (16 << 20) // 24
     large = Compute(memory=parse_bytes("64GiB"))  # six rows of 1B values would fit
     assert large.block_numel(MAX_BLOCK) == MAX_BLOCK == 16 << 20
     assert large.block_numel(10**9) == MAX_BLOCK

@@ -17,8 +17,9 @@ from gradstat.analysis.overlap import OverlapParams, temporal_overlap
 from gradstat.analysis.row_workspace import Workspace, scope_pieces
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
-from gradstat.analysis.topk_stream import stream_step_sets
+from gradstat.analysis.topk_stream import _pair_mean, stream_step_sets
 from gradstat.errors import DataError
+from gradstat.stats.row_kernels import MeanOf, Room, scan_row_pair
 from gradstat.stats.topk_sets import energy_captured, topk_indices
 from gradstat.store import Scope, layer_table, open_capture, write_capture
 
@@ -161,6 +162,21 @@ def test_read_ahead_serves_the_next_step_and_is_dropped_when_not_asked_for(long_
                 assert torch.equal(got[0].energy, fresh[step][0].energy), (step, then)
         finally:
             space.release()
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_last_pairs_mean_sample_is_the_mean_it_makes(first):
+    """The mean's pre-filter sample is computed before the pass that makes the mean
+    (``_pair_mean`` at the sample's positions): it must be those very values, bit for bit,
+    or the sampled threshold would be off."""
+    rng = np.random.default_rng(3)
+    a, b, s = (rng.standard_normal((3, 70_001)) * 1e3).astype(np.float32)
+    c = (rng.standard_normal(70_001) * 1e-4).astype(np.float32)
+    at = slice(None, None, 7)
+    sample = _pair_mean(*(torch.from_numpy(x[at]) for x in (a, b, s, c)), first, 5)
+    rooms = Room(1), Room(1)
+    scan_row_pair((a, b), (None, None), rooms, s, c, first, MeanOf(5, None, Room(1)))
+    assert sample.numpy().tobytes() == s[at].tobytes()
 
 
 def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_capture):

@@ -20,16 +20,16 @@ from gradstat.errors import UsageError
 DEVICES = ("auto", "cpu", "cuda")
 #: Share of the available memory an analysis takes for rows when ``memory`` is not given.
 MEMORY_SHARE = 0.25
-#: Full-length float32 rows alive at once in the streaming analyses (a learner's row
-#: being scanned, the next being read, the running mean's sum and its compensation),
-#: what ``block_numel`` budgets for.
-ROWS_ALIVE = 4
+#: Full-length float32 rows alive at once in the streaming analyses (a pair of learners'
+#: rows being scanned, the next two being read, the running mean's sum and its
+#: compensation), what ``block_numel`` budgets for.
+ROWS_ALIVE = 6
 #: Smallest column block: below this per-block overhead dominates.
 MIN_BLOCK = 1 << 16
 #: Smallest ``memory``: 1 MiB (a budget this small still gets blocks of ``MIN_BLOCK``).
 MIN_MEMORY = 1 << 20
-#: Largest column block, whatever the budget: four float32 buffers of 16M values are
-#: 256 MiB. Longer rows (32M-1B values) are read in blocks (the row's CRC-32C runs on from
+#: Largest column block, whatever the budget: six float32 buffers of 16M values are
+#: 384 MiB. Longer rows (32M-1B values) are read in blocks (the row's CRC-32C runs on from
 #: block to block) and a top-k over blocks is exact (figures: docs/large.md).
 MAX_BLOCK = 1 << 24
 

@@ -106,13 +106,15 @@ class Workspace:
     buffers, the running mean's sum and the candidate pass's temporaries; and a reading
     thread that reads the next learner's row into a buffer (:func:`read_block`) while
     the rows before it are scanned (CRC-32C checks and reads overlap the scan; the
-    compiled loops leave the GIL): two buffers, one scanned, one read. Reused while the
-    width and device stay the same."""
+    compiled loops leave the GIL). Two buffers, or four where rows are scanned in pairs
+    (``pairs``: on the CPU with a running sum; two rows scanned, two read). Reused while
+    the width and device stay the same."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
+        self._spare: np.ndarray | None = None
 
     def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
         key = (width, str(device), with_mean)
@@ -121,18 +123,29 @@ class Workspace:
         self._drop_ahead()
         self._key = None  # free the old buffers before allocating new ones
         self.buffers = self.sums = None
-        self.depth = 1  # rows a caller holds at once, and reads in flight behind them
+        self.pairs = with_mean and device.type == "cpu"
+        # rows a caller may hold at once, and as many reads in flight behind them
+        self.depth = 2 if self.pairs else 1
         self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
         self.sums = CompensatedSum(width, device) if with_mean else None
-        self.room = Room(0)  # the CPU scans' candidates
+        self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
+        self._spare = None
         self._key = key
 
-    def candidate_room(self, d: int, k: int) -> Room:
-        """The candidate room, large enough for a row of ``d``'s top-k
-        (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
-        if self.room.size < candidates_room(d, k):
-            self.room = Room(candidates_room(d, k))
-        return self.room
+    def spare(self) -> np.ndarray:
+        """A row buffer no read uses (allocated when first asked for): where the mean of
+        an odd number of rows goes on the CPU when the last row is a view of the file,
+        which must not be written to (copy-on-write pages)."""
+        if self._spare is None:
+            self._spare = np.empty_like(self.buffers[0])
+        return self._spare
+
+    def candidate_room(self, which: int, d: int, k: int) -> Room:
+        """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
+        for a row of ``d``'s top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
+        if self.rooms[which].size < candidates_room(d, k):
+            self.rooms[which] = Room(candidates_room(d, k))
+        return self.rooms[which]
 
     def rows(
         self,
@@ -219,7 +232,7 @@ class Workspace:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
         self._key = None
-        self.buffers = self.sums = None
+        self.buffers = self.sums = self._spare = None
         if self._reader is not None:
             self._reader.shutdown()
             self._reader = None

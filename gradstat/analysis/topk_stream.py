@@ -32,7 +32,8 @@ from gradstat.analysis.row_workspace import (
     column_blocks,
     process_workspace,
 )
-from gradstat.stats.row_kernels import mean_row, scan_row
+from gradstat.stats.row_kernels import MeanOf, mean_row, scan_row, scan_row_pair
+from gradstat.stats.row_plain import compensated_add
 from gradstat.stats.topk_sets import (
     indices_above,
     prefilter_threshold,
@@ -146,7 +147,7 @@ def _scan_row(
         found = scan_row(
             x.numpy(),
             threshold,
-            space.candidate_room(d, k),
+            space.candidate_room(0, d, k),
             total=None if sums is None else sums.total[:d].numpy(),
             error=None if sums is None else sums.error[:d].numpy(),
             first=row is not None and row[2],
@@ -170,6 +171,64 @@ def _scan_row(
     candidates = None if threshold is None else torch.cat(found)
     idx = top_of_candidates(x, k, candidates)
     return _Running(x[idx].abs(), idx + start)
+
+
+def _scan_pair(
+    rows: tuple[tuple[torch.Tensor, tuple[int, int, bool]], ...],
+    k: int,
+    start: int,
+    space: Workspace,
+    mean_of: int | None = None,
+    floors: tuple[float | None, float | None, float | None] = (None, None, None),
+) -> tuple[list[_Running], tuple[_Running, float] | None]:
+    """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
+    (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
+    written once for both (made by them when the first is the step's first); the same
+    sum and candidates as two scans. ``mean_of``: the step's learner count when these are
+    its last two rows; the pass then leaves the mean in the sum's row
+    (:class:`~gradstat.stats.row_kernels.MeanOf`) and also returns what
+    :func:`_mean_top` would: its top-k and its sum of squares."""
+    (a, a_row), (b, b_row) = rows
+    d = a.numel()
+    k = min(k, d)
+    thresholds = _candidate_threshold(a, k, floors[0]), _candidate_threshold(b, k, floors[1])
+    rooms = space.candidate_room(0, d, k), space.candidate_room(1, d, k)
+    total, error = space.sums.total[:d], space.sums.error[:d]
+    first = a_row[2]
+    mean = None
+    if mean_of is not None:
+        threshold = floors[2]
+        if threshold is None and prefilters(d, k):  # the mean's sample, from the pass's ops
+            at = sample_positions(d)
+            sample = _pair_mean(a[at], b[at], total[at], error[at], first, mean_of).abs()
+            threshold = prefilter_threshold(total, k, sample=sample)
+        mean = MeanOf(mean_of, threshold, space.candidate_room(2, d, k))
+    arrays = (a.numpy(), b.numpy())
+    found = scan_row_pair(arrays, thresholds, rooms, total.numpy(), error.numpy(), first, mean)
+    made = None
+    if mean is not None and found.mean is not None:
+        indices, magnitudes, squares = found.mean
+        made = _top(total, k, start, mean.threshold, indices, magnitudes, floors[2]), squares
+    tops = []
+    rows_found = (found.a, found.b)
+    for x, row, threshold, one, floor in zip(
+        (a, b), (a_row, b_row), thresholds, rows_found, floors[:2], strict=True
+    ):
+        require_finite(row[0], x, [row[1]], TOPK, one.finite)
+        tops.append(_top(x, k, start, threshold, one.indices, one.magnitudes, floor))
+    return tops, made
+
+
+def _pair_mean(
+    a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, c: torch.Tensor, first: bool, n: int
+) -> torch.Tensor:
+    """The mean a step's last pair leaves (:func:`~gradstat.stats.row_kernels.scan_row_pair`)
+    at a few positions: a then b added to the compensated sum ``s``, ``c`` (or making it,
+    when ``first``; :func:`~gradstat.stats.row_plain.compensated_add`), then
+    ``(s - c) / n``; float32, the same operations in the same order, so the same bits."""
+    s, c = (a, torch.zeros_like(a)) if first else compensated_add(s, c, a)
+    s, c = compensated_add(s, c, b)
+    return (s - c).div_(n)
 
 
 def _top(
@@ -212,7 +271,7 @@ def _mean_top(
         at = sample_positions(d)
         threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
     indices, magnitudes, squares = mean_row(
-        total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(d, k)
+        total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(0, d, k)
     )
     return _top(mean, k, start, threshold, indices, magnitudes, floor), squares
 
@@ -251,9 +310,11 @@ def stream_step_sets(
         else:
             ahead = None if then is None else (then, *blocks[0])
         rows = space.rows(cap, step, learners, scope, start, stop, ahead)
-        candidates, last = _scan_block(rows, step, learners, start, kmax, space, running, device)
+        candidates, last, made = _scan_block(
+            rows, step, learners, start, kmax, space, running, with_mean, device
+        )
         if with_mean:  # the mean goes where the last row was (no longer needed)
-            top, mean = _mean_block(last, start, n, kmax, space, running, total)
+            top, mean = _mean_block(last, made, (start, stop), n, kmax, space, running, total)
             candidates.append(top)
             for c in candidates:
                 c.mean_values = mean[c.indices - start].double()
@@ -270,35 +331,59 @@ def _scan_block(
     kmax: int,
     space: Workspace,
     running: list[_RowCandidates],
+    with_mean: bool,
     device: torch.device,
-) -> tuple[list[_Running], torch.Tensor]:
-    """Each learner's top-k candidates of one block, and the last row as a tensor."""
+) -> tuple[list[_Running], torch.Tensor, Any]:
+    """Each learner's top-k candidates of one block (scanned in pairs where
+    ``space.pairs``), the last row as a tensor, and the mean's ``(top, squares)`` when
+    the step's last pair made it (else None)."""
+    n = len(learners)
     candidates: list[_Running] = []
-    x = None
+    held = made = x = None  # held: a pair's first row, until its second comes
     for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
         x = torch.from_numpy(view).to(device)
         row = (step, learner, i == 0)
-        candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
-    return candidates, x
+        if not space.pairs:
+            candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
+        elif held is None:
+            held = (x, row)
+        else:
+            mean_of = n if with_mean and i == n - 1 else None
+            floors = (running[i - 1].floor, running[i].floor, running[n].floor)
+            tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
+            candidates.extend(tops)
+            held = None
+    if held is not None:
+        floor = running[n - 1].floor
+        candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
+    return candidates, x, made
 
 
 def _mean_block(
     x: torch.Tensor,
-    start: int,
+    made: Any,
+    columns: tuple[int, int],
     n: int,
     kmax: int,
     space: Workspace,
     running: list[_RowCandidates],
     total: torch.Tensor,
 ) -> tuple[_Running, torch.Tensor]:
-    """The mean gradient's top-k candidates of one block and the mean itself, where the
-    last row ``x`` was (a workspace buffer, no longer needed); its sum of squares is
-    added to ``total`` in place."""
+    """The mean gradient's top-k candidates of one block and the mean itself (in the
+    sum's row, or where the last row ``x`` was); its sum of squares is added to
+    ``total`` in place."""
+    start, stop = columns
     floor = running[n].floor
-    if x.device.type == "cpu":
-        top, squares = _mean_top(kmax, start, n, x, space, floor)
+    if made is not None:  # in the sum's row
+        top, squares = made
         total += squares
-        return top, x
+        return top, space.sums.total[: stop - start]
+    if x.device.type == "cpu":  # where the last row was, unless it is the file's
+        own = x.data_ptr() in (buffer.ctypes.data for buffer in space.buffers)
+        mean = x if own else torch.from_numpy(space.spare()[: stop - start])
+        top, squares = _mean_top(kmax, start, n, mean, space, floor)
+        total += squares
+        return top, mean
     mean = space.sums.mean(n, out=x)
     for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
         total += chunk.square().sum().double()
