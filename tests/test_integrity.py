@@ -109,14 +109,19 @@ def test_checksums_are_crc32c_of_the_stored_rows(wide_capture):
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value (RFC 3720)
 
 
-def test_schema_1_is_read_and_verified_by_size_only(synthetic_capture, capsys):
-    path, grads = synthetic_capture
+def _as_schema_1(path) -> None:
+    """Turn every file of the capture at ``path`` into schema 1: no checksums."""
     for file in path.glob("*.h5"):
         with h5py.File(file, "r+") as f:
             f.attrs["schema"] = 1
             for name in ("grad_crc32c", "record_crc32c"):
                 if name in f:
                     del f[name]
+
+
+def test_schema_1_is_read_and_verified_by_size_only(synthetic_capture, capsys):
+    path, grads = synthetic_capture
+    _as_schema_1(path)
     with pytest.warns(GradstatWarning, match="schema 1: no part of it is checksummed"):
         cap = open_capture(path)
     with cap:
@@ -304,12 +309,7 @@ def test_a_repeated_step_in_every_file_is_refused(synthetic_capture):
 
 def test_old_schemas_warn_what_is_unchecked(synthetic_capture):
     path, _ = synthetic_capture
-    for file in path.glob("*.h5"):
-        with h5py.File(file, "r+") as f:
-            f.attrs["schema"] = 1
-            for name in ("grad_crc32c", "record_crc32c"):
-                if name in f:
-                    del f[name]
+    _as_schema_1(path)
     with pytest.warns(UserWarning, match="schema 1: no part of it is checksummed"):
         open_capture(path).close()
 
