@@ -81,9 +81,9 @@ def test_the_three_builds_agree(row):
 def test_nan_and_inf_stay_out_of_the_bins(row):
     bad = row.copy()
     bad[10:13] = [np.nan, np.inf, -np.inf]
-    for build in (bin_sums_numpy, bin_sums_compiled):
-        bins = build(bad)
+    for bins in (bin_sums_numpy(bad), bin_sums_compiled(bad)):
         assert bins.nonfinite == 3
+        assert bins.top_bits == bin_sums_numpy(row).top_bits  # the finite values' largest
         assert bins.counts.sum() == np.count_nonzero(np.abs(row)) - np.count_nonzero(row[10:13])
     assert bin_sums_torch(torch.from_numpy(bad)).nonfinite == 3
     occupied = np.flatnonzero(bins.counts)
@@ -91,6 +91,22 @@ def test_nan_and_inf_stay_out_of_the_bins(row):
     assert chosen.size == bins.counts.sum() and np.isfinite(chosen).all()
     assert np.array_equal(gather_compiled(bad, occupied, bins.counts), chosen)
     assert np.array_equal(gather_torch(torch.from_numpy(bad), occupied), chosen)
+
+
+@pytest.mark.parametrize("fill", [0.0, -0.0, 1.5, -1e-42])
+def test_one_bin_holding_the_whole_long_row(fill):
+    """Regression guard for the packed counts: a bin's count past 2^22 (the compiled
+    pass's flush) stays exact, and so do its sums."""
+    row = np.full(5_000_001, fill, np.float32)
+    row[7] = 2.0
+    compiled = bin_sums_compiled(row)
+    reference = bin_sums_numpy(row)
+    assert np.array_equal(compiled.counts, reference.counts)
+    assert compiled.zeros == reference.zeros == (row.size - 1 if fill == 0 else 0)
+    a = np.abs(row).astype(np.float64)
+    assert compiled.sums.sum() == a.sum()
+    assert compiled.squares.sum() == np.dot(a, a)
+    assert compiled.signed_total == row.astype(np.float64).sum()
 
 
 @pytest.mark.parametrize("mode", ["compiled", "numpy", "torch"])
@@ -203,14 +219,17 @@ def long_row():
     return np.where(np.abs(g) > 1, np.float32(0.5), g)
 
 
-def test_a_planned_gather_gives_the_same_records_in_one_pass(long_row, monkeypatch):
-    """Planning (each bin's values spread evenly, the bins asked for gathered in one
-    pass) changes no record against a row whose every bin is read; the exact run asks
-    for no bin the plan missed (gathers counted), and the adaptive stage counts learn
-    from the exact run alone."""
-    values = torch.from_numpy(long_row)
+def test_tentative_runs_change_no_record(long_row, monkeypatch):
+    """A long row's records are computed tentatively (a bin not read yet answers with
+    stand-ins) and again once the bins they asked for are gathered in one pass. Against
+    a fit whose rows read every bin: no record changes, the exact run asks for no bin
+    the tentative one missed, and the adaptive stage counts learn once a row."""
+    monkeypatch.setattr(histogram, "COMPILED_MIN_NUMEL", 0)
     scope = Scope("model", ((0, long_row.size),))
     params = FitParams(dists="gpd,gamma,exp", stages=None)
+    rows = [long_row, _row(long_row.size, seed=2), _row(long_row.size, seed=3)]
+    rows[1:] = [np.where(np.abs(g) > 1, np.float32(0.5), g) for g in rows[1:]]
+    rows[2] *= 4
     made = []
     build = RowHistogram.__init__
 
@@ -220,34 +239,39 @@ def test_a_planned_gather_gives_the_same_records_in_one_pass(long_row, monkeypat
 
     monkeypatch.setattr(RowHistogram, "__init__", keep)
     fitter = _Fitter(params)
-    planned = fitter.one(0, 0, scope, values.clone())
-    hist = made[-1]
-    assert hist.plans and hist.gathers == 1
-    kept = sum(part.size for part in hist._kept.values())
-    assert kept < hist.nonzeros / 10  # only the bins asked for
-    assert all(len(a._history) == 1 for a in fitter._adaptive.values())
+    tentative = [fitter.one(step, 0, scope, torch.from_numpy(g)) for step, g in enumerate(rows)]
+    assert [h.plans for h in made] == [True] * 3
+    assert [h.gathers for h in made] == [1, 1, 1]
+    kept = sum(part.size for part in made[0]._kept.values())
+    assert kept < made[0].nonzeros / 10  # only the bins asked for
+    assert all(len(a._history) == 3 for a in fitter._adaptive.values())
     monkeypatch.setattr(histogram, "PLAN_MIN_NUMEL", 1 << 40)
-    whole = _Fitter(params).one(0, 0, scope, values.clone())
-    assert made[-1].gathers == 1 and not made[-1].plans  # every bin in one pass
-    assert len(planned) == len(whole)
-    for new, old in zip(planned, whole, strict=True):
-        assert new.keys() == old.keys()
-        for key in new:
-            same = new[key] == old[key] or (new[key] != new[key] and old[key] != old[key])
-            assert same, (key, new[key], old[key])
+    whole = _Fitter(params)
+    for step, g in enumerate(rows):
+        old_rows = whole.one(step, 0, scope, torch.from_numpy(g))
+        assert made[-1].gathers == 1 and not made[-1].plans  # every bin in one pass
+        assert len(tentative[step]) == len(old_rows)
+        for new, old in zip(tentative[step], old_rows, strict=True):
+            assert new.keys() == old.keys()
+            for key in new:
+                same = new[key] == old[key] or (new[key] != new[key] and old[key] != old[key])
+                assert same, (step, key, new[key], old[key])
 
 
-def test_a_question_outside_the_plan_gathers_once_more(long_row):
+def test_a_question_outside_the_tentative_run_gathers_once_more(long_row):
     a = np.abs(long_row)
     nonzero = np.sort(a[a > 0])
     hist = RowHistogram(torch.from_numpy(long_row))
     t = float(nonzero[-500])
-    with hist.planning():
+    with hist.tentative() as missed:
         assert abs(hist.count(t) - _count(a, t, False)) <= hist.bins.counts.max()
-    assert hist.gathers == 1
+    assert missed and hist.gathers == 1
     assert hist.count(t) == _count(a, t, False) and hist.gathers == 1
     low = float(nonzero[100])
     assert hist.count(low, True) == _count(a, low, True) and hist.gathers == 2
+    with hist.tentative() as missed:  # every bin it asks for is read: nothing noted
+        assert hist.count(t) == _count(a, t, False)
+    assert not missed and hist.gathers == 2
 
 
 def test_loglik_past_a_bounded_support_is_minus_inf_without_warnings():

@@ -218,17 +218,22 @@ class _Fitter:
             "zeros": hist.bins.zeros - nonfinite,
             "nonfinite": nonfinite,
         }
-        if hist.plans:
-            with hist.planning():  # which bins' values the records ask for
-                hist.prefetch(histogram_fit.score_bins(hist))
-                self._binned_rows(base, values, hist, planning=True)
-        return self._binned_rows(base, values, hist)
+        if not hist.plans:
+            rows, learned = self._binned_rows(base, values, hist)
+        else:
+            with hist.tentative() as missed:  # exact where the bins read so far suffice
+                rows, learned = self._binned_rows(base, values, hist)
+            if missed:  # those bins are read now: the records again, exactly
+                rows, learned = self._binned_rows(base, values, hist)
+        for key, quality in learned:
+            self._adaptive[key].update(quality)
+        return rows
 
     def _binned_rows(
-        self, base: dict, values: torch.Tensor, hist: RowHistogram, planning: bool = False
-    ) -> list[dict]:
-        """The records from ``hist``; ``planning`` (:meth:`RowHistogram.planning`): no
-        scores (their bins are asked for apart), no adaptive stage count fed."""
+        self, base: dict, values: torch.Tensor, hist: RowHistogram
+    ) -> tuple[list[dict], list[tuple]]:
+        """The records from ``hist``, and the (adaptive key, quality) pairs the adaptive
+        stage counts are to learn from (:meth:`_estimators`)."""
         empirical: dict[float, float | str] = {}
         for ratio in self.ratios:
             k = k_for(ratio, values.numel())
@@ -244,14 +249,15 @@ class _Fitter:
             fit_base = {**base, "kind": "fit", "dist": name, "method": self.method, "stages": 1}
             try:
                 dist = histogram_fit.fit_moments(get_distribution(name), hist)
-                scores = {} if planning else self._binned_scores(dist, hist)
+                scores = self._binned_scores(dist, hist)
             except GradstatError as exc:
                 rows += [_row(fit_base, ratio=r, error=str(exc)) for r in self.ratios]
                 continue
             fit_base.update(params=dist.params, **scores)
             rows += self._quantile_rows(fit_base, dist, empirical, hist, hist.nonzeros)
-        rows += self._estimators(base, values, empirical, hist, learn=not planning)
-        return rows
+        learned: list[tuple] = []
+        rows += self._estimators(base, values, empirical, hist, learned)
+        return rows, learned
 
     @staticmethod
     def _binned_scores(dist: Distribution, hist: RowHistogram) -> dict:
@@ -404,8 +410,11 @@ class _Fitter:
         values: torch.Tensor,
         empirical: dict,
         shared: RowPasses,
-        learn: bool = True,
+        learned: list[tuple] | None = None,
     ) -> list[dict]:
+        """The estimators' records; the adaptive stage counts learn from each quality at
+        once, or, given ``learned``, once the caller applies the (key, quality) pairs
+        left there (a tentative run's records may be computed again)."""
         rows = []
         generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
         for estimator in self.estimators:
@@ -427,9 +436,12 @@ class _Fitter:
                     except GradstatError as exc:
                         rows.append(_row(row_base, error=str(exc)))
                         continue
-                    if adaptive and learn:
+                    if adaptive:
                         key = (base["learner"], base["scope"], estimator, ratio)
-                        self._adaptive[key].update(result.quality)
+                        if learned is None:
+                            self._adaptive[key].update(result.quality)
+                        else:
+                            learned.append((key, result.quality))
                     reference = empirical[ratio]
                     known = not isinstance(reference, str)
                     error = quantile_error(result.threshold, reference) if known else math.nan

@@ -2,18 +2,29 @@
 
 Non-negative float32 values order as their bit patterns do as integers, so the bins
 ``bits(|x|) >> SHIFT`` (2^8 bins an octave, each 2^-8 of its value wide) are intervals of
-|x| in ascending order. One pass (:func:`bin_sums`) takes each bin's count, float64 sum and
+|x| in ascending order. One pass (``bin_sums_*``) takes each bin's count, float64 sum and
 sum of squares, and the row's zeros, signed sum and maximum. A count at a bin edge is then
 exact from the counts alone; a count at any other threshold is exact from the counts
-above the threshold's bin plus a count over that bin's own values. Those come from
-:func:`gather`: one more pass over the row that reads the values of only the bins asked
-for. Which bins a long row's records ask for is found by *planning* (:meth:`RowHistogram.
-planning`): the records are computed once from the bins alone, each bin's values spread
-evenly over it, and the bins that computation touched (+- ``MARGIN``) are gathered in one
-pass; the exact computation that follows asks for another bin rarely (an approximate
-answer that steered a search elsewhere), and each such miss is one more gather
-(``RowHistogram.gathers`` counts them). A row under ``PLAN_MIN_NUMEL`` values gathers all
-its bins on the first question instead.
+above the threshold's bin plus a count over that bin's own values.
+
+Those values come from :func:`gather`: one more pass over the row that reads the values
+of only the bins asked for. To ask for them at once, a long row's records are computed
+*tentatively* first (:meth:`RowHistogram.tentative`): a bin whose values were not read
+answers with stand-ins (its count spread evenly over it) and is noted; those bins (+-
+``MARGIN``) are then gathered in one pass and the records computed again, exactly.
+(Which bins a row needs depends on thresholds its own bins decide, RedSync's on its
+maximum, so the bins of the row before do not foretell them: a first pass that also
+gathered those bins missed on nearly every row and lost 6%.) The run after a gather asks
+for another bin rarely (a stand-in answer that steered a search elsewhere); each such
+miss is one more gather (``RowHistogram.gathers`` counts them). A row under
+``PLAN_MIN_NUMEL`` values gathers all its bins on the first question instead.
+
+The compiled pass sums integers: in bin j every value is ``low_j + ulp_j m`` with m the
+bit pattern's low ``SHIFT`` bits, so the bin's sum is ``n low + ulp sum(m)`` and its sum
+of squares ``n low^2 + 2 low ulp sum(m) + ulp^2 sum(m^2)``, each rounded once to float64
+(the numpy and torch builds add float64 values, rounding at every add). It bins the
+signed bit patterns (the sign the top bit of the bin index), so the signed sum is the
+positive bins' sum less the negative bins'.
 
 :class:`RowHistogram` answers what the threshold estimators ask of a row (the interface of
 :class:`~gradstat.stats.passes.RowPasses`) and what a distribution fit needs: the moments
@@ -53,6 +64,8 @@ MARGIN = 1
 PLAN_MIN_NUMEL = 1 << 21
 #: Bit patterns below this are subnormal.
 NORMAL_BITS = 0x00800000
+#: Signed bin j + SIGN_BIN holds the negative values of bin j (the compiled pass).
+SIGN_BIN = 1 << (31 - SHIFT)
 _CHUNK = 1 << 18
 #: The compiled loops start (numba's import, about 0.7 s once a process) from this size.
 COMPILED_MIN_NUMEL = row_passes.COMPILED_MIN_NUMEL
@@ -127,11 +140,49 @@ def bin_sums_torch(values: torch.Tensor) -> BinSums:
 
 
 def bin_sums_compiled(row: np.ndarray) -> BinSums:
-    """The numba loop (one pass); the same numbers as :func:`bin_sums_numpy` up to the
-    order of float64 additions."""
-    counts, sums, squares = _empty()
-    zeros, nonfinite, signed, top = _loops().bin_sums(row, SHIFT, counts, sums, squares)
-    return BinSums(counts, sums, squares, int(zeros), int(nonfinite), float(signed), int(top))
+    """The numba pass (see the module): the counts equal :func:`bin_sums_numpy`'s, the
+    sums are closer to the exact ones."""
+    counts = np.zeros(2 * SIGN_BIN, np.int64)
+    mantissas, squares = np.zeros_like(counts), np.zeros_like(counts)
+    zeros, top, loops = 0, 0, _loops()
+    for lo in range(0, row.size, loops.MAX_VALUES):
+        part = row[lo : lo + loops.MAX_VALUES]
+        z, t = loops.bin_sums(part, SHIFT, counts, mantissas, squares)
+        zeros, top = zeros + z, max(top, t)
+    finite = NBINS - 1  # signed bins from here on hold NaN and +-Inf
+    nonfinite = int(counts[finite:SIGN_BIN].sum() + counts[SIGN_BIN + finite :].sum())
+    if nonfinite:
+        top = np.abs(row[np.isfinite(row)]).view(np.uint32).max(initial=0)
+    sums, sq = _float_sums(counts, mantissas, squares)
+    positive, negative = slice(0, finite), slice(SIGN_BIN, SIGN_BIN + finite)
+    both = np.zeros(NBINS, np.int64)
+    both[:finite] = counts[positive] + counts[negative]
+    both[0] -= zeros
+    return BinSums(
+        both,
+        np.r_[sums[positive] + sums[negative], 0.0],
+        np.r_[sq[positive] + sq[negative], 0.0],
+        int(zeros),
+        nonfinite,
+        float(sums[positive].sum() - sums[negative].sum()),
+        int(top),
+    )
+
+
+def _float_sums(
+    counts: np.ndarray, mantissas: np.ndarray, squares: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each signed bin's float64 sum and sum of squares of |x| from its count and its
+    integer sums of m and m^2 (the module: ``low + ulp m`` per value)."""
+    sums, sq = np.zeros(counts.size), np.zeros(counts.size)
+    at = np.flatnonzero(counts)
+    j = np.minimum(at % SIGN_BIN, NBINS - 2)  # NaN/Inf's bins: no finite values
+    low = (j.astype(np.uint32) << SHIFT).view(np.float32).astype(np.float64)
+    ulp = np.ldexp(1.0, np.maximum(j >> (23 - SHIFT), 1) - 150)
+    n, m, m2 = (a[at].astype(np.float64) for a in (counts, mantissas, squares))
+    sums[at] = n * low + ulp * m
+    sq[at] = n * (low * low) + (2.0 * low * ulp) * m + (ulp * ulp) * m2
+    return sums, sq
 
 
 def gather_numpy(row: np.ndarray, bins) -> np.ndarray:
@@ -197,7 +248,7 @@ class RowHistogram:
     stay out of the bins (``bins.nonfinite`` counts them); the answers that scan the row
     itself (thresholds at or below 0) want a finite row.
 
-    ``compiled``: the numba loops may build the bins of a long CPU row (False: numpy's);
+    ``compiled``: the numba pass may build the bins of a long CPU row (False: numpy's);
     other devices and dtypes use torch's. A bin's values are gathered on the first
     question they must answer (see the module); ``gathers`` counts those passes. Counts
     and sums are exact (float64 sums); :meth:`exceed` returns its set grouped by bin, not
@@ -208,6 +259,7 @@ class RowHistogram:
         self.values = values.reshape(-1)
         row = _plain(self.values) if values.dtype == torch.float32 else None
         self._row = row
+        self._kept: dict[int, np.ndarray] = {}
         if row is not None and compiled and row.size >= COMPILED_MIN_NUMEL:
             self.mode = "compiled"
             self.bins = bin_sums_compiled(row)
@@ -227,11 +279,10 @@ class RowHistogram:
         self._above_squares[:-1] = np.cumsum(self.bins.squares[::-1])[::-1]
         self.nonzeros = int(self.above[0])
         self.gathers = 0
-        self._kept: dict[int, np.ndarray] = {}
-        self._planned: set[int] | None = None
+        self._missing: set[int] | None = None
         self._sums: MagnitudeSums | None = None
         self._exceedance: dict[tuple[float, bool], ExceedanceSums] = {}
-        #: answers that depend on the row alone, kept for the estimators (a planning run
+        #: answers that depend on the row alone, kept for the estimators (a tentative run
         #: and the run after it: e.g. DGC's sampled threshold)
         self.memo: dict = {}
 
@@ -241,28 +292,32 @@ class RowHistogram:
 
     @property
     def plans(self) -> bool:
-        """Whether the row is long enough to plan its gather (``PLAN_MIN_NUMEL``)."""
+        """Whether the row is long enough to gather only the bins asked for
+        (``PLAN_MIN_NUMEL``): its records are computed tentatively first."""
         return self.numel >= PLAN_MIN_NUMEL
 
     # --- the values of the bins --------------------------------------------------------
     @contextmanager
-    def planning(self):
-        """Inside: answer every question from the bins alone (each bin's values spread
-        evenly over it) and note the bins asked for; on leaving, forget those answers
-        and gather the noted bins, ``MARGIN`` either side, in one pass."""
-        self._planned = set()
+    def tentative(self):
+        """Inside: a bin whose values were not read answers with stand-ins (its count
+        spread evenly over it) and is noted. On leaving, when a bin was noted (yields a
+        list that then holds the noted bins): forget the answers and gather those bins,
+        ``MARGIN`` either side, in one pass; the caller computes its answers again."""
+        self._missing = set()
+        missed: list[int] = []
         try:
-            yield
+            yield missed
         finally:
-            planned, self._planned = self._planned, None
+            missed.extend(sorted(self._missing))
+            self._missing = None
+        if missed:
             self._sums = None
             self._exceedance.clear()
-        near = np.fromiter(planned, np.int64, len(planned))
-        near = np.add.outer(near, np.arange(-MARGIN, MARGIN + 1)).ravel()
-        self.prefetch(near[(near >= 0) & (near < NBINS)])
+            near = np.add.outer(np.array(missed), np.arange(-MARGIN, MARGIN + 1)).ravel()
+            self.prefetch(near[(near >= 0) & (near < NBINS)])
 
     def _spread(self, bins: np.ndarray) -> np.ndarray:
-        """Stand-ins for the values of ``bins`` while planning: count[j] values evenly
+        """Stand-ins for the values of ``bins`` in a tentative run: count[j] values evenly
         spread over each bin j (float32, grouped by bin)."""
         sizes = self.bins.counts[bins]
         low, high = bin_edges(bins)
@@ -270,38 +325,37 @@ class RowHistogram:
         at = (np.arange(int(sizes.sum())) - first + 0.5) / np.repeat(sizes, sizes)
         return (np.repeat(low, sizes) + at * np.repeat(high - low, sizes)).astype(np.float32)
 
+    def _values(self, bins: np.ndarray) -> np.ndarray:
+        """The |x| of the (ascending, occupied) ``bins``, grouped by bin: read ones, or
+        in a tentative run stand-ins for those not read."""
+        self.prefetch(bins)
+        parts = [
+            self._kept[j] if j in self._kept else self._spread(np.array([j]))
+            for j in (int(b) for b in bins)
+        ]
+        return np.concatenate(parts) if parts else np.empty(0, np.float32)
+
     def bin_values(self, j: int) -> np.ndarray:
         """The |x| of bin ``j`` (float32, unordered within the bin)."""
         if not self.bins.counts[j]:
             return np.empty(0, np.float32)
-        if j not in self._kept:
-            if self._planned is not None:
-                self._planned.add(j)
-                return self._spread(np.array([j]))
-            self.prefetch([j])
-        return self._kept[j]
+        return self._values(np.array([j]))
 
     def _tail(self, j: int) -> np.ndarray:
         """The |x| of the bins above bin ``j``, grouped by bin."""
         bins = self.occupied()
-        bins = bins[bins > j]
-        if self._planned is not None:  # each value at its bin's centre: the count is right
-            self._planned.update(bins.tolist())
-            low, high = bin_edges(bins)
-            return np.repeat(((low + high) / 2).astype(np.float32), self.bins.counts[bins])
-        self.prefetch(bins)
-        return np.concatenate([self._kept[int(b)] for b in bins]) if bins.size else bins[:0]
+        return self._values(bins[bins > j])
 
     def prefetch(self, bins) -> None:
         """Read the values of those of ``bins`` not yet read in one pass over the row (a
-        row under ``PLAN_MIN_NUMEL``: every bin's); while planning, note them."""
-        if self._planned is not None:
-            self._planned.update(int(j) for j in np.asarray(bins).ravel())
+        row under ``PLAN_MIN_NUMEL``: every bin's); in a tentative run, note them."""
+        asked = np.unique(np.asarray(bins, np.int64))
+        wanted = [int(j) for j in asked if self.bins.counts[j] and int(j) not in self._kept]
+        if self._missing is not None:
+            self._missing.update(wanted)
             return
         if not self.plans:
-            bins = self.occupied()
-        wanted = [int(j) for j in np.unique(np.asarray(bins, np.int64)) if j not in self._kept]
-        wanted = [j for j in wanted if self.bins.counts[j]]
+            wanted = [int(j) for j in self.occupied() if int(j) not in self._kept]
         if not wanted:
             return
         self.gathers += 1
@@ -398,8 +452,9 @@ class RowHistogram:
         return result
 
     # --- what a distribution fit asks ------------------------------------------------
-    def kth_largest(self, k: int) -> float:
-        """The k-th largest |x| (1 <= k <= nonzeros), exactly."""
+    def kth_largest(self, k: int, at_least: float = 0.0) -> float:
+        """The k-th largest |x| (1 <= k <= nonzeros), exactly (``at_least``: the
+        interface of :meth:`RowPasses.kth_largest`, not needed here)."""
         if not 1 <= k <= self.nonzeros:
             raise ValueError(f"k={k} outside 1..{self.nonzeros}")
         j = int(np.count_nonzero(self.above[:-1] >= k)) - 1

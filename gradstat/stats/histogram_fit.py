@@ -177,19 +177,6 @@ def _tied_steps(g: _Edges, at: np.ndarray) -> float:
     return total + float(np.sum(_constant(e, c, points, tuple(following))))
 
 
-def score_bins(hist: RowHistogram) -> np.ndarray:
-    """The bins whose values the scores of a fit may read, whatever the fit: subnormal
-    (:func:`loglik`, :func:`anderson_darling`), tied (:func:`anderson_darling`) and those
-    holding over ``KS_TOLERANCE`` of the non-zeros (:func:`ks` refines a bin only where
-    its empirical or its fitted mass exceeds that; the fitted mass is the fit's); every
-    bin of a row of ``REFINE_MIN`` values or fewer (its D comes out exact)."""
-    bins = hist.occupied()
-    if hist.nonzeros <= REFINE_MIN:
-        return bins
-    heavy = hist.bins.counts[bins] > KS_TOLERANCE * hist.nonzeros
-    return bins[_tied(hist, bins) | heavy]
-
-
 def anderson_darling(dist: Distribution, hist: RowHistogram) -> float:
     """Anderson-Darling A^2 of every non-zero |x| (see the module)."""
     g = _Edges(dist, hist)

@@ -359,6 +359,12 @@ class RowPasses:
         self._keep(threshold, inclusive, found)
         return found
 
+    def kth_largest(self, k: int, at_least: float) -> float:
+        """The k-th largest |x|, where at least k of them are >= ``at_least`` (the top k
+        of that set: ``torch.topk``)."""
+        candidates = self.exceed(at_least, inclusive=True)
+        return float(torch.topk(candidates, k, sorted=False).values.amin())
+
     def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
         """Sums of :meth:`exceed`'s set, kept per level: ``fit`` runs each SIDCo variant at
         every ratio and stage count, and all runs of more than one stage fit the same

@@ -148,8 +148,8 @@ def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
 def _dgc_sampled(flat: torch.Tensor, k: int, settings: Settings) -> float:
     """DGC's first threshold: the smallest of the top ceil(sample * delta) of a 1% sample
     (at least 2/delta). Kept in ``settings.shared.memo`` where the shared passes have
-    one (:class:`~gradstat.stats.histogram.RowHistogram`: a planning run and the run it
-    plans draw the sample once), under the generator's state, which a kept answer
+    one (:class:`~gradstat.stats.histogram.RowHistogram`: a tentative run and the run after
+    it draw the sample once), under the generator's state, which a kept answer
     advances as the draw did."""
     d = flat.numel()
     density = k / d
@@ -182,17 +182,16 @@ def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     threshold = _dgc_sampled(flat, k, settings)
     if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
         raise DataError("the values contain NaN or Inf; drop them before estimating")
-    counted = False
+    counted, shared = False, settings.shared
     while True:
-        candidates = settings.shared.exceed(threshold, inclusive=True)
-        if not counted and not (threshold > 0 and candidates.numel() >= k):
-            check_k(k, settings.shared.nonzeros)  # the errors of a check up front
+        selected = shared.count(threshold, inclusive=True)
+        if not counted and not (threshold > 0 and selected >= k):
+            check_k(k, shared.nonzeros)  # the errors of a check up front
             counted = True
-        if candidates.numel() > 1.3 * k:
-            threshold = float(torch.topk(candidates, k, sorted=False).values.amin())
-            return ThresholdResult(threshold, k, k)
-        if candidates.numel() >= 0.8 * k:
-            return ThresholdResult(threshold, candidates.numel(), k)
+        if selected > 1.3 * k:  # the top k of the candidates: the row's top k
+            return ThresholdResult(shared.kth_largest(k, at_least=threshold), k, k)
+        if selected >= 0.8 * k:
+            return ThresholdResult(threshold, selected, k)
         threshold *= 0.8
 
 
