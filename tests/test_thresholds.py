@@ -274,6 +274,42 @@ def test_dgc_counts_the_non_zeros_only_when_its_candidates_do_not_show_k(monkeyp
     assert counted == [1]
 
 
+def _dgc_reference(values: torch.Tensor, k: int, seed: int) -> tuple[float, int]:
+    """DGC as its paper states it, on the whole row: the smallest of the top
+    ceil(size * k / d) of a 1% sample (at least 2d/k); the candidates |x| >= t; exact
+    top-k of them when over 1.3k, done when at least 0.8k, else t * 0.8."""
+    a = values.reshape(-1).abs()
+    d = a.numel()
+    size = min(d, max(math.ceil(0.01 * d), math.ceil(2.0 * d / k)))
+    index = torch.randint(d, (size,), generator=torch.Generator().manual_seed(seed))
+    t = float(torch.topk(a[index], max(1, math.ceil(size * k / d))).values.min())
+    while True:
+        candidates = a[a >= t]
+        if candidates.numel() > 1.3 * k:
+            return float(torch.topk(candidates, k).values.min()), k
+        if candidates.numel() >= 0.8 * k:
+            return t, candidates.numel()
+        t *= 0.8
+
+
+@pytest.mark.parametrize("shared", ["passes", "histogram", None])
+def test_dgc_equals_the_plain_algorithm(samples, shared):
+    """Through the row's passes or its histogram (which answer the count above the
+    sampled threshold and the k-th largest instead of handing over the candidates)."""
+    from gradstat.stats.histogram import RowHistogram
+
+    values = samples["gpd"]
+    tied = torch.ones(100_000)
+    tied[:50] = 2.0  # the sample's threshold selects over 1.3k: the exact top-k follows
+    for row, ratio in ((values, 0.01), (values, 0.001), (tied, 0.001)):
+        kinds = {"passes": RowPasses(row), "histogram": RowHistogram(row), None: None}
+        result = estimate_threshold(
+            row, ratio, "dgc", generator=torch.Generator().manual_seed(5), shared=kinds[shared]
+        )
+        expected = _dgc_reference(row, k_for(ratio, row.numel()), 5)
+        assert (result.threshold, result.selected) == expected
+
+
 def test_dgc_falls_back_to_exact_topk_on_candidates():
     # A sample that hits many ties at the threshold selects > 1.3k: exact top-k follows.
     values = torch.ones(100_000)
