@@ -67,6 +67,22 @@ COLUMNS = (
 )
 
 
+def _estimator_row(base: dict, result: ThresholdResult, reference: float | str) -> dict:
+    """An estimator's record: its result against the empirical quantile ``reference``
+    (a string: why there is none)."""
+    known = not isinstance(reference, str)
+    return _row(
+        base,
+        stages=result.stages,
+        k=result.k,
+        threshold=result.threshold,
+        selected=result.selected,
+        quality=result.quality,
+        empirical=reference if known else None,
+        quantile_error=quantile_error(result.threshold, reference) if known else math.nan,
+    )
+
+
 def _row(base: dict, **values) -> dict:
     row = dict.fromkeys(COLUMNS)
     row.update(base)
@@ -186,7 +202,9 @@ class _Fitter:
         self._share_first_stages(passes, split.count)
         empirical = self._empirical(values, split, passes)
         rows = self._fits(base, values, split, empirical, passes)
-        rows += self._estimators(base, values, empirical, passes)
+        learned: list[tuple] = []
+        rows += self._estimators(base, values, empirical, passes, learned)
+        self._learn(learned)
         return rows
 
     def _binned(self, step: int, learner: int, scope: Scope, values: torch.Tensor) -> list[dict]:
@@ -225,8 +243,7 @@ class _Fitter:
                 rows, learned = self._binned_rows(base, values, hist)
             if missed:  # those bins are read now: the records again, exactly
                 rows, learned = self._binned_rows(base, values, hist)
-        for key, quality in learned:
-            self._adaptive[key].update(quality)
+        self._learn(learned)
         return rows
 
     def _binned_rows(
@@ -410,11 +427,11 @@ class _Fitter:
         values: torch.Tensor,
         empirical: dict,
         shared: RowPasses,
-        learned: list[tuple] | None = None,
+        learned: list[tuple],
     ) -> list[dict]:
-        """The estimators' records; the adaptive stage counts learn from each quality at
-        once, or, given ``learned``, once the caller applies the (key, quality) pairs
-        left there (a tentative run's records may be computed again)."""
+        """The estimators' records; the (adaptive key, quality) pairs the adaptive stage
+        counts learn from go to ``learned``, for :meth:`_learn` once the records are
+        final (a tentative run's may be computed again)."""
         rows = []
         generator = torch.Generator().manual_seed(self.seed + int(base["step"]))
         for estimator in self.estimators:
@@ -438,23 +455,11 @@ class _Fitter:
                         continue
                     if adaptive:
                         key = (base["learner"], base["scope"], estimator, ratio)
-                        if learned is None:
-                            self._adaptive[key].update(result.quality)
-                        else:
-                            learned.append((key, result.quality))
-                    reference = empirical[ratio]
-                    known = not isinstance(reference, str)
-                    error = quantile_error(result.threshold, reference) if known else math.nan
-                    rows.append(
-                        _row(
-                            row_base,
-                            stages=result.stages,
-                            k=result.k,
-                            threshold=result.threshold,
-                            selected=result.selected,
-                            quality=result.quality,
-                            empirical=reference if known else None,
-                            quantile_error=error,
-                        )
-                    )
+                        learned.append((key, result.quality))
+                    rows.append(_estimator_row(row_base, result, empirical[ratio]))
         return rows
+
+    def _learn(self, learned: list[tuple]) -> None:
+        """Feed each (adaptive key, quality) pair to its adaptive stage count."""
+        for key, quality in learned:
+            self._adaptive[key].update(quality)

@@ -11,10 +11,8 @@ Those values come from :func:`gather`: one more pass over the row that reads the
 of only the bins asked for. To ask for them at once, a long row's records are computed
 *tentatively* first (:meth:`RowHistogram.tentative`): a bin whose values were not read
 answers with stand-ins (its count spread evenly over it) and is noted; those bins (+-
-``MARGIN``) are then gathered in one pass and the records computed again, exactly.
-(Which bins a row needs depends on thresholds its own bins decide, RedSync's on its
-maximum, so the bins of the row before do not foretell them: a first pass that also
-gathered those bins missed on nearly every row and lost 6%.) The run after a gather asks
+``MARGIN``) are then gathered in one pass and the records computed again, exactly
+(the row before does not foretell those bins: docs/large.md). The run after asks
 for another bin rarely (a stand-in answer that steered a search elsewhere); each such
 miss is one more gather (``RowHistogram.gathers`` counts them). A row under
 ``PLAN_MIN_NUMEL`` values gathers all its bins on the first question instead.
@@ -32,12 +30,10 @@ of every non-zero |x|, the k-th largest |x|, sums of a smooth function over ever
 (the log-likelihood, the log sum; quadratic in each bin, error below 1e-8 relative), and
 KS and Anderson-Darling on the whole row (:mod:`gradstat.stats.histogram_fit`).
 
-Three ways to build the bins and to gather bins' values, the same numbers: numpy
-(:func:`bin_sums_numpy`, :func:`gather_numpy`: the plain references), numba
-(:mod:`gradstat.stats._histogram_loops`, one pass each; CPU rows of at least
-``COMPILED_MIN_NUMEL``) and torch (:func:`bin_sums_torch`, :func:`gather_torch`:
-``torch.bincount`` and a stable sort on the bit patterns: any device, e.g.
-``--device cuda``).
+Three builds of the bins and of a gather, the same numbers: numpy (``*_numpy``: the
+plain references), numba (``*_compiled``, :mod:`gradstat.stats._histogram_loops`; CPU
+rows of ``COMPILED_MIN_NUMEL`` or more) and torch (``*_torch``: ``torch.bincount`` and a
+stable sort of the bit patterns on any device, e.g. ``--device cuda``).
 """
 
 from __future__ import annotations
@@ -58,9 +54,9 @@ from gradstat.stats.row_kernels import float32_limit
 SHIFT = 15
 #: Bins of non-negative finite float32 values, and one more for +inf (thresholds).
 NBINS = (0x7F800000 >> SHIFT) + 1
-#: Bins either side of each planned bin that the planned gather reads too.
+#: Bins either side of each bin a tentative run missed that the gather reads too.
 MARGIN = 1
-#: Rows from this size plan their gather; a shorter one gathers every bin at once.
+#: Rows from this size gather the bins a tentative run asks for; shorter: every bin.
 PLAN_MIN_NUMEL = 1 << 21
 #: Bit patterns below this are subnormal.
 NORMAL_BITS = 0x00800000
@@ -87,13 +83,9 @@ class BinSums:
     top_bits: int
 
 
-def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.zeros(NBINS, np.int64), np.zeros(NBINS), np.zeros(NBINS)
-
-
 def bin_sums_numpy(row: np.ndarray) -> BinSums:
     """The plain reference: chunk by chunk, ``np.bincount`` of the bit patterns."""
-    counts, sums, squares = _empty()
+    counts, sums, squares = np.zeros(NBINS, np.int64), np.zeros(NBINS), np.zeros(NBINS)
     zeros, nonfinite, signed, top = 0, 0, 0.0, 0
     for lo in range(0, row.size, _CHUNK):
         part = row[lo : lo + _CHUNK]
@@ -117,7 +109,7 @@ def bin_sums_numpy(row: np.ndarray) -> BinSums:
 
 def bin_sums_torch(values: torch.Tensor) -> BinSums:
     """``torch.bincount`` of the bit patterns on the values' device (float64 weights)."""
-    counts, sums, squares = _empty()
+    counts, sums, squares = np.zeros(NBINS, np.int64), np.zeros(NBINS), np.zeros(NBINS)
     zeros, nonfinite, signed, top = 0, 0, 0.0, 0
     for part in values.reshape(-1).split(1 << 22):
         finite = torch.isfinite(part)
