@@ -12,6 +12,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from gradstat import __version__
+from gradstat.cli.main import main
 from gradstat.plots.capture import plot_loss
 from gradstat.report.sections import SECTIONS
 from tests.helpers import assert_clean_error, run_cli
@@ -46,21 +47,22 @@ class _BalancedHTML(HTMLParser):
             self.stack.pop()
 
 
-def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys):
-    out = tmp_path / "report.html"
-    result = run_cli(
-        capsys,
-        "report",
-        real_capture,
-        "-o",
-        out,
-        "--ratios",
-        "0.01",
-        "--compressors",
-        "topk,clt-k",
-    )
-    assert result.code == 0, result
-    page = out.read_text()
+@pytest.fixture(scope="module")
+def report_page(real_capture, tmp_path_factory) -> str:
+    """One report of the real capture, read by the two tests below (a report takes
+    40-50 s here): every section, at 16 learners, a sparsifier, a low-pass top-k and a
+    16-bit cast replayed."""
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    args = ["--ratios", "0.01", "--compressors", "topk,clt-k,fp16", "--cluster-size", "16"]
+    try:
+        main(["report", str(real_capture), "-o", str(out), *args])
+    except SystemExit as exc:
+        assert not exc.code, exc
+    return out.read_text()
+
+
+def test_report_is_valid_html_with_every_section(report_page):
+    page = report_page
     assert page.startswith("<!DOCTYPE html>")
     parser = _BalancedHTML()
     parser.feed(page)
@@ -79,14 +81,8 @@ def test_report_is_valid_html_with_every_section(real_capture, tmp_path, capsys)
     assert "Assumed: cluster" in page and "target: cpu-here" in page  # what it assumed
 
 
-def test_report_leads_with_the_summary_box_and_states_its_assumptions(
-    real_capture, tmp_path, capsys
-):
-    out = tmp_path / "report.html"
-    args = ["--ratios", "0.01", "--compressors", "topk,fp16", "--cluster-size", "16"]
-    result = run_cli(capsys, "report", real_capture, "-o", out, *args)
-    assert result.code == 0, result
-    page = out.read_text()
+def test_report_leads_with_the_summary_box_and_states_its_assumptions(report_page, real_capture):
+    page = report_page
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
     summary = page.split('<section id="summary"', 1)[1].split("</section>", 1)[0]
     assert page.index('id="summary"') < page.index('id="overview"')  # the verdict first
