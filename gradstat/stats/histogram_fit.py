@@ -12,10 +12,12 @@ non-zero value of the row (docs/methods.md 1).
   ``REFINE_MIN`` values).
 * :func:`anderson_darling`: A^2 = n integral (F_n - F)^2 / (F (1 - F)) dF (the
   integral the sum over sorted values evaluates) with F_n exact at every bin edge,
-  constant between bins (closed form), linear in F inside a bin (5-point Gauss-Legendre),
-  and a step at each value of a bin of ties (sorted; closed form); +inf when a value lies
-  outside the fitted support. 1e-6 relative to the sum over the sorted row where the
-  values spread within bins.
+  constant between bins (closed form), inside a bin a line in F plus the expected
+  square of its values' spread about it (a Brownian bridge: t (1 - t) m / n^2 at the
+  bin's fraction t, m values; 5-point Gauss-Legendre), and a step at each value of a bin
+  of ties (sorted; closed form); +inf when a value lies outside the fitted support.
+  Within 1e-3 of the sum over the sorted row on rows the fit suits (tested; the line
+  alone came out low by up to 1e-3 on 2M values, 3e-3 on 100k).
 """
 
 from __future__ import annotations
@@ -203,9 +205,12 @@ def anderson_darling(dist: Distribution, hist: RowHistogram) -> float:
     u, v = f_a[:, None] + tau * width[:, None], s_a[:, None] - tau * width[:, None]
     e, c = e_a[:, None] + tau * rise[:, None], c_a[:, None] - tau * rise[:, None]
     gap = np.where(u < 0.5, e - u, v - c)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        integrand = gap * gap / (u * v)
-    total += float(np.sum(integrand @ _WEIGHTS * width / 2.0))
+    # gap^2 w / (u v) as (gap^2 / max) (w / min): w / min(u, v) stays under
+    # 1 / min(tau, 1 - tau). Regression: in a bin where S falls to 1e-320, u v underflowed
+    # and the quotient overflowed, A^2 = inf (numpy's overflow warning in the output).
+    bridge = tau * (1.0 - tau) * rise[:, None] / g.n  # E (F_n - line)^2 in the bin
+    weighted = ((gap * gap + bridge) / np.maximum(u, v)) * (width[:, None] / np.minimum(u, v))
+    total += float(np.sum(weighted @ _WEIGHTS / 2.0))
     at = np.flatnonzero(tied)
     if at.size:
         total += _tied_steps(g, at)
