@@ -247,6 +247,18 @@ def test_anderson_darling_where_the_fitted_tail_underflows():
     assert anderson_darling(dist, hist) == pytest.approx(_sorted_ad(dist, g), rel=1e-3)
 
 
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("outlier", [38.8, 38.84])
+def test_anderson_darling_where_a_node_rounds_to_the_end_of_f(outlier):
+    """Regression (the report of ``make demo``): an outlier whose bin starts where the
+    fitted normal's S is a few subnormals; a Gauss node's 1 - F rounded to 0 and numpy
+    warned of a division by zero, A^2 = inf. Without the outlier A^2 is 3-5 here."""
+    g = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    g[0] = outlier
+    hist = RowHistogram(torch.from_numpy(g))
+    assert anderson_darling(fit_moments(get_distribution("normal"), hist), hist) < 10
+
+
 def test_binned_records_equal_the_passes_records(row):
     """The records before (magnitudes and passes, KS/AD on every value) and after (the
     bins): counts, k, q and the empirical quantiles equal; what moved by design (float64

@@ -45,6 +45,7 @@ TIE_SPREAD = 0.5
 #: by less than its mass squared).
 TIE_MASS = 1e-4
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(5)
+_SMALLEST = float(np.finfo(np.float64).smallest_subnormal)
 
 
 def fit_moments(cls: type[Distribution], hist: RowHistogram) -> Distribution:
@@ -206,10 +207,13 @@ def anderson_darling(dist: Distribution, hist: RowHistogram) -> float:
     e, c = e_a[:, None] + tau * rise[:, None], c_a[:, None] - tau * rise[:, None]
     gap = np.where(u < 0.5, e - u, v - c)
     # gap^2 w / (u v) as (gap^2 / max) (w / min): w / min(u, v) stays under
-    # 1 / min(tau, 1 - tau). Regression: in a bin where S falls to 1e-320, u v underflowed
-    # and the quotient overflowed, A^2 = inf (numpy's overflow warning in the output).
+    # 1 / min(tau, 1 - tau), and min(u, v) is at least the smallest float (a node a few
+    # subnormals from F's end rounds to 0). Regression: in a bin where S falls to 1e-320,
+    # u v underflowed and the quotient overflowed or divided by 0: A^2 = inf, and numpy's
+    # warnings in the output.
     bridge = tau * (1.0 - tau) * rise[:, None] / g.n  # E (F_n - line)^2 in the bin
-    weighted = ((gap * gap + bridge) / np.maximum(u, v)) * (width[:, None] / np.minimum(u, v))
+    low = np.maximum(np.minimum(u, v), _SMALLEST)
+    weighted = ((gap * gap + bridge) / np.maximum(u, v)) * (width[:, None] / low)
     total += float(np.sum(weighted @ _WEIGHTS / 2.0))
     at = np.flatnonzero(tied)
     if at.size:
