@@ -169,7 +169,7 @@ def _float_sums(
     sums, sq = np.zeros(counts.size), np.zeros(counts.size)
     at = np.flatnonzero(counts)
     j = np.minimum(at % SIGN_BIN, NBINS - 2)  # NaN/Inf's bins: no finite values
-    low = (j.astype(np.uint32) << SHIFT).view(np.float32).astype(np.float64)
+    low = bin_edges(j)[0]
     ulp = np.ldexp(1.0, np.maximum(j >> (23 - SHIFT), 1) - 150)
     n, m, m2 = (a[at].astype(np.float64) for a in (counts, mantissas, squares))
     sums[at] = n * low + ulp * m

@@ -26,7 +26,6 @@ from gradstat.stats import row_kernels
 _CHUNK = 1 << 20  # 4 MiB of float32: few parallel regions, temporaries stay in L2/L3
 #: Elements per chunk of a numpy count or filter (1 MiB of float32, the mask 256 KiB).
 _SCAN_CHUNK = 1 << 18
-_TINY = torch.finfo(torch.float32).tiny
 #: Exceedance sets a :class:`RowPasses` keeps, in elements, as a share of the row.
 POOL_SHARE = 1.0
 
@@ -393,8 +392,7 @@ class RowPasses:
             minimum = float(above.amin()) if n else math.nan
             total, squares = float(above.sum()), float(above.square().sum())
             if math.isinf(total + squares) and bool(torch.isfinite(above).all()):
-                wide = above.double()  # float32 overflowed: finite values over 1.8e19
-                total, squares = float(wide.sum()), float(torch.dot(wide, wide))
+                total, squares = _wide_sums(above)  # float32 overflowed: values over 1.8e19
             self._exceedance_sums[key] = ExceedanceSums(n, total, squares, minimum)
         return self._exceedance_sums[key]
 
