@@ -13,8 +13,8 @@ import warnings
 from importlib import import_module
 from importlib.util import find_spec
 
-import click
 import typer
+from typer.core import TyperCommand
 from rich.markup import escape
 
 from gradstat import __version__, cancel
@@ -50,8 +50,8 @@ def _docstring(target: str) -> str:
     raise LookupError(f"{target}: no such function")  # a bad COMMANDS entry
 
 
-def load_command(name: str) -> click.Command:
-    """The click command ``name``: its module imported now, with what it computes with."""
+def load_command(name: str) -> TyperCommand:
+    """The command ``name``: its module imported now, with what it computes with."""
     module, function = COMMANDS[name].split(":")
     callback = getattr(import_module(module), function)
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -67,10 +67,10 @@ class Commands(Group):
     def list_commands(self, ctx) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx, cmd_name: str) -> TyperCommand | None:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
             help_ = _docstring(COMMANDS[cmd_name])  # a summary for the list in --help
-            self.commands[cmd_name] = click.Command(
+            self.commands[cmd_name] = TyperCommand(
                 cmd_name, help=help_, short_help=help_.split("\n\n")[0]
             )
         return self.commands.get(cmd_name)
