@@ -196,6 +196,7 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
         records,
         summary=views,
         answer=replay_answer(summary),
+        detail=[_per_step_view(records)],
         document={
             "learners": learners,
             "cost_learners": n,
@@ -255,6 +256,45 @@ def _error_view(scope: str, shown: pd.DataFrame) -> View:
         "Relative errors above 1 are normal with error feedback: what a step sends "
         "includes residuals of earlier steps, which the mean gradient of that step "
         "does not.",
+    )
+
+
+def _per_step_view(records: pd.DataFrame) -> View:
+    """Each replayed step of each compressor and ratio (``--detail``), a compressor's
+    steps together in the order of the summary."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(records["compressor"]))}
+    records = records.sort_values(
+        ["compressor", "ratio", "step"],
+        key=lambda c: c.map(order) if c.name == "compressor" else c,
+        ascending=[True, False, True],
+        kind="stable",
+    )
+    shown = records.assign(
+        ratio=[("-" if math.isnan(r) else f"{r:g}") for r in records["ratio"]],
+        bytes=records["bytes_per_learner"].round().astype(int),
+        compress_ms=records["compress_seconds"] * 1e3,
+    )
+    scopes = records["scope"].nunique() > 1
+    columns = {"scope": "scope"} if scopes else {}
+    columns |= {
+        "compressor": "compressor",
+        "ratio": "ratio",
+        "step": "step",
+        "density": "density",
+        "quality": "q",
+        "buildup": "B",
+        "bytes": "bytes",
+        "rel_error": "rel error",
+        "cosine": "cosine",
+        "memory_norm": "memory",
+        "compress_ms": "compress ms",
+    }
+    return View(
+        "replay per step",
+        shown,
+        columns,
+        "memory = error-feedback norm after the step; compress = time per learner here.",
+        keys=4 if scopes else 3,
     )
 
 
