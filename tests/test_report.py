@@ -118,7 +118,7 @@ def test_report_on_an_interrupted_capture_says_so(synthetic_capture, tmp_path, c
     [
         (["-o", "report.pdf"], "use a .html file name"),
         (["-o", "/nonexistent/r.html"], "does not exist"),
-        (["-o", "r.html", "--ratios", "2"], "outside (0, 1)"),
+        (["-o", "r.html", "--ratios", "2"], "strictly between 0 and 1"),
         (["-o", "r.html", "--bandwidth", "fast"], "--bandwidth"),
     ],
 )

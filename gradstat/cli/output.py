@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -39,9 +40,19 @@ from gradstat.errors import UsageError
 if TYPE_CHECKING:  # numpy and pandas load with the first table: --help needs neither
     import pandas as pd
 
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """``gradstat info CAP | head -3``: the reader took what it wanted. Exit 0, not
+        rich's 1 (which gradstat's exit codes read as bad data); no more output."""
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+        raise SystemExit(0)
+
+
 # no emoji codes: a name such as ``mine.py:Top:bits=2`` must print as written, not as 🔝
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+console = _Console(emoji=False)
+err_console = _Console(stderr=True, emoji=False)
 T = TypeVar("T")
 
 #: Plain progress (stderr not a terminal: a log, CI) prints a line each time another
