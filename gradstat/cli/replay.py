@@ -70,6 +70,7 @@ from gradstat.cli.output import (
 )
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
+from gradstat.compressors.registry import REGISTRY
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
@@ -89,10 +90,11 @@ Candidates = Annotated[
     typer.Option(
         "--compressors",
         metavar="LIST",
-        show_default="every compressor but none",
         callback=list_compressors,
         is_eager=True,
-        help=f"Candidates, comma-separated: {COMPRESSOR_NAMES}",
+        help=f"Candidates, comma-separated: {COMPRESSOR_NAMES} Default: every built-in but "
+        + " and ".join(n for n, e in REGISTRY.items() if not e.candidate)
+        + ".",
     ),
 ]
 Target = Annotated[
