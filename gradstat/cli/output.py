@@ -331,7 +331,8 @@ def progress_line(
     """``fit: 12/40 (30%), 0:35 elapsed, about 1:22 left`` (no estimate without ``left``)."""
     if not total:
         return f"{description}: {done} done, {_clock(elapsed)} elapsed"
-    eta = f", about {_clock(left)} left" if left is not None and math.isfinite(left) else ""
+    estimate = left is not None and math.isfinite(left) and done < total
+    eta = f", about {_clock(left)} left" if estimate else ""
     return f"{description}: {done}/{total} ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
 
 
