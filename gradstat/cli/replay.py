@@ -136,6 +136,10 @@ def _display(summary: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
@@ -216,9 +220,16 @@ def _traffic_view(
     """One scope's traffic and time table: ``rows`` its summary, ``shown`` as displayed,
     ``learners`` replayed, ``n`` in the cost model on ``link``."""
     dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
+    alone = (
+        " One learner communicates nothing: no comm time and no speed-up to predict."
+        if n < 2
+        else ""
+    )
+    if n < 2:
+        shown = shown.assign(speedup=math.nan)
     return View(
-        f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
-        f"{scope}: traffic and time (cost model: {n} learners)",
+        f"replay of {_count(learners, 'learner')} over {_count(int(rows['steps'].max()), 'step')}"
+        f", scope {scope}: traffic and time (cost model: {_count(n, 'learner')})",
         shown,
         {
             "compressor": "compressor",
@@ -236,7 +247,7 @@ def _traffic_view(
         "bytes sent per learner per step; comm = predicted communication; "
         "compress = time per learner here, median over the steps after the first "
         "(± half its interquartile range); speed-up = dense fp32 all-reduce "
-        f"({dense:.3g} ms) / (comm + compress).",
+        f"({dense:.3g} ms) / (comm + compress)." + alone,
     )
 
 
@@ -346,6 +357,12 @@ def recommend_command(
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
+        if (cluster_size or cap.world_size) < 2:
+            raise UsageError(
+                f"{cap.path} is a run of one learner, which communicates nothing: there is "
+                "no compression to recommend; give --cluster-size N (2 or more) to price "
+                "it for N learners"
+            )
         tick = lambda units: progress(units, "recommend")  # noqa: E731
         result = recommend(cap, Selection.of(cap, steps), params, compute=compute, progress=tick)
     show(recommend_result(result), Output(as_json, csv))
