@@ -94,7 +94,8 @@ def test_report_leads_with_the_summary_box_and_states_its_assumptions(report_pag
     assert f"gradstat {__version__}" in summary
     assert "10 Gbit/s, latency 5 us" in summary
     assert str(real_capture) in summary
-    assert "--cluster-size 16" in summary  # the equivalent `gradstat recommend` call
+    # the equivalent `gradstat recommend` call, as code whose options never break
+    assert '<span class="word">--cluster-size</span> <span class="word">16</span>' in summary
     # Tables read as people write them: units, '-' for missing, yes/no, never nan.
     assert ">nan<" not in page and ">True<" not in page and ">False<" not in page
     assert "time per step (ms)" in page and "within budget" in page
@@ -178,3 +179,15 @@ def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
     wide = pd.DataFrame([["model", *range(15)]], columns=["scope", *(f"c{i}" for i in range(15))])
     page = table_html(wide)
     assert page.count("<tr>") == 16 and "<th>model</th>" in page  # one row per column
+
+
+def test_the_equivalent_command_wraps_between_words_only():
+    """Regression: at 390 px the report broke `--error-budget` across lines at its hyphen."""
+    from gradstat.report.html import _command_html
+
+    text = "gradstat recommend /runs/a-b/cap --error-budget 0.5 --compressors fp16,sidco-gpd"
+    code = _command_html(text)
+    for word in ("--error-budget", "sidco-gpd", "fp16"):
+        assert f'<span class="word">{word}</span>' in code
+    assert '<span class="path">/runs/a-b/cap</span>' in code
+    assert re.sub(r"<[^>]+>", "", code) == text  # copies as the command it is

@@ -58,6 +58,8 @@ th { background: rgba(80,80,220,.09); vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 table.facts td { white-space: normal; text-align: left; overflow-wrap: break-word; }
 table.facts td:first-child { white-space: nowrap; font-weight: bold; }
+table.facts .word { white-space: nowrap; }
+table.facts .path { overflow-wrap: anywhere; }
 nav { display: flex; flex-wrap: wrap; gap: .2em 1em; margin: 1em 0; }
 nav a { white-space: nowrap; }
 @media (max-width: 700px) {
@@ -136,10 +138,27 @@ def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str
     )
 
 
+def _command_html(text: str) -> str:
+    """A command line as code that wraps only between its words and after a comma, never
+    inside one such as ``--error-budget`` (at 390 px a browser broke it at its hyphen);
+    a path may break anywhere."""
+    words = []
+    for word in text.split(" "):
+        if "/" in word:
+            words.append(f'<span class="path">{html.escape(word)}</span>')
+            continue
+        items = [f'<span class="word">{html.escape(item)}</span>' for item in word.split(",")]
+        words.append(",<wbr>".join(items))
+    return "<code>" + " ".join(words) + "</code>"
+
+
 def _facts(df: pd.DataFrame) -> str:
-    """A two-column label/value table without a header row."""
+    """A two-column label/value table without a header row; a value that is a gradstat
+    command reads as code (:func:`_command_html`)."""
     rows = "".join(
-        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+        f"<tr><td>{html.escape(str(k))}</td><td>"
+        + (_command_html(str(v)) if str(v).startswith("gradstat ") else html.escape(str(v)))
+        + "</td></tr>"
         for k, v in df.itertuples(index=False)
     )
     return f'<div class="scroll plain"><table class="facts"><tbody>{rows}</tbody></table></div>'
