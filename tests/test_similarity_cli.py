@@ -81,6 +81,8 @@ def test_similarity_matches_numpy_sets(synthetic_capture):
         == matrix.loc[2, 0]
         == pytest.approx(result.pairs.query("learner_b == 2")["overlap"].mean())
     )
+    # as docs/api.md lists it: of the result itself (regression: AttributeError, issue 39)
+    assert overlap_matrix(result).equals(matrix)
 
 
 def test_buildup_identical_disjoint_and_brute_force(tmp_path):
