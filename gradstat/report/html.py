@@ -142,13 +142,22 @@ def _command_html(text: str) -> str:
     """A command line as code that wraps only between its words and after a comma, never
     inside one such as ``--error-budget`` (at 390 px a browser broke it at its hyphen);
     a path may break anywhere."""
-    words = []
+    words: list[str] = []
+    option = False  # the last word is an option still without its value
     for word in text.split(" "):
         if "/" in word:
             words.append(f'<span class="path">{html.escape(word)}</span>')
+        elif "," in word:
+            items = [f'<span class="word">{html.escape(item)}</span>' for item in word.split(",")]
+            words.append(",<wbr>".join(items))
+        elif option and not word.startswith("--"):
+            # an option and its short value stay on one line: --latency 5us
+            words[-1] = words[-1].removesuffix("</span>") + f" {html.escape(word)}</span>"
+            option = False
             continue
-        items = [f'<span class="word">{html.escape(item)}</span>' for item in word.split(",")]
-        words.append(",<wbr>".join(items))
+        else:
+            words.append(f'<span class="word">{html.escape(word)}</span>')
+        option = word.startswith("--")
     return "<code>" + " ".join(words) + "</code>"
 
 
