@@ -161,12 +161,17 @@ def _command_html(text: str) -> str:
     return "<code>" + " ".join(words) + "</code>"
 
 
+def _is_command(text: str) -> bool:
+    """A gradstat command line with options (not ``gradstat 0.1.0, torch ...``)."""
+    return text.startswith("gradstat ") and " --" in text
+
+
 def _facts(df: pd.DataFrame) -> str:
     """A two-column label/value table without a header row; a value that is a gradstat
     command reads as code (:func:`_command_html`)."""
     rows = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>"
-        + (_command_html(str(v)) if str(v).startswith("gradstat ") else html.escape(str(v)))
+        + (_command_html(str(v)) if _is_command(str(v)) else html.escape(str(v)))
         + "</td></tr>"
         for k, v in df.itertuples(index=False)
     )
