@@ -75,6 +75,7 @@ from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
+from gradstat.formatting import counted
 from gradstat.report.answers import replay_answer
 from gradstat.store import open_capture
 from gradstat.threads import torch_threads
@@ -134,10 +135,6 @@ def _display(summary: pd.DataFrame) -> pd.DataFrame:
     if "within_budget" in shown:
         shown["fits"] = shown["within_budget"].map({True: "yes", False: "no"})
     return shown
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def link_text(link: Link) -> str:
@@ -228,8 +225,8 @@ def _traffic_view(
     if n < 2:
         shown = shown.assign(speedup=math.nan)
     return View(
-        f"replay of {_count(learners, 'learner')} over {_count(int(rows['steps'].max()), 'step')}"
-        f", scope {scope}: traffic and time (cost model: {_count(n, 'learner')})",
+        f"replay of {counted(learners, 'learner')} over {counted(int(rows['steps'].max()), 'step')}"
+        f", scope {scope}: traffic and time (cost model: {counted(n, 'learner')})",
         shown,
         {
             "compressor": "compressor",
