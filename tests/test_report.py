@@ -191,3 +191,13 @@ def test_the_equivalent_command_wraps_between_words_only():
         assert f'<span class="word">{word}</span>' in code
     assert '<span class="path">/runs/a-b/cap</span>' in code
     assert re.sub(r"<[^>]+>", "", code) == text  # copies as the command it is
+
+
+def test_a_wide_row_named_like_its_column_stands_up():
+    """Regression: a capture folder named "run" broke the report ("cannot insert run,
+    already exists") where its one-row table of many columns is stood up."""
+    from gradstat.report.html import table_html
+
+    row = pd.DataFrame([{"run": "run", **{f"c{i}": float(i) for i in range(10)}}])
+    page = table_html(row)
+    assert page.count("<th>run</th>") == 2 and "<td>c9</td><td>9</td>" in page

@@ -110,13 +110,12 @@ SHORT, WIDE = 2, 8
 def _stand_up(df: pd.DataFrame) -> pd.DataFrame:
     """A short, wide table transposed: its columns as rows, one column per row."""
     first = df.columns[0]
-    names = [format_cell(v) for v in df[first]]
     rest = df.drop(columns=[first])
-    table = pd.DataFrame(
-        {name: [format_cell(v) for v in row] for name, row in zip(names, rest.values, strict=True)}
-    )
-    table.insert(0, str(first), [str(c) for c in rest.columns])
-    return table
+    # headers may repeat (a capture folder named "run" in the column "run"): a list, not
+    # a dict of columns, keeps every one
+    header = [str(first), *(format_cell(v) for v in df[first])]
+    rows = [[str(c), *(format_cell(v) for v in rest[c])] for c in rest.columns]
+    return pd.DataFrame(rows, columns=header)
 
 
 def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str:
