@@ -16,6 +16,11 @@ import pandas as pd
 MISSING = "-"
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 learner``, ``4 learners``: a count and its noun in the right number."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def format_cell(value) -> str:
     """4 significant digits below 1e4, whole numbers up to 1e7, scientific notation
     outside [1e-3, 1e7); dicts as k=v."""

@@ -11,7 +11,9 @@ CANDIDATES=fp16,bf16,topk,dgc,sidco-gpd,clt-k,powersgd  # the report's default
 
 rm -rf "$OUT"
 mkdir -p "$FIG"
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# bold headings on a terminal; plain text in a log (no raw escape codes)
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold='' plain=''; fi
+step() { printf '\n%s== %s%s\n' "$bold" "$*" "$plain"; }
 
 step "capture: 4 gloo learners train the charlm transformer for 100 steps"
 "$GRADSTAT" capture --workload charlm --nproc-per-node 4 --steps 100 --out "$RUN"

@@ -312,3 +312,51 @@ def test_jobs_are_capped_at_the_cpus(capsys, synthetic_capture, monkeypatch):
     result = run_cli(capsys, "similarity", path, "--jobs", "1000", "--json")
     assert result.code == 0, result
     assert "--jobs 1000: this process may use 1 CPUs; running 1 workers" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["similarity", "{capture}", "--ratios", "0"], "--ratios 0: each ratio is a density"),
+        (["fit", "{capture}", "--ratios", "0.1,x"], "--ratios 0.1,x: each ratio is a density"),
+        (["replay", "{capture}", "--seed", "abc"], "--seed abc: expected a whole number"),
+        (["replay", "{capture}", "--beta", "x"], "--beta x: expected a number"),
+        (["similarity", "{capture}", "--on", "foo"], "--on foo: 'foo' is not one of"),
+        (["replay", "{capture}", "--bandwidth", "10x"], "--bandwidth '10x': expected a rate"),
+    ],
+)
+def test_bad_values_are_named_in_plain_words(capsys, synthetic_capture, args, message):
+    """Regression: 'Invalid value for '--ratios': Value error, ...' and 'Input should be a
+    valid integer, unable to parse string as an integer': the validation library's text."""
+    path, _ = synthetic_capture
+    result = run_cli(capsys, *(a.format(capture=path) for a in args))
+    assert_clean_error(result, code=2)
+    assert f"Error: {message}" in result.stderr
+    assert "Value error" not in result.stderr and "Input should" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [["info", "{capture}"], ["info", "{capture}", "--json"], ["-h"]])
+def test_a_reader_that_stops_early_is_no_error(synthetic_capture, args):
+    """Regression: `gradstat info CAP | head -3` exited 1, the code of bad data. The pipe
+    here is closed before gradstat writes, so its first write fails every time."""
+    path, _ = synthetic_capture
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "gradstat", *(a.format(capture=path) for a in args)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""

@@ -126,3 +126,20 @@ def test_report_section_only_beside_compressed_runs(runs, tmp_path):
     write_capture(alone / "dense", grads(1), LAYERS, meta={"seed": 0})
     with open_capture(alone / "dense") as cap:
         assert training_section(cap) is None
+
+
+def test_unlike_runs_are_warned_and_no_dense_run_is_said(runs, capsys, tmp_path):
+    """Regression: captures of 4 and 2 learners, or of different steps, compared without
+    a word; without a dense run the note read 'over the dense run's, none (open-loop)'."""
+    path, _ = runs
+    four = np.concatenate([grads(0, steps=4)] * 2)  # 4 learners, steps 0..3
+    write_capture(tmp_path / "four", four, LAYERS, meta={"seed": 0})
+    result = run_cli(capsys, "compare", tmp_path / "four", path / "same")
+    assert result.code == 0, result.stderr
+    err = " ".join(result.stderr.split())
+    assert "same trained with 2 learners and four with 4" in err
+    assert "same recorded 6 steps (0..5) and four 4 (0..3)" in err
+    result = run_cli(capsys, "compare", path / "same", path / "drift")
+    assert result.code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "none (open-loop)" not in out and "No dense run among the runs" in out

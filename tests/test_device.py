@@ -72,4 +72,6 @@ def test_cuda_without_a_gpu_is_one_clean_error(synthetic_capture, capsys, comman
     extra = {"recommend": ["--error-budget", "0.5"], "report": ["-o", str(tmp_path / "r.html")]}
     result = run_cli(capsys, command, path, *extra.get(command, []), "--device", "cuda")
     assert_clean_error(result, 2)
-    assert "no CUDA GPU" in result.stderr
+    # the option as typed and what to do, not the library's device='cuda'
+    assert "Error: --device cuda: no CUDA GPU here" in result.stderr, result
+    assert "use --device cpu" in result.stderr

@@ -247,8 +247,8 @@ def test_bad_layers_are_marked_rows(awkward_capture, capsys):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["--ratios", "0,0.1"], 2, "outside (0, 1)"),
-        (["--ratios", "1.5"], 2, "outside (0, 1)"),
+        (["--ratios", "0,0.1"], 2, "strictly between 0 and 1"),
+        (["--ratios", "1.5"], 2, "strictly between 0 and 1"),
         (["--dist", "cauchy"], 2, "unknown distribution"),
         (["--method", "bayes"], 2, "unknown fit method"),
         (["--steps", "99"], 2, "not recorded"),

@@ -87,11 +87,16 @@ def test_corrupted_row_fails_its_checksum(wide_capture, tmp_path, capsys, damage
         np.testing.assert_array_equal(cap.read_step(2).numpy(), grads[:, 2])
         with pytest.raises(DataError, match=r"rank-00001.h5 \(learner 1\): step 3 is damaged"):
             cap.read_step(3)
-    assert run_cli(capsys, "info", damaged).code == 0
+    result = run_cli(capsys, "info", damaged)
+    assert result.code == 0 and "--verify" not in result.stdout
     result = run_cli(capsys, "info", damaged, "--verify")
     assert_clean_error(result, code=1)
-    assert "learner 1 steps 3" in result.stdout
-    assert "rank-00001.h5 (learner 1): steps 3 damaged" in result.stderr
+    # one step: "step 3", not "steps 3" (issue 39); --verify says what it read
+    assert "learner 1 step 3" in result.stdout
+    assert "rank-00001.h5 (learner 1): step 3 damaged" in result.stderr
+    rows = len(grads) * grads.shape[1]
+    assert f"--verify: read {rows} rows of {len(grads)} learners" in result.stdout
+    assert "1 row failed" in result.stdout
     assert_clean_error(run_cli(capsys, "fit", damaged), code=1)
 
 

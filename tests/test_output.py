@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from gradstat.cli import output
-from gradstat.cli.output import Output, Result, View, progress_line, show
+from gradstat.cli.output import Output, Result, View, layout, print_view, progress_line, show
 from gradstat.cli.similarity import buildup_result, overlap_result
 from gradstat.formatting import format_cell
 
@@ -65,8 +65,35 @@ def test_json_is_one_document_and_nothing_else(capsys):
 
 
 def test_progress_line_has_total_and_time_left():
-    assert progress_line("fit", 10, 40, 30.0) == "fit: 10/40 (25%), 0:30 elapsed, about 1:30 left"
+    line = progress_line("fit", 10, 40, 30.0, 90.0)
+    assert line == "fit: 10/40 (25%), 0:30 elapsed, about 1:30 left"
+    assert progress_line("fit", 1, 40, 30.0) == "fit: 1/40 (2%), 0:30 elapsed"
     assert progress_line("fit", 3, None, 3725.0) == "fit: 3 done, 1:02:05 elapsed"
+
+
+def test_plain_progress_prints_each_tenth_not_each_unit(capsys, monkeypatch):
+    monkeypatch.setattr(output, "PLAIN_PROGRESS_EVERY", 0.0)
+    assert len(list(output.progress(range(100), "similarity"))) == 100
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1].split()[0] for line in lines] == [
+        f"{n}/100" for n in range(10, 101, 10)
+    ]
+
+
+def test_plain_progress_time_left_leaves_out_the_first_unit(capsys, monkeypatch):
+    """Regression: a slow first unit (loading, compiling) made a 20 s run read 'about
+    10:09 left' at 1%."""
+    monkeypatch.setattr(output, "PLAIN_PROGRESS_EVERY", 0.0)
+
+    def units():
+        for i in range(10):
+            time.sleep(2.0 if i == 0 else 0.01)
+            yield i
+
+    list(output.progress(units(), "similarity", total=10))
+    lines = capsys.readouterr().err.splitlines()
+    assert "left" not in lines[0]  # one unit: no estimate yet
+    assert lines[1].endswith("about 0:00 left"), lines[1]  # not 0:16 (2 s x 8 units)
 
 
 def test_plain_progress_lines_when_stderr_is_not_a_terminal(capsys, monkeypatch):
@@ -74,6 +101,37 @@ def test_plain_progress_lines_when_stderr_is_not_a_terminal(capsys, monkeypatch)
     assert list(output.progress(range(3), "replay")) == [0, 1, 2]
     err = capsys.readouterr().err
     assert "replay: 1/3 (33%)" in err and "replay: 3/3 (100%)" in err
+
+
+def test_wide_tables_fit_the_terminal_without_cutting_a_number_or_header(capsys):
+    """Regression: at 80 columns fit --detail cut numbers mid-digit (c=0.40 / 4), KS to
+    0.066... and headers to learn...; now text wraps at spaces and a table too wide is
+    printed in parts that repeat its key columns."""
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame(
+        {"step": [0, 1], "learner": [0, 1], "params": ["c=0.343 scale=0.000576"] * 2}
+    )
+    for i in range(9):
+        rows[f"q@0.00{i + 1}"] = rng.uniform(1e-5, 1e-4, 2)
+    print_view(View("wide", rows, keys=2))
+    out = capsys.readouterr().out
+    width = output.console.width
+    assert max(map(len, out.splitlines())) <= width
+    words = set(out.split())
+    for column in rows.columns:
+        assert column in words  # every header whole, never "q@0.…"
+    for value in rows.drop(columns="params").to_numpy().ravel():
+        assert format_cell(value) in words  # every number whole
+    assert {"c=0.343", "scale=0.000576"} <= words
+    parts = [line for line in out.splitlines() if line.split()[:2] == ["step", "learner"]]
+    assert len(parts) >= 2  # the keys repeated in each part
+    assert "…" not in out
+
+
+def test_layout_wraps_headers_before_cells():
+    rows = pd.DataFrame({"compressor": ["topk"], "compress ms": ["4.16  ±32%"], "x": [1.5]})
+    ((_, widths),) = layout(rows, 2 + 10 + 3 + 10 + 3 + 3, keys=1)
+    assert widths == [10, 10, 3]  # "compress ms" wrapped at its space, the cell whole
 
 
 def _buildup_records(n: int) -> pd.DataFrame:
@@ -102,7 +160,18 @@ def test_long_buildup_tables_show_doubling_m_by_default():
     result = buildup_result(_buildup_records(12), "raw")
     assert list(result.summary[0].rows["m"]) == [1, 2, 4, 8, 12]
     assert len(result.detail[0].rows) == 12
-    assert buildup_result(_buildup_records(4), "raw").detail == []
+    short = buildup_result(_buildup_records(4), "raw")
+    assert [v.title for v in short.detail] == ["build-up per step: B(m) = U(m) / k of m learners"]
+
+
+def test_buildup_detail_has_every_step():
+    """Regression: --detail printed nothing more for a capture of 8 learners or fewer."""
+    records = pd.concat(
+        [_buildup_records(4).assign(step=s, buildup=lambda r, s=s: r["m"] + s) for s in (0, 5)]
+    )
+    (per_step,) = buildup_result(records, "raw").detail
+    assert list(per_step.rows["step"]) == [0, 5]
+    assert per_step.rows[["B(2)", "B(3)", "B(4)"]].values.tolist() == [[2, 3, 4], [7, 8, 9]]
 
 
 def test_many_learners_overlap_is_two_rows_by_default():

@@ -124,3 +124,105 @@ def test_fit_figure_tail_labels_do_not_overlap(tmp_path):
     overlaps = _overlapping_tick_labels(fig)
     plt.close(fig)
     assert not overlaps, overlaps
+
+
+def _loss_frames(steps: int = 12):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    losses = pd.DataFrame(
+        [
+            {"run": run, "label": label, "step": s, "learner": learner, "loss": 3 - s / 10}
+            for run, label in (("dense", "dense"), ("lm-topk", "topk at 0.01"))
+            for learner in range(2)
+            for s in range(steps)
+        ]
+    )
+    errors = pd.DataFrame(
+        {
+            "run": "lm-topk",
+            "step": range(steps),
+            "measured_rel_error": rng.uniform(0.6, 2.0, steps),
+            "predicted_rel_error": rng.uniform(0.6, 2.0, steps),
+        }
+    )
+    return losses, errors
+
+
+def test_compare_figure_ticks_whole_steps_and_keeps_its_legend_off_the_data():
+    """Regression: compare.png ticked steps at 2.5, labelled its log axis 6x10^-1 and
+    drew legends inside the axes."""
+    from gradstat.plots.compare import plot_compare
+
+    fig = plot_compare(*_loss_frames())
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_legend() is None
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert all(float(t).is_integer() for t in ticks), ticks
+    assert len(fig.legends) == 1
+    labels = [t.get_text() for t in fig.axes[1].get_yticklabels() if t.get_text()]
+    assert labels and not any("10^" in label or "times" in label for label in labels), labels
+
+
+def test_fit_distributions_differ_in_colour_and_dash():
+    """Regression: exp and normal, laplace and weibull were near-identical hues."""
+    from gradstat.plots.fit import DIST_STYLES, dist_style
+
+    styles = {name: dist_style(name, i) for i, name in enumerate(DIST_STYLES)}
+    for a, b in (("exp", "normal"), ("laplace", "weibull")):
+        assert styles[a]["color"] != styles[b]["color"]
+        assert styles[a]["ls"] != styles[b]["ls"]
+    assert len({s["color"] for s in styles.values()}) == len(styles)
+
+
+def test_loss_plot_gives_each_learner_its_own_hue():
+    """Regression: the report's loss plot drew two learners in near-identical pale
+    oranges."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    from gradstat.plots.capture import plot_loss
+
+    fig = plot_loss(np.arange(10), np.ones((2, 10)) + np.arange(2)[:, None])
+    lines = fig.axes[0].get_lines()
+    first, second = (np.array(to_rgb(line.get_color())) for line in lines[:2])
+    assert np.abs(first - second).sum() > 0.5
+    assert all(line.get_alpha() is None or line.get_alpha() >= 0.8 for line in lines)
+
+
+def test_replay_figure_marks_compressors_apart_and_smooths_long_runs():
+    """Regression: 9 series x 100 markers made the error over steps unreadable, and
+    bf16's marker hid fp16's."""
+    import math
+
+    import pandas as pd
+
+    from gradstat.plots.replay import plot_replay
+
+    rows = [
+        {
+            "scope": "model",
+            "compressor": name,
+            "ratio": ratio,
+            "step": s,
+            "bytes_per_learner": nbytes,
+            "rel_error": error * (1 + (s % 3) / 10),
+            "buildup": math.nan if math.isnan(ratio) else 1.5,
+        }
+        for name, ratio, nbytes, error in (
+            ("topk", 0.01, 1000.0, 0.5),
+            ("dgc", 0.01, 1100.0, 0.6),
+            ("fp16", math.nan, 8000.0, 1e-8),
+            ("bf16", math.nan, 8000.0, 1e-6),
+        )
+        for s in range(100)
+    ]
+    fig = plot_replay(pd.DataFrame(rows))
+    trade, error = fig.axes[0], fig.axes[1]
+    markers = {line.get_marker() for line in error.get_lines() if line.get_marker() != "None"}
+    assert len(markers) == 2  # topk and dgc: one marker each
+    assert "running median" in error.get_title()
+    edge = [line.get_xdata()[0] for line in trade.get_lines() if line.get_marker() == "v"]
+    assert len(edge) == 2 and edge[0] != edge[1]  # fp16 and bf16 side by side

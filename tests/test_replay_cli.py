@@ -179,7 +179,7 @@ def test_gaps_warn(capsys, tmp_path):
     ("args", "message"),
     [
         (["--compressors", "topk,zip"], "unknown compressor 'zip'"),
-        (["--ratios", "1.5"], "outside (0, 1)"),
+        (["--ratios", "1.5"], "strictly between 0 and 1"),
         (["--ratios", "0.001"], "cannot honour ratio"),
         (["--bandwidth", "fast"], "--bandwidth 'fast'"),
         (["--latency", "soon"], "--latency 'soon'"),

@@ -18,7 +18,7 @@ from gradstat.report.sections import SECTIONS
 from tests.helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).parent.parent
-VOID = {"meta", "img", "br", "hr", "link", "input"}
+VOID = {"meta", "img", "br", "hr", "link", "input", "wbr"}
 
 
 class _BalancedHTML(HTMLParser):
@@ -94,7 +94,8 @@ def test_report_leads_with_the_summary_box_and_states_its_assumptions(report_pag
     assert f"gradstat {__version__}" in summary
     assert "10 Gbit/s, latency 5 us" in summary
     assert str(real_capture) in summary
-    assert "--cluster-size 16" in summary  # the equivalent `gradstat recommend` call
+    # the equivalent `gradstat recommend` call, as code whose options never break
+    assert '<span class="word">--cluster-size 16</span>' in summary
     # Tables read as people write them: units, '-' for missing, yes/no, never nan.
     assert ">nan<" not in page and ">True<" not in page and ">False<" not in page
     assert "time per step (ms)" in page and "within budget" in page
@@ -118,7 +119,7 @@ def test_report_on_an_interrupted_capture_says_so(synthetic_capture, tmp_path, c
     [
         (["-o", "report.pdf"], "use a .html file name"),
         (["-o", "/nonexistent/r.html"], "does not exist"),
-        (["-o", "r.html", "--ratios", "2"], "outside (0, 1)"),
+        (["-o", "r.html", "--ratios", "2"], "strictly between 0 and 1"),
         (["-o", "r.html", "--bandwidth", "fast"], "--bandwidth"),
     ],
 )
@@ -146,7 +147,9 @@ def test_readme_quick_start_is_what_ci_and_make_run():
     assert re.search(r"^test: ", makefile, flags=re.M) and re.search(
         r"^demo: ", makefile, flags=re.M
     )
-    assert "-c constraints.txt" in makefile
+    # make installs through scripts/install.py: pinned, with the extras whose tests run
+    assert "scripts/install.py --constraints constraints.txt" in makefile
+    assert "--extras test,compression,lightning,transformers" in makefile
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
 
 
@@ -178,3 +181,25 @@ def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
     wide = pd.DataFrame([["model", *range(15)]], columns=["scope", *(f"c{i}" for i in range(15))])
     page = table_html(wide)
     assert page.count("<tr>") == 16 and "<th>model</th>" in page  # one row per column
+
+
+def test_the_equivalent_command_wraps_between_words_only():
+    """Regression: at 390 px the report broke `--error-budget` across lines at its hyphen."""
+    from gradstat.report.html import _command_html
+
+    text = "gradstat recommend /runs/a-b/cap --error-budget 0.5 --compressors fp16,sidco-gpd"
+    code = _command_html(text)
+    for word in ("--error-budget 0.5", "--compressors", "sidco-gpd", "fp16"):
+        assert f'<span class="word">{word}</span>' in code
+    assert '<span class="path">/runs/a-b/cap</span>' in code
+    assert re.sub(r"<[^>]+>", "", code) == text  # copies as the command it is
+
+
+def test_a_wide_row_named_like_its_column_stands_up():
+    """Regression: a capture folder named "run" broke the report ("cannot insert run,
+    already exists") where its one-row table of many columns is stood up."""
+    from gradstat.report.html import table_html
+
+    row = pd.DataFrame([{"run": "run", **{f"c{i}": float(i) for i in range(10)}}])
+    page = table_html(row)
+    assert page.count("<th>run</th>") == 2 and "<td>c9</td><td>9</td>" in page

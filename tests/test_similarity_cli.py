@@ -81,6 +81,8 @@ def test_similarity_matches_numpy_sets(synthetic_capture):
         == matrix.loc[2, 0]
         == pytest.approx(result.pairs.query("learner_b == 2")["overlap"].mean())
     )
+    # as docs/api.md lists it: of the result itself (regression: AttributeError, issue 39)
+    assert overlap_matrix(result).equals(matrix)
 
 
 def test_buildup_identical_disjoint_and_brute_force(tmp_path):
@@ -204,7 +206,7 @@ def test_bad_input_is_one_clean_error(synthetic_capture, tmp_path, capsys):
     assert_error(run(capsys, "similarity", path, "--learners", "1"), "at least 2")
     assert_error(run(capsys, "similarity", path, "--steps", "99"), "step 99")
     assert_error(run(capsys, "similarity", path, "--scope", "conv.bias", "--ratio", "0.95"), "k=8")
-    assert_error(run(capsys, "similarity", path, "--ratio", "1.5"), "outside (0, 1)")
+    assert_error(run(capsys, "similarity", path, "--ratio", "1.5"), "strictly between 0 and 1")
     assert_error(run(capsys, "buildup", path, "--ratios", "0.1,x"))
     assert_error(run(capsys, "similarity", path, "--on", "dense"))
     assert_error(run(capsys, "overlap", path, "--lag", "6"), "lag=6")

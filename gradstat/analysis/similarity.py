@@ -346,12 +346,15 @@ def _pair_row(
     }
 
 
-def overlap_matrix(pairs: pd.DataFrame) -> pd.DataFrame:
-    """Mean overlap (over the steps and scopes in ``pairs``) as a symmetric square table.
+def overlap_matrix(pairs: pd.DataFrame | SimilarityResult) -> pd.DataFrame:
+    """Mean overlap (over the steps and scopes in ``pairs``: :func:`similarity`'s result
+    or its ``pairs`` table) as a symmetric square table.
 
     Rows and columns are the learners then "mean" (the top-k of the mean gradient); the
     diagonal is 1.
     """
+    if isinstance(pairs, SimilarityResult):
+        pairs = pairs.pairs
     means = pairs.groupby(["learner_a", "learner_b"], sort=False)["overlap"].mean()
     learners = list(dict.fromkeys(pairs["learner_a"]))
     names = [*learners, "mean"]

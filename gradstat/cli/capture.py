@@ -164,9 +164,10 @@ def _say_where(options: CaptureOptions, run_dir: Path) -> None:
         return
     ranks = parse_ranks(options.record_ranks, options.world_size)
     learners = (
-        f"{len(ranks)} learners"
+        f"{len(ranks)} learner" + ("s" if len(ranks) != 1 else "")
         if len(ranks) == options.world_size
         else f"{len(ranks)} of {options.world_size} learners (ranks {format_ranks(ranks)})"
     )
-    console.print(f"captured {state[0]} steps x {learners} to [bold]{where}[/bold]")
+    steps = f"{state[0]} step" + ("s" if state[0] != 1 else "")
+    console.print(f"captured {steps} x {learners} to [bold]{where}[/bold]")
     console.print(f"next: gradstat info {where}")

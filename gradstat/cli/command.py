@@ -31,9 +31,24 @@ def _tidy(params: list, ctx) -> list:
             param.show_default = param.default.replace(",", ", ")
         if type(param) is TyperOption and isinstance(param.show_default, str):
             param.__class__ = TextDefaultOption
-        elif isinstance(param, TyperArgument) and param.metavar is None:
-            param.metavar = param.name.upper()
+        elif isinstance(param, TyperArgument):
+            if param.metavar is None:
+                param.metavar = param.name.upper()
+            if type(param) is TyperArgument:
+                param.__class__ = Argument
     return params
+
+
+class Argument(TyperArgument):
+    """An argument whose type reads as an option's does: ``PATH``, or ``PATH...`` for
+    several, not typer's ``<Path>`` and ``<list[Path]>``."""
+
+    def display_type_rich(self, ctx) -> str | None:
+        label = self.display_type(ctx)
+        several = label.startswith("<list[")
+        inner = label.removeprefix("<list[").removeprefix("<").rstrip(">]")
+        name = METAVARS.get(f"<{inner.lower()}>", inner.upper())
+        return name + ("..." if several else "")
 
 
 class TextDefaultOption(TyperOption):

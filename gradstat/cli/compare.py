@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot
-from gradstat.cli.output import Output, Result, View, show
+from gradstat.cli.output import Output, Result, View, show, warn
 from gradstat.defaults import DIVERGENCE_TOLERANCE
 
 if TYPE_CHECKING:  # pandas loads with the analysis, when the command runs
@@ -76,6 +76,7 @@ def compare_command(
     from gradstat.analysis.compare import compare
 
     result = compare([str(r) for r in runs], tolerance)
+    _warn_unlike(result.runs)
 
     def figure():
         from gradstat.plots.compare import plot_compare
@@ -85,6 +86,30 @@ def compare_command(
     views = _views(result.summary, result.dense, tolerance)
     shown_result = Result(result.errors, summary=views, document=result.to_dict(), figure=figure)
     show(shown_result, Output(as_json, csv, False, plot, dpi))
+
+
+def _warn_unlike(runs) -> None:
+    """Warn when runs differ in learners or recorded steps: their tables and curves then
+    compare unlike things (workload, seed and model: the analysis warns)."""
+    first = runs[0]
+    for run in runs[1:]:
+        if run.learners != first.learners:
+            warn(
+                f"{run.name} trained with {run.learners} learners and {first.name} with "
+                f"{first.learners}: each loss is the mean over a different number of "
+                "learners, and gradients average over different batch totals"
+            )
+        if run.steps != first.steps:
+            shared = len(set(run.steps) & set(first.steps))
+            warn(
+                f"{run.name} recorded {len(run.steps)} steps ({_span(run.steps)}) and "
+                f"{first.name} {len(first.steps)} ({_span(first.steps)}): means over steps "
+                f"cover different steps; the prediction uses the {shared} both recorded"
+            )
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}..{steps[-1]}" if steps else "none"
 
 
 def _views(summary: pd.DataFrame, dense: str | None, tolerance: float) -> list[View]:
@@ -109,10 +134,15 @@ def _views(summary: pd.DataFrame, dense: str | None, tolerance: float) -> list[V
                 shown,
                 _ERROR_COLUMNS,
                 "Relative error ||ĝ-g||²/||g||² of the update applied online (online err), "
-                "of the replay over the run's own gradients (own replay) and over the dense "
-                f"run's, {dense or 'none'} (open-loop); payload bytes per learner per step, "
-                "online and predicted; first step where the open-loop error is off by more "
-                f"than {tolerance:g} (relative).",
+                "of the replay over the run's own gradients (own replay) and "
+                + (
+                    f"over the dense run's, {dense} (open-loop); payload bytes per learner "
+                    "per step, online and predicted; first step where the open-loop error is "
+                    f"off by more than {tolerance:g} (relative)."
+                    if dense
+                    else "payload bytes per learner per step. No dense run among the runs: "
+                    "no open-loop prediction ('-'); add the dense run to get one."
+                ),
             )
         )
     return views

@@ -184,7 +184,7 @@ def fit_result(records: pd.DataFrame, method: str) -> Result:
         summary=summary,
         answer=[best_fit(ranking), *closest_estimators(quality)],
         detail=[
-            View("fits per record (q at each ratio)", _fit_table(records)),
+            View("fits per record (q at each ratio)", _fit_table(records), keys=4),
             View("estimation quality q = selected / k over records", quality),
         ],
         document={

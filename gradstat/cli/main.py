@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import ast
 import os
+import select
 import sys
 import warnings
 from importlib import import_module
 from importlib.util import find_spec
 
-import click
 import typer
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from gradstat import __version__, cancel
 from gradstat.cli.command import Command, Group, unwrap
@@ -50,8 +51,8 @@ def _docstring(target: str) -> str:
     raise LookupError(f"{target}: no such function")  # a bad COMMANDS entry
 
 
-def load_command(name: str) -> click.Command:
-    """The click command ``name``: its module imported now, with what it computes with."""
+def load_command(name: str) -> TyperCommand:
+    """The command ``name``: its module imported now, with what it computes with."""
     module, function = COMMANDS[name].split(":")
     callback = getattr(import_module(module), function)
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -67,10 +68,10 @@ class Commands(Group):
     def list_commands(self, ctx) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx, cmd_name: str) -> TyperCommand | None:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
             help_ = _docstring(COMMANDS[cmd_name])  # a summary for the list in --help
-            self.commands[cmd_name] = click.Command(
+            self.commands[cmd_name] = TyperCommand(
                 cmd_name, help=help_, short_help=help_.split("\n\n")[0]
             )
         return self.commands.get(cmd_name)
@@ -133,6 +134,35 @@ def _error(message: str, code: int) -> None:
     sys.exit(code)
 
 
+#: What a value of each type typer checks must look like, for people.
+EXPECTED = {
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+}
+
+
+def _bad_value(exc: typer.TyperException) -> str | None:
+    """A bad option value in gradstat's words, not the validation library's (typer checks
+    values with pydantic: ``Input should be a valid integer, unable to parse ...``,
+    ``Value error, ...``): ``--seed abc: expected a whole number``, or the message of
+    gradstat's own parser, which names the option. None: not a checked value."""
+    errors = getattr(exc.__cause__, "errors", None)
+    param = getattr(exc, "param", None)
+    if not callable(errors) or param is None or not getattr(param, "opts", None):
+        return None
+    error = errors()[0]
+    option, value = param.opts[0], error.get("input")
+    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
+        text = str(error["ctx"]["error"])
+        return text if text.startswith(option) else f"{option} {value}: {text}"
+    if error["type"] == "enum":
+        return f"{option} {value}: use {error['ctx']['expected']}"
+    reason = EXPECTED.get(error["type"], error["msg"])
+    return f"{option} {value}: {reason}"
+
+
 def _run(command):
     """``command()``, or under torchrun on rank 0 with the other ranks computing its units
     (torch.distributed loads only then, or when a script already started a group)."""
@@ -144,6 +174,26 @@ def _run(command):
 
         return run_command(command, follow)
     return command()
+
+
+def _device(file) -> tuple[int, int] | None:
+    """Which file ``file`` (a path or an open file) is, or None."""
+    try:
+        info = os.stat(file) if isinstance(file, str) else os.fstat(file.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``| head``), so a BrokenPipeError
+    came from our output and not from a pipe inside the work."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd, or no poll on this platform
+        return False
 
 
 def _unraisable(unraisable) -> None:
@@ -160,16 +210,25 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = _show_warning
     sys.unraisablehook = _unraisable
     cancel.install()
+    stdout = _device(sys.stdout)
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
         result = _run(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
         cancel.check()  # a Ctrl-C that came where nothing raised it (a callback)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except SystemExit as exc:
+        # rich and click exit 1 when the reader of stdout has gone (`gradstat info CAP |
+        # head -3`; rich points stdout at the null device first): that is no bad data
+        moved = stdout != _device(sys.stdout) == _device(os.devnull)
+        if exc.code == 1 and (moved or _stdout_closed()):
+            sys.exit(0)
+        raise
     except typer.Abort:
         _error("interrupted", INTERRUPTED)
     except typer.TyperException as exc:
-        message = exc.format_message()
+        message = _bad_value(exc) or exc.format_message()
         if not message:  # no arguments: the help is shown, with exit code 2 and no Error
             sys.exit(exc.exit_code)
         _error(message, exc.exit_code)
@@ -179,6 +238,12 @@ def main(argv: list[str] | None = None) -> None:
         _error(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         _error("interrupted", INTERRUPTED)
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            _error(f"unexpected BrokenPipeError: {exc}", 1)
+        # `gradstat info CAP | head -3`: the reader has what it wanted; no more output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     except Exception as exc:  # the last line of defence: never a traceback for users
         if debug:
             raise

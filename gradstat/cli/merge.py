@@ -32,7 +32,7 @@ Move = Annotated[
 
 
 def merge_command(dest: Dest, parts: Parts, move: Move = False) -> None:
-    """Join a capture written by several nodes into separate folders.
+    """Join the folders that the nodes of one multi-node capture wrote into one capture.
 
     Without a shared file system each node of `gradstat capture --nnodes N` keeps its
     learners' rank files in its own --out folder. Copy the folders onto one machine

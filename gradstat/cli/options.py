@@ -40,7 +40,15 @@ class RatioList(tuple):
 def _ratios(text: str | RatioList) -> RatioList:
     from gradstat.analysis.selection import parse_ratios
 
-    return text if isinstance(text, RatioList) else RatioList(parse_ratios(str(text)))
+    if isinstance(text, RatioList):
+        return text
+    try:
+        return RatioList(parse_ratios(str(text)))
+    except UsageError:
+        raise UsageError(
+            f"--ratios {text}: each ratio is a density k/d strictly between 0 and 1, "
+            "e.g. 0.01 or 0.01,0.001"
+        ) from None
 
 
 def between(low: int, high: int | None = None):
@@ -217,7 +225,17 @@ def compute_options(
         )
         jobs = cpus
     compute = Compute(device=device, jobs=jobs, memory=bytes_)
-    compute.torch_device()
+    try:
+        compute.torch_device()
+    except UsageError:
+        import torch
+
+        why = (
+            f"this torch ({torch.__version__}) is built without CUDA"
+            if torch.version.cuda is None
+            else "torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)"
+        )
+        raise UsageError(f"--device {device}: no CUDA GPU here, {why}; use --device cpu") from None
     return compute
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -39,15 +40,27 @@ from gradstat.errors import UsageError
 if TYPE_CHECKING:  # numpy and pandas load with the first table: --help needs neither
     import pandas as pd
 
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """``gradstat info CAP | head -3``: the reader took what it wanted. Exit 0, not
+        rich's 1 (which gradstat's exit codes read as bad data); no more output."""
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self.file.fileno())
+        raise SystemExit(0)
+
+
 # no emoji codes: a name such as ``mine.py:Top:bits=2`` must print as written, not as 🔝
-console = Console(emoji=False)
-err_console = Console(stderr=True, emoji=False)
+console = _Console(emoji=False)
+err_console = _Console(stderr=True, emoji=False)
 T = TypeVar("T")
 
-#: Seconds between plain progress lines when stderr is not a terminal (a log, CI).
+#: Plain progress (stderr not a terminal: a log, CI) prints a line each time another
+#: tenth of the work is done, at most one per ``PLAIN_PROGRESS_EVERY`` seconds ...
 PLAIN_PROGRESS_EVERY = 5.0
-#: Seconds without a completed unit after which the plain progress line is repeated.
-HEARTBEAT_EVERY = 30.0
+PLAIN_PROGRESS_STEP = 0.1
+#: ... and repeats its line after this many seconds without one (one long unit).
+HEARTBEAT_EVERY = 60.0
 
 
 @dataclass
@@ -59,6 +72,9 @@ class View:
     rows: pd.DataFrame
     columns: dict[str, str] | None = None
     note: str = ""
+    #: Leading columns that name a row (step, learner, ...): a table too wide for the
+    #: terminal is printed in parts that each repeat them.
+    keys: int = 1
 
     def shown(self) -> pd.DataFrame:
         """The rows with the chosen columns under their headers."""
@@ -170,11 +186,14 @@ def write_csv(df: pd.DataFrame, path: Path) -> None:
     err_console.print(f"[dim]wrote {escape(str(path))}[/dim]")
 
 
-def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
+def df_table(
+    df: pd.DataFrame, title: str | None = None, widths: Sequence[int] | None = None
+) -> Table:
     """A compact rich table of ``df``; numbers to 4 significant digits, right-aligned.
 
-    Number cells never wrap or shrink: a header wraps at its spaces instead, so tables
-    designed for 80 columns never cut a number.
+    ``widths`` (from :func:`layout`) fixes each column's width, at least its longest
+    number and its longest word, so a cell or header wraps at its spaces and a number is
+    never cut; without them rich sizes the columns.
     """
     import pandas as pd
 
@@ -187,27 +206,92 @@ def df_table(df: pd.DataFrame, title: str | None = None) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    for column in df.columns:
-        numeric = pd.api.types.is_numeric_dtype(df[column]) and not pd.api.types.is_bool_dtype(
-            df[column]
-        )
+    for i, column in enumerate(df.columns):
         # a long name (a user's compressor, path/to/file.py:CLASS) wraps, never ends in …
         table.add_column(
             escape(str(column)),
-            justify="right" if numeric else "left",
-            overflow="ellipsis" if numeric else "fold",
+            justify="right" if _numeric(df[column], pd) else "left",
+            overflow="fold",
+            width=None if widths is None else widths[i],
         )
     for row in df.itertuples(index=False):
         table.add_row(*(escape(format_cell(v)) for v in row))
     return table
 
 
+def _numeric(series, pd) -> bool:
+    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+
+
+#: Characters a SIMPLE_HEAD table without edge padding adds: its two edges and, between
+#: two columns, the padding on either side of the divider.
+EDGES, BETWEEN = 2, 3
+
+
+def _longest_word(text: str) -> int:
+    return max((len(word) for word in text.split()), default=0)
+
+
+def layout(df: pd.DataFrame, width: int, keys: int = 1) -> list[tuple[list, list[int]]]:
+    """How to print ``df`` within ``width`` characters: one or more parts, each a list
+    of columns and their widths. Every column gets at least its longest number (numbers
+    never wrap) and its longest word (text and headers wrap at spaces only). Headers wrap
+    first, then text cells; a table that is still too wide is cut into parts of whole
+    columns, each repeating the first ``keys`` columns."""
+    import pandas as pd
+
+    from gradstat.formatting import format_cell
+
+    full, header_wrapped, narrowest = {}, {}, {}
+    for column in df.columns:
+        cells = [format_cell(v) for v in df[column]]
+        header = str(column)
+        longest = max(map(len, cells), default=0)
+        words = longest if _numeric(df[column], pd) else max(map(_longest_word, cells), default=0)
+        full[column] = max(len(header), longest)
+        header_wrapped[column] = max(_longest_word(header), longest)
+        narrowest[column] = max(_longest_word(header), words, 1)
+
+    def room(columns) -> int:
+        return width - EDGES - BETWEEN * (len(columns) - 1)
+
+    def fit(columns) -> list[int]:
+        widths = {c: full[c] for c in columns}
+        for floor in (header_wrapped, narrowest):  # wrap headers first, then text cells
+            while sum(widths.values()) > room(columns):
+                slack = max(columns, key=lambda c: widths[c] - max(floor[c], 1))
+                if widths[slack] <= floor[slack]:
+                    break
+                widths[slack] -= 1
+        return [widths[c] for c in columns]
+
+    columns = list(df.columns)
+    if sum(narrowest[c] for c in columns) <= room(columns) or len(columns) <= keys + 1:
+        return [(columns, fit(columns))]
+    head, parts, part = columns[:keys], [], []
+    for column in columns[keys:]:
+        trial = head + part + [column]
+        if part and sum(narrowest[c] for c in trial) > room(trial):
+            parts.append(head + part)
+            part = []
+        part.append(column)
+    parts.append(head + part)
+    return [(part, fit(part)) for part in parts]
+
+
 def print_view(view: View) -> None:
-    """The title (bold), the note (dim, wrapped at the terminal's width), the table."""
+    """The title (bold), the note (dim, wrapped at the terminal's width), the table: in
+    parts of whole columns when it is wider than the terminal (:func:`layout`)."""
     console.print(Text(view.title, style="bold"))
     if view.note:
         console.print(Text(view.note, style="dim"))
-    console.print(df_table(view.shown()))
+    shown = view.shown()
+    parts = layout(shown, console.width, view.keys)
+    for i, (columns, widths) in enumerate(parts):
+        if i:
+            keys = ", ".join(map(str, columns[: view.keys]))
+            console.print(Text(f"(continued; {keys} repeated)", style="dim"))
+        console.print(df_table(shown[columns], widths=widths))
 
 
 def progress(
@@ -241,24 +325,34 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
-def progress_line(description: str, done: int, total: int | None, elapsed: float) -> str:
-    """``fit: 12/40 (30%), 0:35 elapsed, about 1:22 left`` (no total: no estimate)."""
+def progress_line(
+    description: str, done: int, total: int | None, elapsed: float, left: float | None = None
+) -> str:
+    """``fit: 12/40 (30%), 0:35 elapsed, about 1:22 left`` (no estimate without ``left``)."""
     if not total:
         return f"{description}: {done} done, {_clock(elapsed)} elapsed"
-    left = elapsed / done * (total - done) if done else float("nan")
-    eta = f", about {_clock(left)} left" if math.isfinite(left) else ""
+    estimate = left is not None and math.isfinite(left) and done < total
+    eta = f", about {_clock(left)} left" if estimate else ""
     return f"{description}: {done}/{total} ({done / total:.0%}), {_clock(elapsed)} elapsed{eta}"
 
 
 class _PlainProgress:
     """The state of one plain progress report: units done and when a line was printed.
-    A daemon thread prints the state again when no line came for ``HEARTBEAT_EVERY``
-    seconds, so one long unit (a replay of every step) is not minutes of silence."""
+
+    A line comes each time another ``PLAIN_PROGRESS_STEP`` of the units is done (at most
+    one per ``PLAIN_PROGRESS_EVERY`` seconds), and a last one at the end if any came
+    before. The time left is estimated from the units after the first, which also pays
+    for loading and compiling, so an early estimate is not minutes off. A daemon thread
+    prints the state again when no line came for ``HEARTBEAT_EVERY`` seconds, so one long
+    unit (a replay of every step) is not minutes of silence."""
 
     def __init__(self, description: str, total: int | None) -> None:
         self.description, self.total = description, total
         self.done = 0
         self.start = self.last = time.monotonic()
+        self.first: float | None = None  # when the first unit was done
+        self.shown_done = 0  # units done at the last line
+        self.printed = False
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -266,22 +360,40 @@ class _PlainProgress:
     def advance(self) -> None:
         with self.lock:
             self.done += 1
-            if time.monotonic() - self.last >= PLAIN_PROGRESS_EVERY:
+            now = time.monotonic()
+            if self.first is None:
+                self.first = now
+            if self.total:
+                step = max(1, math.ceil(PLAIN_PROGRESS_STEP * self.total))
+                due = self.done - self.shown_done >= step or self.done == self.total
+            else:
+                due = True
+            if due and now - self.last >= PLAIN_PROGRESS_EVERY:
                 self._print()
 
     def stop(self) -> None:
         with self.lock:  # a line being printed finishes first; none comes after
+            if self.printed and self.shown_done != self.done:
+                self._print()
             self.stopped.set()
 
     def _heartbeat(self) -> None:
-        while not self.stopped.wait(HEARTBEAT_EVERY / 4):
+        while not self.stopped.wait(min(HEARTBEAT_EVERY / 4, 5.0)):
             with self.lock:
                 if not self.stopped.is_set() and time.monotonic() - self.last >= HEARTBEAT_EVERY:
                     self._print()
 
+    def _left(self, now: float) -> float | None:
+        if not self.total or self.done < 2 or self.first is None:
+            return None
+        return (now - self.first) / (self.done - 1) * (self.total - self.done)
+
     def _print(self) -> None:
         self.last = now = time.monotonic()
-        line = progress_line(self.description, self.done, self.total, now - self.start)
+        self.shown_done, self.printed = self.done, True
+        line = progress_line(
+            self.description, self.done, self.total, now - self.start, self._left(now)
+        )
         err_console.print(line, highlight=False)
 
 

@@ -70,10 +70,12 @@ from gradstat.cli.output import (
 )
 from gradstat.cli.paths import out_path
 from gradstat.compressors.cost import Link
+from gradstat.compressors.registry import REGISTRY
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import TARGET_NAMES, resolve_target
 from gradstat.defaults import REPLAYED
 from gradstat.errors import DataError, UsageError
+from gradstat.formatting import counted
 from gradstat.report.answers import replay_answer
 from gradstat.store import open_capture
 from gradstat.threads import torch_threads
@@ -89,10 +91,11 @@ Candidates = Annotated[
     typer.Option(
         "--compressors",
         metavar="LIST",
-        show_default="every compressor but none",
         callback=list_compressors,
         is_eager=True,
-        help=f"Candidates, comma-separated: {COMPRESSOR_NAMES}",
+        help=f"Candidates, comma-separated: {COMPRESSOR_NAMES} Default: every built-in but "
+        + " and ".join(n for n, e in REGISTRY.items() if not e.candidate)
+        + ".",
     ),
 ]
 Target = Annotated[
@@ -196,6 +199,7 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
         records,
         summary=views,
         answer=replay_answer(summary),
+        detail=[_per_step_view(records)],
         document={
             "learners": learners,
             "cost_learners": n,
@@ -213,9 +217,16 @@ def _traffic_view(
     """One scope's traffic and time table: ``rows`` its summary, ``shown`` as displayed,
     ``learners`` replayed, ``n`` in the cost model on ``link``."""
     dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
+    alone = (
+        " One learner communicates nothing: no comm time and no speed-up to predict."
+        if n < 2
+        else ""
+    )
+    if n < 2:
+        shown = shown.assign(speedup=math.nan)
     return View(
-        f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
-        f"{scope}: traffic and time (cost model: {n} learners)",
+        f"replay of {counted(learners, 'learner')} over {counted(int(rows['steps'].max()), 'step')}"
+        f", scope {scope}: traffic and time (cost model: {counted(n, 'learner')})",
         shown,
         {
             "compressor": "compressor",
@@ -233,7 +244,7 @@ def _traffic_view(
         "bytes sent per learner per step; comm = predicted communication; "
         "compress = time per learner here, median over the steps after the first "
         "(± half its interquartile range); speed-up = dense fp32 all-reduce "
-        f"({dense:.3g} ms) / (comm + compress).",
+        f"({dense:.3g} ms) / (comm + compress)." + alone,
     )
 
 
@@ -255,6 +266,45 @@ def _error_view(scope: str, shown: pd.DataFrame) -> View:
         "Relative errors above 1 are normal with error feedback: what a step sends "
         "includes residuals of earlier steps, which the mean gradient of that step "
         "does not.",
+    )
+
+
+def _per_step_view(records: pd.DataFrame) -> View:
+    """Each replayed step of each compressor and ratio (``--detail``), a compressor's
+    steps together in the order of the summary."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(records["compressor"]))}
+    records = records.sort_values(
+        ["compressor", "ratio", "step"],
+        key=lambda c: c.map(order) if c.name == "compressor" else c,
+        ascending=[True, False, True],
+        kind="stable",
+    )
+    shown = records.assign(
+        ratio=[("-" if math.isnan(r) else f"{r:g}") for r in records["ratio"]],
+        bytes=records["bytes_per_learner"].round().astype(int),
+        compress_ms=records["compress_seconds"] * 1e3,
+    )
+    scopes = records["scope"].nunique() > 1
+    columns = {"scope": "scope"} if scopes else {}
+    columns |= {
+        "compressor": "compressor",
+        "ratio": "ratio",
+        "step": "step",
+        "density": "density",
+        "quality": "q",
+        "buildup": "B",
+        "bytes": "bytes",
+        "rel_error": "rel error",
+        "cosine": "cosine",
+        "memory_norm": "memory",
+        "compress_ms": "compress ms",
+    }
+    return View(
+        "replay per step",
+        shown,
+        columns,
+        "memory = error-feedback norm after the step; compress = time per learner here.",
+        keys=4 if scopes else 3,
     )
 
 
@@ -304,6 +354,12 @@ def recommend_command(
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
+        if (cluster_size or cap.world_size) < 2:
+            raise UsageError(
+                f"{cap.path} is a run of one learner, which communicates nothing: there is "
+                "no compression to recommend; give --cluster-size N (2 or more) to price "
+                "it for N learners"
+            )
         tick = lambda units: progress(units, "recommend")  # noqa: E731
         result = recommend(cap, Selection.of(cap, steps), params, compute=compute, progress=tick)
     show(recommend_result(result), Output(as_json, csv))

@@ -252,11 +252,33 @@ def buildup_result(records: pd.DataFrame, on: str) -> Result:
         records,
         summary=[View(title, shown, columns, note + (" m = 1, 2, 4, ... n." if long else ""))],
         answer=buildup_answer(summary),
-        detail=[View(f"{title}, every m", summary, columns)] if long else [],
+        detail=[
+            *([View(f"{title}, every m", summary, columns)] if long else []),
+            _buildup_per_step(records),
+        ],
         document={
             "records": records.to_dict(orient="records"),
             "summary": summary.to_dict(orient="records"),
         },
+    )
+
+
+def _buildup_per_step(records: pd.DataFrame) -> View:
+    """B(m) of each step, one column per m from 2 (m = 2, 4, 8, ... and n beyond
+    ``MATRIX_SHOWN`` learners)."""
+    keep = records["m"] > 1
+    if records["m"].max() > MATRIX_SHOWN:
+        keep &= _doubling(records["m"])
+    rows = records[keep]
+    wide = rows.pivot_table(
+        index=["step", "scope", "ratio"], columns="m", values="buildup", sort=False
+    )
+    wide.columns = [f"B({m})" for m in wide.columns]
+    return View(
+        "build-up per step: B(m) = U(m) / k of m learners",
+        wide.reset_index(),
+        note="U(m): the union of m learners' top-k sets, mean over learner orders.",
+        keys=3,
     )
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from gradstat.plots.style import compressor_color, new_figure
+from gradstat.plots.style import compressor_color, legend_below, new_figure, plain_log_axis
 
 
 def plot_compare(losses: pd.DataFrame, errors: pd.DataFrame) -> Figure:
@@ -27,9 +28,8 @@ def plot_compare(losses: pd.DataFrame, errors: pd.DataFrame) -> Figure:
             curves.plot(learner["step"], learner["loss"], color=color, alpha=0.3, linewidth=0.7)
         mean = data.groupby("step")["loss"].mean()
         curves.plot(mean.index, mean.to_numpy(), color=color, linewidth=2, label=f"{run}: {label}")
-    curves.set_xlabel("step")
+    curves.set_xlabel("training step")
     curves.set_ylabel("loss (thin: learners, thick: mean)")
-    curves.legend(fontsize=7)
     for run, data in errors.groupby("run", sort=False):
         color = colors.get(run, "C0")
         error.plot(data["step"], data["measured_rel_error"], color=color, label=f"{run} online")
@@ -41,10 +41,12 @@ def plot_compare(losses: pd.DataFrame, errors: pd.DataFrame) -> Figure:
                 linestyle="--",
                 label=f"{run} replay (open-loop)",
             )
-    error.set_xlabel("step")
+    error.set_xlabel("training step")
     error.set_ylabel("relative error ||ĝ-g||²/||g||²")
     error.set_yscale("log")
-    if len(errors):
-        error.legend(fontsize=7)
+    plain_log_axis(error)
+    for ax in (curves, error):  # steps are whole numbers: no tick at 2.5
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    legend_below(fig, ncols=3)  # outside the axes, never over a curve
     fig.suptitle("dense and compressed training: loss, and online error against replay")
     return fig

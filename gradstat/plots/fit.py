@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from matplotlib.figure import Figure
 
 from gradstat.plots.style import new_figure, plain_log_axis
@@ -42,6 +43,27 @@ def _visible_low(x: np.ndarray) -> float:
     return float(edges[np.argmax(heights >= VISIBLE * heights.max())])
 
 
+#: Colour (an index into seaborn's colorblind palette) and line style of each
+#: distribution: exp and normal, laplace and weibull, neighbours in the palette's order,
+#: differ in hue and in dash.
+DIST_STYLES = {
+    "gpd": (0, "-"),
+    "exp": (1, "--"),
+    "gamma": (2, "-."),
+    "normal": (7, ":"),
+    "laplace": (4, "--"),
+    "lognormal": (5, "-."),
+    "weibull": (9, (0, (5, 1, 1, 1, 1, 1))),
+}
+
+
+def dist_style(name: str, index: int) -> dict:
+    """``color`` and ``ls`` of distribution ``name`` (the ``index``-th drawn) in a figure."""
+    palette = sns.color_palette("colorblind", 10).as_hex()
+    color, ls = DIST_STYLES.get(name, (index % 10, "-"))
+    return {"color": palette[color], "ls": ls}
+
+
 def _grid(panels: int, ncols: int = 3) -> tuple[int, int]:
     return math.ceil(panels / ncols), ncols
 
@@ -62,7 +84,7 @@ def plot_fit(records: pd.DataFrame, magnitudes: np.ndarray, title: str) -> Figur
     x = np.sort(magnitudes)
     low, high = _visible_low(x), float(x[-1])
     grid = np.geomspace(low, high, 400)
-    colors = {name: f"C{i}" for i, name in enumerate(dists)}
+    colors = {name: dist_style(name, i) for i, name in enumerate(dists)}
     _histogram(cells[0], x, (low, high), grid, dists, colors)
     fits = records[(records["kind"] == "fit") & records["error"].isna()]
     _tail(cells[1], x, grid, dists, colors, fits)
@@ -83,7 +105,7 @@ def _histogram(ax, x: np.ndarray, span: tuple[float, float], grid, dists, colors
     peak = heights.max()
     for name, dist in dists.items():
         curve = grid * dist.magnitudes().logpdf(grid).exp().numpy()
-        ax.plot(grid, curve, color=colors[name], label=name)
+        ax.plot(grid, curve, **colors[name], label=name)
         peak = max(peak, min(float(np.nanmax(curve)), 4 * heights.max()))
     ax.set(
         xscale="log",
@@ -103,7 +125,7 @@ def _tail(ax, x: np.ndarray, grid, dists, colors, fits: pd.DataFrame) -> None:
     n = x.size
     ax.plot(x, 1.0 - np.arange(n) / n, color="black", lw=2, label="empirical")
     for name, dist in dists.items():
-        ax.plot(grid, dist.magnitudes().sf(grid).numpy(), color=colors[name])
+        ax.plot(grid, dist.magnitudes().sf(grid).numpy(), **colors[name])
     for ratio, group in fits.groupby("ratio"):
         density = float(group["k"].iloc[0]) / float(group["nonzero"].iloc[0])
         empirical_threshold = float(group["empirical"].iloc[0])
@@ -123,7 +145,8 @@ def _tail(ax, x: np.ndarray, grid, dists, colors, fits: pd.DataFrame) -> None:
             color="0.3",
         )
         for row in group.itertuples(index=False):
-            ax.plot(row.threshold, density, "o", mfc="none", mew=1.2, color=colors[row.dist], ms=5)
+            color = colors[row.dist]["color"]
+            ax.plot(row.threshold, density, "o", mfc="none", mew=1.2, color=color, ms=5)
     ax.set(
         xscale="log",
         yscale="log",
@@ -148,7 +171,7 @@ def _quantiles(cells: list, x: np.ndarray, dists, colors) -> None:
     for ax, (name, dist) in zip(cells, dists.items(), strict=False):
         fitted = np.array([dist.magnitude_isf(1.0 - p) for p in probabilities])
         inside = (fitted >= lo) & (fitted <= hi)
-        ax.plot(fitted[inside], empirical[inside], ".", color=colors[name])
+        ax.plot(fitted[inside], empirical[inside], ".", color=colors[name]["color"])
         below, above = int((fitted < lo).sum()), int((fitted > hi).sum())
         off = [f"{below} below {lo:.1g}"] * bool(below) + [f"{above} above {hi:.1g}"] * bool(above)
         if off:

@@ -6,8 +6,9 @@ column: mean relative error against mean bytes per learner (one point per compre
 and rate, log-log: the trade-off a compressor designer picks from), the relative error
 over steps (does error feedback keep it bounded?), and build-up ``U/k`` over steps for
 the sparse exchanges (ScaleCom, arXiv 2104.11125). Colours are keyed by compressor as
-in every figure (:func:`~gradstat.plots.style.compressor_color`), markers and line
-styles by ratio, so two rates of one compressor stay apart where their lines coincide.
+in every figure (:func:`~gradstat.plots.style.compressor_color`), markers by compressor
+(drawn on every few steps, so 9 series of 100 steps stay readable) and line styles by
+ratio, so two rates of one compressor stay apart where their lines coincide.
 Casts (fp16, bf16) whose error is orders of magnitude below the others' are drawn at the
 bottom edge of the trade-off panel with their value, and left out of the error over
 steps, so they do not squeeze every sparsifier into one blob.
@@ -24,13 +25,16 @@ from matplotlib.lines import Line2D
 
 from gradstat.plots.style import compressor_color, new_figure, plain_log_axis
 
-MARKERS = "osD^vP*X"
+#: One marker per compressor ("v" marks a configuration drawn apart, at the edge).
+MARKERS = "osD^P*XphH<>"
 LINESTYLES = ("-", "--", ":", "-.")
 #: A configuration whose mean error is below this fraction of the median configuration's
 #: is drawn apart (at the trade-off panel's bottom edge), e.g. fp16 at 1e-8.
 APART = 1e-3
 #: Points closer than this on both log axes (in decades) are said to coincide.
 COINCIDE = 0.02
+#: From this many steps on, the panels over steps draw running medians.
+SMOOTH_FROM = 20
 
 
 def _label(compressor: str, ratio: float) -> str:
@@ -47,7 +51,15 @@ def plot_replay(records: pd.DataFrame) -> Figure:
     scope = records["scope"].iloc[0]
     data = records[records["scope"] == scope].copy()
     data["label"] = [_label(c, r) for c, r in zip(data["compressor"], data["ratio"], strict=True)]
-    style = _styles(sorted(data["ratio"].dropna().unique(), reverse=True))
+    style = _styles(
+        sorted(data["ratio"].dropna().unique(), reverse=True),
+        list(dict.fromkeys(data["compressor"])),
+    )
+    # markers on every few steps tell series apart without hiding the lines; past
+    # SMOOTH_FROM steps a running median carries each series, the raw steps faint below
+    steps = data["step"].nunique()
+    every = {"markevery": max(1, steps // 8), "ms": 4.5, "lw": 1.2, "mfc": "none", "mew": 1.1}
+    window = _window(steps)
     means = data.groupby("label", sort=False)[["bytes_per_learner", "rel_error"]].mean()
     typical = float(means["rel_error"].median())
     apart = set(means.index[means["rel_error"] < APART * typical]) if typical > 0 else set()
@@ -74,11 +86,11 @@ def plot_replay(records: pd.DataFrame) -> Figure:
             # open markers, a size larger for each point they cover: both stay visible
             size = 7 + 4 * len(same)
             trade.plot(x, y, ms=size, mfc="none", mew=1.6, **{**look, "ls": "none"})
-            error.plot(group["step"], group["rel_error"], ms=2.5, lw=1, **look)
+            _series(error, group["step"], group["rel_error"], window, every, look)
         placed.append((label, x, y))
         if np.isfinite(group["buildup"]).any():
-            buildup.plot(group["step"], group["buildup"], ms=2.5, lw=1, **look)
-    _label_axes(trade, error, buildup, scope, kept, apart, floor)
+            _series(buildup, group["step"], group["buildup"], window, every, look)
+    _label_axes(trade, error, buildup, scope, kept, apart, floor, window)
     key.axis("off")
     key.legend(
         handles=handles, loc="center", fontsize="small", frameon=False, title="compressor, ratio"
@@ -86,19 +98,34 @@ def plot_replay(records: pd.DataFrame) -> Figure:
     return fig
 
 
-def _styles(ratios: list[float]):
-    """The style of a configuration's records: its compressor's colour, and a marker and
-    line style per ratio in ``ratios`` (fixed-rate compressors: circles, solid)."""
-    markers = {r: MARKERS[i % len(MARKERS)] for i, r in enumerate(ratios)}
+def _window(steps: int) -> int:
+    """Steps in the running median of a panel over ``steps`` steps (1: none), odd."""
+    return 1 if steps < SMOOTH_FROM else max(3, steps // 10) | 1
+
+
+def _series(ax, steps: pd.Series, values: pd.Series, window: int, every: dict, look: dict):
+    """One configuration over steps: as it is, or its running median over ``window``
+    steps with the raw values faint beneath."""
+    if window == 1:
+        ax.plot(steps, values, **every, **look)
+        return
+    ax.plot(steps, values, color=look["color"], lw=0.5, alpha=0.3)
+    smooth = values.rolling(window, center=True, min_periods=1).median()
+    ax.plot(steps, smooth, **every, **look)
+
+
+def _styles(ratios: list[float], compressors: list[str]):
+    """The style of a configuration's records: its compressor's colour and marker, and a
+    line style per ratio in ``ratios`` (fixed-rate compressors: solid)."""
+    markers = {c: MARKERS[i % len(MARKERS)] for i, c in enumerate(compressors)}
     lines = {r: LINESTYLES[i % len(LINESTYLES)] for i, r in enumerate(ratios)}
 
     def style(group: pd.DataFrame) -> dict:
-        ratio = group["ratio"].iloc[0]
-        fixed = math.isnan(ratio)
+        ratio, compressor = group["ratio"].iloc[0], group["compressor"].iloc[0]
         return {
-            "color": compressor_color(group["compressor"].iloc[0]),
-            "marker": "o" if fixed else markers[ratio],
-            "ls": "-" if fixed else lines[ratio],
+            "color": compressor_color(compressor),
+            "marker": markers[compressor],
+            "ls": "-" if math.isnan(ratio) else lines[ratio],
         }
 
     return style
@@ -136,9 +163,10 @@ def _draw_apart(ax, label: str, at: tuple[float, float], floor: float, look, sta
     """A configuration drawn apart: a triangle at the bottom edge ``floor`` at its bytes,
     labelled with its error; labels at one x stack upwards (``stacked`` counts them)."""
     x, y = at
-    ax.plot(x, floor, ls="none", ms=8, marker="v", color=look["color"])
     above = stacked.get(x, 0)
     stacked[x] = above + 1
+    # side by side where several share the bytes (fp16 and bf16): none hides another
+    ax.plot(x * 1.12**above, floor, ls="none", ms=8, marker="v", color=look["color"])
     ax.annotate(
         f"{label}: {y:.1g}",
         (x, floor),
@@ -150,7 +178,9 @@ def _draw_apart(ax, label: str, at: tuple[float, float], floor: float, look, sta
     )
 
 
-def _label_axes(trade, error, buildup, scope: str, kept, apart: set, floor: float) -> None:
+def _label_axes(
+    trade, error, buildup, scope: str, kept, apart: set, floor: float, window: int
+) -> None:
     """Scales, limits, labels and titles of the three panels: log axes where the errors
     are positive, room for the bottom edge where configurations are drawn apart."""
     trade.set_xscale("log")
@@ -166,13 +196,20 @@ def _label_axes(trade, error, buildup, scope: str, kept, apart: set, floor: floa
         title=f"error vs traffic ({scope})",
     )
     left_out = (
-        f"; {', '.join(sorted(apart))} (error < {APART:g} x typical) left out" if apart else ""
+        f"\n{', '.join(sorted(apart))} left out (error < {APART:g} x typical)" if apart else ""
     )
-    error.set(xlabel="training step", ylabel="relative error", title="error over steps" + left_out)
-    if apart:
+    smooth = f", running median of {window} steps" if window > 1 else ""
+    error.set(
+        xlabel="training step",
+        ylabel="relative error",
+        title="error over steps" + smooth + left_out,
+    )
+    if apart or window > 1:
         error.title.set_fontsize("small")
     buildup.set(
-        xlabel="training step", ylabel="build-up U / k", title="build-up of the sparse exchanges"
+        xlabel="training step",
+        ylabel="build-up U / k",
+        title="build-up of the sparse exchanges" + smooth,
     )
     for ax in (trade, error):
         plain_log_axis(ax, "y")

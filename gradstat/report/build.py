@@ -57,14 +57,16 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads"
     facts = {
         "link": f"{link} (alpha-beta model of a ring all-reduce / all-gather)",
-        "cluster size": f"{ctx.cost_learners} learners for the cost model; errors and "
+        "cluster size": f"{ctx.cost_learners} learner"
+        + ("s" if ctx.cost_learners != 1 else "")
+        + " for the cost model; errors and "
         f"build-up measured with the capture's {cap.learners_text()}",
         "target hardware": f"communication: the link above; compression: the work model "
         f"on {_target_text(ctx.target)}; replay's own compression times measured on "
         f"{machine}",
         "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
         f"error budget {s.error_budget:g}; fits on {s.fit_steps} evenly spaced steps",
-        "same recommendation as": equivalent_command(ctx),
+        "same recommendation as": equivalent_command(ctx) if ctx.cost_learners > 1 else "-",
         "capture": f"{cap.path} (created {cap.meta.get('created', 'unknown')})",
         "made with": f"gradstat {__version__}, torch {torch.__version__}, on "
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}",

@@ -58,6 +58,8 @@ th { background: rgba(80,80,220,.09); vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 table.facts td { white-space: normal; text-align: left; overflow-wrap: break-word; }
 table.facts td:first-child { white-space: nowrap; font-weight: bold; }
+table.facts .word { white-space: nowrap; }
+table.facts .path { overflow-wrap: anywhere; }
 nav { display: flex; flex-wrap: wrap; gap: .2em 1em; margin: 1em 0; }
 nav a { white-space: nowrap; }
 @media (max-width: 700px) {
@@ -108,13 +110,12 @@ SHORT, WIDE = 2, 8
 def _stand_up(df: pd.DataFrame) -> pd.DataFrame:
     """A short, wide table transposed: its columns as rows, one column per row."""
     first = df.columns[0]
-    names = [format_cell(v) for v in df[first]]
     rest = df.drop(columns=[first])
-    table = pd.DataFrame(
-        {name: [format_cell(v) for v in row] for name, row in zip(names, rest.values, strict=True)}
-    )
-    table.insert(0, str(first), [str(c) for c in rest.columns])
-    return table
+    # headers may repeat (a capture folder named "run" in the column "run"): a list, not
+    # a dict of columns, keeps every one
+    header = [str(first), *(format_cell(v) for v in df[first])]
+    rows = [[str(c), *(format_cell(v) for v in rest[c])] for c in rest.columns]
+    return pd.DataFrame(rows, columns=header)
 
 
 def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str:
@@ -136,10 +137,41 @@ def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str
     )
 
 
+def _command_html(text: str) -> str:
+    """A command line as code that wraps only between its words and after a comma, never
+    inside one such as ``--error-budget`` (at 390 px a browser broke it at its hyphen);
+    a path may break anywhere."""
+    words: list[str] = []
+    option = False  # the last word is an option still without its value
+    for word in text.split(" "):
+        if "/" in word:
+            words.append(f'<span class="path">{html.escape(word)}</span>')
+        elif "," in word:
+            items = [f'<span class="word">{html.escape(item)}</span>' for item in word.split(",")]
+            words.append(",<wbr>".join(items))
+        elif option and not word.startswith("--"):
+            # an option and its short value stay on one line: --latency 5us
+            words[-1] = words[-1].removesuffix("</span>") + f" {html.escape(word)}</span>"
+            option = False
+            continue
+        else:
+            words.append(f'<span class="word">{html.escape(word)}</span>')
+        option = word.startswith("--")
+    return "<code>" + " ".join(words) + "</code>"
+
+
+def _is_command(text: str) -> bool:
+    """A gradstat command line with options (not ``gradstat 0.1.0, torch ...``)."""
+    return text.startswith("gradstat ") and " --" in text
+
+
 def _facts(df: pd.DataFrame) -> str:
-    """A two-column label/value table without a header row."""
+    """A two-column label/value table without a header row; a value that is a gradstat
+    command reads as code (:func:`_command_html`)."""
     rows = "".join(
-        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
+        f"<tr><td>{html.escape(str(k))}</td><td>"
+        + (_command_html(str(v)) if _is_command(str(v)) else html.escape(str(v)))
+        + "</td></tr>"
         for k, v in df.itertuples(index=False)
     )
     return f'<div class="scroll plain"><table class="facts"><tbody>{rows}</tbody></table></div>'

@@ -14,6 +14,7 @@ from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
 from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
 from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
+from gradstat.formatting import counted
 from gradstat.plots.capture import plot_loss
 from gradstat.plots.fit import plot_fit_at
 from gradstat.plots.replay import plot_replay
@@ -45,7 +46,9 @@ def _overview(ctx: ReportContext) -> Part:
         last = f"step {steps[-1]}" if len(steps) else "before its first step"
         state = f"The capture was {cap.status} and is read up to {last}, its last committed step."
     recorded = f"; {cap.learners_text()} recorded" if cap.is_sample else ""
-    reading = f"{cap.world_size} learners trained {cap.workload} with real data-parallel "
+    reading = (
+        f"{counted(cap.world_size, 'learner')} trained {cap.workload} with real data-parallel "
+    )
     reading += f"training{recorded}. {state}"
     figures = []
     if len(steps):
@@ -99,8 +102,8 @@ def _fit(ctx: ReportContext) -> Part:
     ranking, quality = rank_distributions(records), _distinct(quality_summary(records))
     stages = _stages_text(quality, "sidco-gpd")
     reading = (
-        f"Distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
-        f"{len(analysis.learners)} learners): {answers.best_fit(ranking)} A threshold "
+        f"Distributions fitted to |g| of the whole model ({counted(len(analysis.steps), 'step')} "
+        f"x {counted(len(analysis.learners), 'learner')}): {answers.best_fit(ranking)} A threshold "
         "estimator's quality is q = selected / k of the target: q near 1 keeps the intended "
         "number of elements without a sort. "
         + " ".join(stages + answers.closest_estimators(quality))
@@ -231,7 +234,7 @@ def _replay(ctx: ReportContext) -> Part:
     summary = ctx.priced
     reading = (
         f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps; times are predicted for {n} learners on the modelled link, "
+        f"recorded steps; times are predicted for {counted(n, 'learner')} on the modelled link, "
         f"compression on {ctx.target.name} from the work model (the times of the "
         "recommendation below); the replay's own compression time here, the median over "
         "the warm steps (the first step excluded), is listed beside it with its spread. "
@@ -259,7 +262,17 @@ def _replay(ctx: ReportContext) -> Part:
     return Part(reading, [plot_replay(records)], [("mean over steps", _human(summary[columns]))])
 
 
+#: The recommendation of a cluster of one: nothing to price.
+ALONE = (
+    "One learner communicates nothing, so compression cannot pay off and there is no "
+    "recommendation to make; give --cluster-size N (2 or more) to price compression for "
+    "N learners (errors are still measured with the capture's learner)."
+)
+
+
 def _recommend(ctx: ReportContext) -> Part:
+    if ctx.cost_learners < 2:
+        return Part(ALONE, verdict=[ALONE])
     result = ctx.recommendation
     lines = result.explanation()
     assumed = ["Assumed: " + a + "." for a in result.assumptions()]

@@ -235,7 +235,7 @@ class Capture:
     def learners_text(self) -> str:
         """``4 learners``, or ``2 of 8 learners (ranks 0,4)`` for a sample."""
         if not self.is_sample:
-            return f"{self.world_size} learners"
+            return f"{self.world_size} learner" + ("s" if self.world_size != 1 else "")
         ranks = format_ranks(self.recorded_ranks)
         return f"{len(self.recorded_ranks)} of {self.world_size} learners (ranks {ranks})"
 

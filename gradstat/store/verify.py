@@ -56,8 +56,9 @@ class Damage:
             else []
         )
         increasing = all(b > a for a, b in itertools.pairwise(labels))
-        what = "steps" if len(labels) == len(self.rows) and increasing else "rows"
-        values = labels if what == "steps" else list(self.rows)
+        what = "step" if len(labels) == len(self.rows) and increasing else "row"
+        values = labels if what == "step" else list(self.rows)
+        what += "" if len(values) == 1 else "s"  # "step 9 damaged", "steps 9..12 damaged"
         return f"{where}: {what} {span_text(values)} damaged: {self.reason}"
 
 
