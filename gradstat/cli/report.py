@@ -25,6 +25,7 @@ from gradstat.cli.options import (
     Latency,
     Memory,
     Ratios,
+    TrainedWith,
     compute_options,
 )
 from gradstat.cli.output import console, note_sample, progress
@@ -54,6 +55,17 @@ HtmlOut = Annotated[
         show_default=False,
     ),
 ]
+WithRuns = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--with",
+        metavar="RUN",
+        help="Another capture of the same training (dense, or trained with --compressor) "
+        "to compare with in the section 'Dense and compressed training'; repeatable. "
+        "Only the captures named are read.",
+        show_default=False,
+    ),
+]
 AllowDamaged = Annotated[
     bool,
     typer.Option(
@@ -79,6 +91,8 @@ def report_command(
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
+    with_runs: WithRuns = None,
+    trained_with: TrainedWith = None,
     allow_damaged: AllowDamaged = False,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
@@ -91,13 +105,20 @@ def report_command(
 
     Compression is priced with one hardware profile for the whole page; pass the
     --out file of `gradstat recommend` as --target-file to quote that recommendation's
-    numbers exactly.
+    numbers exactly. With --with RUN the page also compares the capture with those runs
+    of the same training, as `gradstat compare` does.
 
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
     # matplotlib and seaborn load here, not on every gradstat command
+    from gradstat.analysis.trained_with import check_runs, parse_trained_with
     from gradstat.report.build import build_report
     from gradstat.report.context import ReportSettings
+
+    runs = [str(run) for run in with_runs or ()]
+    given = parse_trained_with(trained_with)
+    if runs or given:  # before minutes of work
+        check_runs([str(capture), *runs], given)
 
     settings = ReportSettings(
         ratios,
@@ -109,6 +130,8 @@ def report_command(
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
         target_file=str(target_file) if target_file else None,
+        with_runs=runs,
+        trained_with=given,
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)
