@@ -26,6 +26,7 @@ from typing import TextIO
 
 import torch
 
+from gradstat.cancel import stopped_text
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
 from gradstat.capture.follow import Follower, stop
 from gradstat.capture.hook_setup import select_named_parameters
@@ -339,10 +340,10 @@ def recorded(run_dir: Path) -> tuple[int, int, str, str | None] | None:
 def _interrupted_text(run_dir: Path) -> str:
     state = recorded(run_dir)
     if state is None:
-        return f"interrupted; the rank files in {run_dir} keep every committed row"
+        return f"{stopped_text()}; the rank files in {run_dir} keep every committed row"
     steps, learners, _, _ = state
     return (
-        f"interrupted; {steps} steps x {learners} learners committed in {run_dir} "
+        f"{stopped_text()}; {steps} steps x {learners} learners committed in {run_dir} "
         f"(readable: gradstat info {run_dir})"
     )
 

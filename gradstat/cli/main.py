@@ -20,7 +20,8 @@ from rich.markup import escape
 from gradstat import __version__, cancel
 from gradstat.cli.command import Command, Group, unwrap
 from gradstat.cli.output import err_console, warn
-from gradstat.errors import GradstatError
+from gradstat.errors import GradstatError, Interrupted
+from gradstat.untrusted import printable
 
 # in the order of the work: record, inspect, analyse, replay, decide, report
 COMMANDS = {
@@ -126,11 +127,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _error(message: str, code: int) -> None:
     """One ``Error:`` line; the message is plain text (paths, arguments, library errors
-    may contain ``[...]``), never markup."""
+    may contain ``[...]``), never markup, and shows no control character."""
     err_console.print(
-        f"[bold red]Error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+        f"[bold red]Error:[/bold red] {escape(printable(message))}",
+        highlight=False,
+        soft_wrap=True,
     )
     sys.exit(code)
+
+
+def _stopped(message: str | None = None) -> None:
+    """The one line of a command stopped by a signal, with the signal's exit code."""
+    _error(message or cancel.stopped_text(), cancel.exit_code())
 
 
 def _run(command):
@@ -155,34 +163,47 @@ def _unraisable(unraisable) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``gradstat`` console script."""
+    """Entry point of the ``gradstat`` console script (``argv``: a run in-process, which
+    leaves the signal handlers as it found them)."""
+    previous = cancel.install()
+    try:
+        _main(argv)
+    except SystemExit as exit_:
+        if argv is None:  # this process ends here: a late signal is one line too
+            cancel.finishing(said=exit_.code not in (None, 0))
+        raise
+    finally:
+        if argv is not None:
+            cancel.restore(previous)
+
+
+def _main(argv: list[str] | None) -> None:
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
     sys.unraisablehook = _unraisable
-    cancel.install()
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
         result = _run(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
-        cancel.check()  # a Ctrl-C that came where nothing raised it (a callback)
+        cancel.check()  # a signal that came where nothing raised it (a callback)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        _error("interrupted", INTERRUPTED)
+    except (typer.Abort, KeyboardInterrupt):
+        _stopped()
     except typer.TyperException as exc:
         message = exc.format_message()
         if not message:  # no arguments: the help is shown, with exit code 2 and no Error
             sys.exit(exc.exit_code)
         _error(message, exc.exit_code)
+    except Interrupted as exc:
+        _stopped(str(exc))
     except GradstatError as exc:
         if debug:
             raise
         _error(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        _error("interrupted", INTERRUPTED)
     except Exception as exc:  # the last line of defence: never a traceback for users
         if debug:
             raise
         _error(f"unexpected {type(exc).__name__}: {exc} (GRADSTAT_DEBUG=1 shows the traceback)", 1)
     if result == INTERRUPTED:  # typer turns Ctrl-C into a returned 130, without a word
-        _error("interrupted", INTERRUPTED)
+        _stopped()
     sys.exit(result if isinstance(result, int) else 0)
