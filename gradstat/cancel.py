@@ -13,14 +13,19 @@ waiting for its learners) gets Python's own ``KeyboardInterrupt`` while no analy
 ignore these signals and follow the parent's stop event (:func:`follow_event`).
 
 Once the command is done, :func:`finishing` turns a late signal into the same one line
-and exit code at once (the interpreter's teardown takes a second after a report, and a
-``KeyboardInterrupt`` there would kill the process by the signal without a word).
+and exit code at once, and the process leaves right after the ``atexit`` handlers
+(:func:`leave_after_atexit`): Python restores the default handlers before it tears its
+modules down, which takes up to a second after torch and matplotlib, and a signal there
+killed the process without a word.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +41,13 @@ SIGNALS = {
 }
 
 _requested = threading.Event()
-_state: dict[str, Any] = {"listeners": 0, "event": None, "signal": None, "said": False}
+_state: dict[str, Any] = {
+    "listeners": 0,
+    "event": None,
+    "signal": None,
+    "said": False,
+    "code": None,
+}
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -73,13 +84,30 @@ def restore(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def finishing(said: bool) -> None:
-    """The command is done (``said``: its ``Error:`` line is printed): a signal from now
-    on prints one line (none if one was said) and exits with its code at once."""
-    _state["said"] = said
+def finishing(code: int, said: bool) -> None:
+    """The command is done, to exit with ``code`` (``said``: its ``Error:`` line is
+    printed): a signal from now on prints one line (none if one was said) and exits
+    with its own code at once."""
+    _state["said"], _state["code"] = said, code
     for signum in SIGNALS:
         if signal.getsignal(signum) is _on_signal:
             signal.signal(signum, _on_late_signal)
+
+
+def leave_after_atexit() -> None:
+    """Register (first, so it runs last) the exit with :func:`finishing`'s code once
+    every other ``atexit`` handler has run, before the interpreter's teardown (the
+    command line's own process only: files are closed, streams are flushed here)."""
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    if _state["code"] is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(_state["code"])
 
 
 def stop_signal() -> int:

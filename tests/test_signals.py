@@ -120,3 +120,23 @@ def test_a_stopped_replay_leaves_no_scratch(big, tmp_path, command, signum):
     assert stderr.strip().splitlines()[-1].startswith("Error: "), stderr
     assert signal.Signals(signum).name in stderr.strip().splitlines()[-1]
     assert stderr.count("Error:") == 1 and "Traceback" not in stderr
+
+
+def test_a_signal_after_the_output_is_one_line_or_none(tmp_path):
+    """Regression: Ctrl-C 0.1-0.9 s after a command printed its result killed it by
+    SIGINT without a word (Python restores the default handler before its teardown).
+    Now the process is either gone already (exit 0) or says one line (exit 130)."""
+    grads = np.zeros((2, 2, 10), dtype=np.float32)
+    path = write_capture(tmp_path / "tiny", grads, layer_table([("w", (10,))]))
+    outcomes = []
+    for delay in (0.0, 0.05, 0.1, 0.2, 0.4):
+        process = _start(["info", str(path), "--json"], tmp_path)
+        while (line := process.stdout.readline()) and not line.startswith("}"):
+            pass  # until the JSON document is complete
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        outcomes.append((delay, process.returncode, stderr))
+    for delay, code, stderr in outcomes:
+        assert code in (0, 130), (delay, code, stderr)
+        assert stderr.strip() == ("Error: interrupted" if code else ""), (delay, stderr)

@@ -165,12 +165,15 @@ def _unraisable(unraisable) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gradstat`` console script (``argv``: a run in-process, which
     leaves the signal handlers as it found them)."""
+    if argv is None:  # this process ends with the command (gradstat/cancel.py)
+        cancel.leave_after_atexit()
     previous = cancel.install()
     try:
         _main(argv)
     except SystemExit as exit_:
-        if argv is None:  # this process ends here: a late signal is one line too
-            cancel.finishing(said=exit_.code not in (None, 0))
+        if argv is None:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+            cancel.finishing(code, said=code != 0)
         raise
     finally:
         if argv is not None:
