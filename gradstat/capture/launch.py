@@ -22,13 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 import torch
 
+from gradstat.atomic import free_text
 from gradstat.cancel import stopped_text
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
-from gradstat.capture.follow import Follower, stop
+from gradstat.capture.follow import CaptureLog, Follower, stop
 from gradstat.capture.hook_setup import select_named_parameters
 from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT, check_folder, log_name
 from gradstat.capture.worker import LAUNCHER_PID_ENV
@@ -36,7 +36,7 @@ from gradstat.capture.workloads import build_workload, default_lr, resolve_size,
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import SUPPORTED_DTYPES
+from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
 from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
@@ -348,14 +348,25 @@ def _interrupted_text(run_dir: Path) -> str:
     )
 
 
-def _check_recorded(run_dir: Path) -> None:
-    """A capture whose writers stopped early (disk full) is an error saying what is there."""
+def _check_recorded(run_dir: Path, node_rank: int, log: CaptureLog) -> None:
+    """After torchrun succeeded: a capture that is not complete here (a writer stopped on
+    a full disk, the root could not be finalised) is an error saying what is there, the
+    free space and the command that reads it."""
     state = recorded(run_dir)
-    if state is not None and state[2] == "incomplete":
-        steps, learners, _, reason = state
+    free = f"{free_text(run_dir)} in {run_dir}"
+    if state is None:
+        if node_rank > 0 and not (run_dir / ROOT_FILE).exists():
+            return  # a node > 0 writing its own folder: node 0 holds capture.h5
         raise DataError(
-            f"capture incomplete ({reason or 'a writer stopped'}): {steps} steps x "
-            f"{learners} learners recorded in {run_dir}, readable up to there"
+            f"capture failed: {run_dir / ROOT_FILE} cannot be read after training ({free}"
+            f"{log.note()}); the rank files keep every committed row"
+        )
+    steps, learners, status, reason = state
+    if status != "complete":
+        why = reason or f"{status}: capture.h5 was not finalised"
+        raise DataError(
+            f"capture incomplete ({why}; {free}{log.note()}): {steps} steps x {learners} "
+            f"learners recorded in {run_dir}, readable up to there (gradstat info {run_dir})"
         )
 
 
@@ -402,17 +413,18 @@ def run_capture(
             stop(process)
             raise
     if code != 0:
-        raise DataError(f"capture failed: {_failure_reason(follower.tail)} (full log: {log_path})")
-    _check_recorded(run_dir)
+        reason = _failure_reason(follower.tail)
+        raise DataError(f"capture failed: {reason} (full log: {log_path}{log.note()})")
+    _check_recorded(run_dir, options.node_rank, log)
     return run_dir
 
 
-def _claim(run_dir: Path, log_path: Path) -> TextIO:
+def _claim(run_dir: Path, log_path: Path) -> CaptureLog:
     """The new log file, opened for writing: creating it (``O_EXCL``) claims the folder,
     so that of two captures started into one folder only one runs."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        return open(log_path, "x")
+        return CaptureLog(open(log_path, "x"))
     except FileExistsError:
         raise UsageError(
             f"{run_dir} is being written by another capture (its {log_path.name} appeared "

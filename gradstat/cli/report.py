@@ -145,9 +145,9 @@ def _section_progress(key: str):
 
 
 def _write_page(page: str, out: Path) -> None:
-    """The page to ``out``; a write error is a usage error."""
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
+    """The page to ``out``, whole or not at all (gradstat/atomic.py)."""
+    from gradstat.atomic import replacing
+
+    with replacing(out, "--out") as handle:
+        handle.write(page.encode("utf-8"))
     console.print(f"wrote the report to [bold]{escape(str(out))}[/bold] ({len(page) / 1e6:.1f} MB)")

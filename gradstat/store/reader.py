@@ -159,8 +159,11 @@ class Capture:
                     f"{r.path} (learner {r.rank}): recorded different steps than "
                     f"learner {ranks[0].rank} ({ranks[0].path.name})"
                 )
-        closed = self.meta.get("status") == "complete" and "committed" in self.meta
-        if closed and not self.damage and rows != int(self.meta["committed"]):
+        # complete only if the root says so and every rank file closed cleanly: the
+        # root's status is a claim the rank files must bear out (a rewritten one too)
+        closed = self.meta.get("status") == "complete" and all(r.closed for r in ranks)
+        recorded = int(self.meta.get("committed", rows)) if closed else rows
+        if rows != recorded and not self.damage:
             short = min(ranks, key=lambda r: r.committed)
             raise DataError(
                 f"{short.path} (learner {short.rank}): committed {short.committed} rows, but "
@@ -185,10 +188,10 @@ class Capture:
         running = any(not r.closed and _process_alive(r.hostname, r.writer_pid) for r in ranks)
         if self.damage:
             self.status = "damaged"
-        elif self.meta.get("status") == "complete":
-            self.status = "complete"
         elif self.meta.get("status") == "incomplete" or stopped:
             self.status = "incomplete"
+        elif closed:
+            self.status = "complete"
         elif running:
             self.status = "running"
         else:
