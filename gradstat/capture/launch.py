@@ -36,10 +36,12 @@ from gradstat.capture.workloads import build_workload, default_lr, resolve_size,
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import ROOT_FILE, SUPPORTED_DTYPES
+from gradstat.store.schema import MAX_LEARNERS, ROOT_FILE, SUPPORTED_DTYPES
 from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
+#: Learners (processes) one node may start: more is a typo, not a machine.
+MAX_LEARNERS_PER_NODE = 1024
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
@@ -131,6 +133,16 @@ class CaptureOptions:
         for name, value in positive.items():
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.nproc_per_node > MAX_LEARNERS_PER_NODE:
+            raise UsageError(
+                f"--nproc-per-node must be at most {MAX_LEARNERS_PER_NODE} (one process per "
+                f"learner), got {self.nproc_per_node}"
+            )
+        if self.world_size > MAX_LEARNERS:
+            raise UsageError(
+                f"--nnodes x --nproc-per-node must be at most {MAX_LEARNERS:,} learners, "
+                f"got {self.world_size:,}"
+            )
         if self.start < 0:
             raise UsageError(f"--start must be at least 0, got {self.start}")
         if self.start >= self.steps:
