@@ -4,14 +4,21 @@
 layer table, steps, losses and sent bytes, and checks them (docs/format.md,
 "Integrity"), so that a damaged or mismatched file is an error naming it, never data:
 
-* the root: format and schema, ``world_size``, ``recorded_ranks`` (sorted, distinct,
-  inside the run), the storage type, a layer table that tiles the flat vector exactly,
-  and (schema 3) the CRC-32C of the identity and layer table (``checksum``);
+* the root: format and schema, ``world_size`` (a whole number in range, and without
+  ``recorded_ranks`` as many rank files in the folder, counted before any list of
+  ranks is made), ``recorded_ranks`` (sorted, distinct, inside the run), the storage
+  type, a layer table whose columns are sized by the file and that tiles the flat
+  vector exactly (shapes of dimensions >= 1, their products in exact integers), and,
+  where it carries one, the CRC-32C of the identity and layer table (``checksum``);
 * each rank file: that it is the rank its name says (``rank``) of this capture
-  (``run_id``, schema 3), rows of the layer table's length in the capture's type,
-  ``committed`` within what every dataset holds, the checksum datasets its schema
-  requires, each row's step, loss and sent bytes against their CRC-32C (schema 3),
-  steps strictly increasing, and the file's structure (gradstat/store/verify.py).
+  (``run_id``), rows of the layer table's length in the capture's type, ``committed``
+  within what every dataset holds and what the file can store, the checksum datasets
+  of the schema its checksums show (whatever its ``schema`` attribute says), each
+  row's step, loss and sent bytes against their CRC-32C (schema 3), steps strictly
+  increasing, and the file's structure (gradstat/store/verify.py).
+
+Attributes are read as data (gradstat/store/attrs.py): known ones strictly, unknown
+ones ignored whatever their HDF5 type.
 
 It runs in a forked child with a time limit (gradstat/store/guard.py): damaged HDF5
 metadata can make HDF5 loop for minutes. Files closed cleanly are opened in plain read
