@@ -10,7 +10,10 @@ or hides text, and a CSV cell that starts with ``=`` is a formula a spreadsheet 
   what the file holds, and the terminal only prints it;
 * :func:`safe_cell` makes a CSV text cell that a spreadsheet would read as a formula
   (first character ``=``, ``+``, ``-``, ``@``, tab or carriage return) inert with a
-  leading ``'``, as OWASP recommends; numbers are left as they are.
+  leading ``'``, as OWASP recommends, and shows control characters other than tab and
+  newline escaped: the csv module quotes a cell only for the line terminator pandas
+  gives it (``\n``), so a bare carriage return would split the row (read back, the
+  table is silently wrong); numbers are left as they are.
 
 No third-party import: the command line's error path uses it.
 """
@@ -39,9 +42,15 @@ def printable(text: object) -> str:
     return _CONTROL.sub(_escape, str(text))
 
 
+#: What a CSV cell keeps of the control characters: tab, and newline (quoted by csv).
+_CELL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def safe_cell(value: object) -> object:
-    """A CSV cell a spreadsheet shows as text: a string starting a formula gets a
-    leading ``'``; anything else (numbers, other text) is returned as it is."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
+    """A CSV cell a spreadsheet shows as text and any CSV reader reads back whole: in a
+    string, control characters but tab and newline escaped, and a leading ``'`` where
+    it would start a formula; anything else (numbers) is returned as it is."""
+    if not isinstance(value, str):
+        return value
+    text = _CELL_CONTROL.sub(_escape, value)
+    return "'" + text if text.startswith(FORMULA_START) else text

@@ -49,6 +49,7 @@ EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
 #: torchrun's failure summary: a learner's rank, then its exit code (-N: signal N).
 SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 SUMMARY_SIGNAL = re.compile(r"^\s*exitcode\s*:\s*-(\d+)")
+ROOT_CAUSE = re.compile(r"^\s*Root Cause")
 
 
 @dataclass
@@ -305,7 +306,34 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
 def _failure_reason(lines: deque[str]) -> str:
     """A learner killed by a signal (torchrun's summary: the others then only report the
     lost connection), else the worker's own ``Error:`` line, else the last exception line
-    a learner printed."""
+    a learner printed. torchrun lists the other failures first and its root cause (the
+    first failure observed) last: a learner killed by SIGKILL is named, not the
+    SIGTERM torchrun sent the others after it."""
+    lines = list(lines)
+    root = [i for i, line in enumerate(lines) if ROOT_CAUSE.match(line)]
+    killed = _killed_learner(lines[root[-1] :] if root else lines)
+    if killed is not None:  # else the root cause exited: its own error line names it
+        return killed
+    section = lines[root[-1] :] if root else []
+    ranks = [int(m.group(1)) for line in section if (m := SUMMARY_RANK.match(line))]
+    culprit = f"[rank{ranks[0]}]:" if ranks else "["
+    texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
+    worker_lines = [
+        t
+        for line, t in zip(lines, texts, strict=True)
+        if RANK_PREFIX.match(line) and line.startswith(culprit)
+    ]
+    for text in reversed(texts):
+        if text.startswith("Error:"):
+            return text[len("Error:") :].strip()
+    for text in reversed(worker_lines or texts):
+        if EXCEPTION_LINE.match(text):
+            return text
+    return "a learner failed"
+
+
+def _killed_learner(lines: list[str]) -> str | None:
+    """The first learner of torchrun's summary ``lines`` that a signal ended, or None."""
     rank = None
     for line in lines:
         if match := SUMMARY_RANK.match(line):
@@ -314,15 +342,7 @@ def _failure_reason(lines: deque[str]) -> str:
             number = int(match.group(1))
             name = signal.Signals(number).name if number in signal.valid_signals() else "?"
             return f"learner {rank} died (signal {number}, {name})"
-    texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
-    worker_lines = [t for line, t in zip(lines, texts, strict=True) if RANK_PREFIX.match(line)]
-    for text in reversed(texts):
-        if text.startswith("Error:"):
-            return text[len("Error:") :].strip()
-    for text in reversed(worker_lines or texts):
-        if EXCEPTION_LINE.match(text):
-            return text
-    return "a learner failed"
+    return None
 
 
 def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, int]:
