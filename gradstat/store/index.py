@@ -256,8 +256,13 @@ def _require_rank_count(folder: Path, world: int) -> None:
     folder's listing, so that a damaged ``world_size`` lists no ranks that are not there."""
     present = sum(1 for p in folder.glob("rank-*.h5") if p.name[5:-3].isdigit())
     if present < world:
-        _require_rank_files(folder, next_missing(folder, world, 3))
-        raise DataError(f"{folder}: world_size {world}, but {present} rank files (damaged)")
+        names = ", ".join(rank_file_name(r) for r in next_missing(folder, world, 3))
+        raise DataError(
+            f"{folder}: capture.h5 says world_size {world} (no recorded_ranks), but the "
+            f"folder holds {present} rank files: {world - present} are missing ({names}, "
+            f"...); if the capture was written by several nodes into separate folders, "
+            f"join them: gradstat merge DEST {folder} OTHER_NODES_FOLDERS..."
+        )
 
 
 def next_missing(folder: Path, world: int, count: int) -> list[int]:
