@@ -123,6 +123,10 @@ def main() -> None:
         "--families", choices=("all", "only", "none"), default="all",
         help="issue 40's command-line families: with the damaged copies, alone, or not",
     )  # fmt: skip
+    parser.add_argument(
+        "--family", action="append", default=None,
+        help="run only this family of issue 40 (code, signals, full disk, patterns, text)",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ["GRADSTAT_OPEN_TIMEOUT"] = "5"
     commands = [["info", "--verify", "--json"], ["similarity", "--json", "--ratios", "0.01"]]
@@ -165,7 +169,7 @@ def main() -> None:
                             failures.append((name, case.kind, case.name, argv[0], result, ""))
                 shutil.rmtree(copy)
         if args.families != "none":
-            _run_families(folder, table, failures)
+            _run_families(folder, table, failures, args.family)
     kinds = sorted({k for k, _, _ in table})
     print(f"{sum(table.values())} runs in {time.monotonic() - started:.0f} s")
     print("| case kind | runs | " + " | ".join(OUTCOMES) + " |")
@@ -182,9 +186,12 @@ def main() -> None:
     sys.exit(1 if failures else 0)
 
 
-def _run_families(folder: Path, table: Counter, failures: list) -> None:
-    """Issue 40's families (tests/fuzz_scenarios.py), each scenario once."""
-    for make in FAMILIES:
+def _run_families(folder: Path, table: Counter, failures: list, only: list | None) -> None:
+    """Issue 40's families (tests/fuzz_scenarios.py), each scenario once (``only``:
+    those families)."""
+    for name, make in FAMILIES.items():
+        if only and name not in only:
+            continue
         place = folder / make.__name__
         place.mkdir()
         for family, label, scenario in make(place):

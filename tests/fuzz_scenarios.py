@@ -80,7 +80,7 @@ def run(args: list, timeout: float, env: dict | None = None, limit: int | None =
     return done.returncode, done.stdout, done.stderr
 
 
-def judge(result, code: int, *, named: str = "") -> tuple[str, str]:
+def judge(result, code: int, named: str = "") -> tuple[str, str]:
     """The outcome of a command that must fail with ``code`` and one ``Error:`` line
     (containing ``named``)."""
     if result is None:
@@ -274,19 +274,18 @@ def signal_scenarios(folder: Path) -> Iterator[Scenario]:
 
 
 def full_disk_scenarios(folder: Path) -> Iterator[Scenario]:
-    """Outputs onto a disk that is full for the command (RLIMIT_FSIZE of 200 bytes)."""
+    """Outputs onto a disk that is full for the command (RLIMIT_FSIZE of 64 bytes)."""
     cap = small(folder / "cap")
     outputs = {
-        "--csv": ["info", cap, "--csv", folder / "out" / "layers.csv"],
-        "--plot": ["similarity", cap, "--ratios", "0.1", "--plot", folder / "out" / "s.png"],
-        "replay --csv": ["replay", cap, "--ratios", "0.1", "--csv", folder / "out" / "r.csv"],
+        "--csv": ["info", cap, "--csv", "layers.csv"],
+        "--plot": ["similarity", cap, "--ratios", "0.1", "--plot", "s.png"],
+        "replay --csv": ["replay", cap, "--ratios", "0.1", "--csv", "r.csv"],
     }
-    for label, args in outputs.items():
+    for label, (*args, option, name) in outputs.items():
 
-        def scenario(args=args, label=label) -> tuple[str, str]:
-            out = folder / "out"
-            out.mkdir(exist_ok=True)
-            outcome = judge(run(args, 300, limit=200), 1, named="cannot write")
+        def scenario(args=args, option=option, name=name) -> tuple[str, str]:
+            out = Path(tempfile.mkdtemp(dir=folder, prefix="out-"))
+            outcome = judge(run([*args, option, out / name], 300, limit=64), 1, "cannot write")
             if os.listdir(out):
                 return "left behind", str(os.listdir(out))
             return outcome
@@ -340,10 +339,11 @@ def text_scenarios(folder: Path) -> Iterator[Scenario]:
     yield "text", "--csv", csv
 
 
-FAMILIES = (
-    code_scenarios,
-    signal_scenarios,
-    full_disk_scenarios,
-    pattern_scenarios,
-    text_scenarios,
-)
+#: Each family's name and the function making its scenarios (and their captures).
+FAMILIES = {
+    "code": code_scenarios,
+    "signals": signal_scenarios,
+    "full disk": full_disk_scenarios,
+    "patterns": pattern_scenarios,
+    "text": text_scenarios,
+}
