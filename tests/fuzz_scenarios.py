@@ -126,6 +126,21 @@ def compressed(path: Path, spec: str) -> Path:
     return path
 
 
+def planted(path: Path, marker: Path) -> Path:
+    """A run whose ``compressor`` names ``evil.py`` in its own folder, a file that
+    writes ``marker`` when imported (a capture shipping code)."""
+    compressed(path, f"{path}/evil.py:Evil")
+    (path / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "class Evil:\n"
+        "    def compress(self, tensor, name):\n"
+        "        return [tensor], None\n"
+        "    def decompress(self, tensors, ctx):\n"
+        "        return tensors[0]\n"
+    )
+    return path
+
+
 def big(path: Path) -> Path:
     """A replay of this keeps its memories (3.2 MB each) in scratch under 2 MiB, and
     its MLE fits take seconds per step (``--jobs 2`` then has two busy workers)."""
@@ -140,16 +155,7 @@ def code_scenarios(folder: Path) -> Iterator[Scenario]:
     """A capture's ``compressor`` names a file it ships, or a module: nothing runs."""
     base = small(folder / "base")
     marker = folder / "MARKER"
-    evil = folder / "evil"
-    compressed(evil, f"{evil}/evil.py:Evil")
-    (evil / "evil.py").write_text(
-        f"open({str(marker)!r}, 'w').write('ran')\n"
-        "class Evil:\n"
-        "    def compress(self, tensor, name):\n"
-        "        return [tensor], None\n"
-        "    def decompress(self, tensors, ctx):\n"
-        "        return tensors[0]\n"
-    )
+    evil = planted(folder / "evil", marker)
     zen = compressed(folder / "zen", "this:Zen")
     for run_dir in (evil, zen):
         commands = {
@@ -167,7 +173,8 @@ def code_scenarios(folder: Path) -> Iterator[Scenario]:
             yield "code", f"{label} {run_dir.name}", scenario
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children, ...), from /proc."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -184,7 +191,8 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pids: set[int]) -> set[int]:
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (zombies are not)."""
     alive = set()
     for pid in pids:
         try:
@@ -197,7 +205,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 def _holds_scratch(pid: int, scratch: Path) -> bool:
-    for pid_ in {pid, *_descendants(pid)}:
+    for pid_ in {pid, *descendants(pid)}:
         try:
             for fd in Path(f"/proc/{pid_}/fd").iterdir():
                 if os.readlink(fd).startswith(str(scratch)):
@@ -224,7 +232,7 @@ def stopped(args: list, signum: int, ready: Callable[[int], bool], scratch: Path
             time.sleep(0.1)
         if process.poll() is not None:
             return "unnamed error", f"ended before the signal: {process.communicate()[1][-200:]}"
-        below = _descendants(process.pid)
+        below = descendants(process.pid)
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -232,10 +240,10 @@ def stopped(args: list, signum: int, ready: Callable[[int], bool], scratch: Path
         process.communicate()
         return "hang", f"no end within 120 s of {signal.Signals(signum).name}"
     deadline = time.time() + 20
-    while time.time() < deadline and _alive(below):
+    while time.time() < deadline and alive(below):
         time.sleep(0.2)
-    if _alive(below) or os.listdir(scratch):
-        return "left behind", f"processes {sorted(_alive(below))}, scratch {os.listdir(scratch)}"
+    if alive(below) or os.listdir(scratch):
+        return "left behind", f"processes {sorted(alive(below))}, scratch {os.listdir(scratch)}"
     if signum == signal.SIGKILL:
         return ("error", "killed, nothing left") if process.returncode == -9 else ("signal", "")
     return judge((process.returncode, "", stderr), 128 + signum, named=_NAMES[signum])
@@ -265,7 +273,7 @@ def signal_scenarios(folder: Path) -> Iterator[Scenario]:
         def scenario(args=args, signum=signum, label=label) -> tuple[str, str]:
             scratch = Path(tempfile.mkdtemp(dir=folder, prefix="scratch-"))
             if label.startswith("fit"):
-                ready = lambda pid: len(_descendants(pid)) >= 3  # noqa: E731 - 2 workers
+                ready = lambda pid: len(descendants(pid)) >= 3  # noqa: E731 - 2 workers
             else:
                 ready = lambda pid: _holds_scratch(pid, scratch)  # noqa: E731
             return stopped(args, signum, ready, scratch)

@@ -12,52 +12,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from gradstat.store import layer_table, write_capture
-from gradstat.store.schema import rank_file_name
-from gradstat.store.writer import RankFileWriter, finalize_root, write_root
+from tests import fuzz_scenarios as scenarios
+from tests.fuzz_scenarios import ZEN, compressed, small
 from tests.helpers import assert_clean_error, run_cli
-
-LAYERS = layer_table([("fc.weight", (20, 30)), ("fc.bias", (20,))])
-D = LAYERS[-1].stop
-ZEN = "Beautiful is better than ugly"
-
-
-def _compressed(out: Path, spec: str, grads: np.ndarray) -> Path:
-    """A run as ``capture --compressor SPEC --ratio 0.1`` writes it (sent = grad)."""
-    out.mkdir()
-    meta = {"workload": "arrays", "seed": 0, "compressor": spec, "compressor_ratio": 0.1}
-    write_root(out, LAYERS, 2, "float32", {**meta, "compressor_settings": "{}"})
-    for rank in range(2):
-        with RankFileWriter(out / rank_file_name(rank), rank, D, sent=True) as writer:
-            for step in range(grads.shape[1]):
-                writer.append(step, 1.0, grads[rank, step], grads[rank, step], 8.0 * 62)
-    finalize_root(out)
-    return out
 
 
 @pytest.fixture
 def planted(tmp_path):
     """``runs/mine`` (dense), ``runs/evil`` naming its own ``evil.py`` (which writes
     ``MARKER`` when imported), ``runs/zen`` naming ``this:Zen``."""
-    grads = np.random.default_rng(0).laplace(size=(2, 3, D)).astype(np.float32)
     runs = tmp_path / "runs"
-    mine = write_capture(runs / "mine", grads, LAYERS, meta={"seed": 0})
+    mine = small(runs / "mine")
     marker = tmp_path / "MARKER"
-    evil = runs / "evil"
-    _compressed(evil, f"{evil}/evil.py:Evil", grads)
-    (evil / "evil.py").write_text(
-        f"open({str(marker)!r}, 'w').write('ran')\n"
-        "class Evil:\n"
-        "    def compress(self, tensor, name):\n"
-        "        return [tensor], None\n"
-        "    def decompress(self, tensors, ctx):\n"
-        "        return tensors[0]\n"
-    )
-    zen = _compressed(runs / "zen", "this:Zen", grads)
-    return mine, evil, zen, marker
+    evil = scenarios.planted(runs / "evil", marker)
+    return mine, evil, compressed(runs / "zen", "this:Zen"), marker
 
 
 def test_compare_never_imports_the_compressor_a_capture_names(planted, capsys):
@@ -94,13 +64,12 @@ def test_a_compressor_the_user_names_replays_the_run(planted, capsys, tmp_path):
 
 
 def test_a_builtin_recorded_in_the_capture_needs_no_option(tmp_path, capsys):
-    grads = np.random.default_rng(1).laplace(size=(2, 3, D)).astype(np.float32)
-    mine = write_capture(tmp_path / "mine", grads, LAYERS, meta={"seed": 0})
-    topk = _compressed(tmp_path / "topk", "topk", grads)
+    mine = small(tmp_path / "mine")
+    topk = compressed(tmp_path / "topk", "topk")
     result = run_cli(capsys, "compare", mine, topk, "--json")
     assert result.code == 0, result.stderr
     # a registry name with text that is no parameter of it: an error, never an import
-    zen = _compressed(tmp_path / "zen", "topk:Zen", grads)
+    zen = compressed(tmp_path / "zen", "topk:Zen")
     assert_clean_error(run_cli(capsys, "compare", mine, zen), 2)
 
 

@@ -21,40 +21,10 @@ import pytest
 
 from gradstat.store import layer_table, write_capture
 from gradstat.store.schema import rank_file_name
+from tests.fuzz_scenarios import alive, descendants
 from tests.helpers import assert_clean_error, interruptible, run_cli
 
 ROOT = Path(__file__).parent.parent
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children, their children, ...), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            alive.add(pid)
-    return alive
 
 
 def _gradstat(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -100,14 +70,14 @@ def test_jobs_workers_end_with_their_parent(slow_fit, signum):
     try:
         deadline, below = time.time() + 300, set()
         while time.time() < deadline and process.poll() is None:
-            below = _descendants(process.pid)
+            below = descendants(process.pid)
             workers = [p for p in below if b"gradstat-jobs" in _cmdline(p) or _is_spawn(p)]
             if len(workers) >= 2:
                 break
             time.sleep(0.2)
         assert process.poll() is None, process.communicate()
         time.sleep(1.0)  # the workers are inside their units
-        below = _descendants(process.pid)
+        below = descendants(process.pid)
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -115,9 +85,9 @@ def test_jobs_workers_end_with_their_parent(slow_fit, signum):
             process.kill()
             process.wait()
     deadline = time.time() + 20
-    while time.time() < deadline and _alive(below):
+    while time.time() < deadline and alive(below):
         time.sleep(0.2)
-    assert not _alive(below), [_cmdline(p) for p in _alive(below)]
+    assert not alive(below), [_cmdline(p) for p in alive(below)]
     if signum == signal.SIGTERM:
         assert process.returncode == 143, stderr
         assert stderr.strip().splitlines()[-1] == "Error: terminated (SIGTERM)", stderr
@@ -145,7 +115,7 @@ def test_the_metadata_reader_ends_with_a_killed_parent(tmp_path):
     try:
         deadline, below = time.time() + 120, set()
         while time.time() < deadline and process.poll() is None and not below:
-            below = _descendants(process.pid)
+            below = descendants(process.pid)
             time.sleep(0.2)
         assert below and process.poll() is None, process.communicate()
         time.sleep(1.0)
@@ -156,9 +126,9 @@ def test_the_metadata_reader_ends_with_a_killed_parent(tmp_path):
             process.kill()
             process.wait()
     deadline = time.time() + 10
-    while time.time() < deadline and _alive(below):
+    while time.time() < deadline and alive(below):
         time.sleep(0.1)
-    assert not _alive(below)
+    assert not alive(below)
 
 
 TORCHRUN_SUMMARY = [
@@ -203,7 +173,7 @@ def test_a_learner_killed_by_sigkill_is_named_as_the_cause(tmp_path):
     try:
         deadline, learner = time.time() + 180, None
         while time.time() < deadline and learner is None and process.poll() is None:
-            for pid in _descendants(process.pid):
+            for pid in descendants(process.pid):
                 try:
                     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 except OSError:
