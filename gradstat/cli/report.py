@@ -105,20 +105,12 @@ def report_command(
 
     Compression is priced with one hardware profile for the whole page; pass the
     --out file of `gradstat recommend` as --target-file to quote that recommendation's
-    numbers exactly. With --with RUN the page also compares the capture with those runs
-    of the same training, as `gradstat compare` does.
+    numbers exactly; --with RUN adds the comparison with those runs (gradstat compare).
 
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
-    # matplotlib and seaborn load here, not on every gradstat command
-    from gradstat.analysis.trained_with import check_runs, parse_trained_with
-    from gradstat.report.build import build_report
+    from gradstat.report.build import build_report  # matplotlib loads here, with the command
     from gradstat.report.context import ReportSettings
-
-    runs = [str(run) for run in with_runs or ()]
-    given = parse_trained_with(trained_with)
-    if runs or given:  # before minutes of work
-        check_runs([str(capture), *runs], given)
 
     settings = ReportSettings(
         ratios,
@@ -129,14 +121,27 @@ def report_command(
         dpi=dpi,
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
-        target_file=str(target_file) if target_file else None,
-        with_runs=runs,
-        trained_with=given,
+        **_other_files(capture, target_file, with_runs, trained_with),
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)
-        page = build_report(cap, settings, _section_progress, allow_damaged)
-    _write_page(page, out)
+        _write_page(build_report(cap, settings, _section_progress, allow_damaged), out)
+
+
+def _other_files(
+    capture: Path, target_file: Path | None, runs: list[Path] | None, trained_with: list[str] | None
+) -> dict:
+    """The settings of what the report reads besides the capture: ``--target-file``'s
+    name, and the ``--with`` runs and ``--trained-with``, checked before minutes of work
+    (each run opens; each trained with a user's class has one named)."""
+    from gradstat.analysis.trained_with import check_runs, parse_trained_with
+
+    paths = [str(run) for run in runs or ()]
+    given = parse_trained_with(trained_with)
+    if paths or given:
+        check_runs([str(capture), *paths], given)
+    target = str(target_file) if target_file else None
+    return {"target_file": target, "with_runs": paths, "trained_with": given}
 
 
 def _section_progress(key: str):
