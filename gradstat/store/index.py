@@ -256,7 +256,7 @@ def _require_rank_count(folder: Path, world: int) -> None:
     folder's listing, so that a damaged ``world_size`` lists no ranks that are not there."""
     present = sum(1 for p in folder.glob("rank-*.h5") if p.name[5:-3].isdigit())
     if present < world:
-        names = ", ".join(rank_file_name(r) for r in next_missing(folder, world, 3))
+        names = ", ".join(rank_file_name(r) for r in _next_missing(folder, world, 3))
         raise DataError(
             f"{folder}: capture.h5 says world_size {world} (no recorded_ranks), but the "
             f"folder holds {present} rank files: {world - present} are missing ({names}, "
@@ -265,7 +265,7 @@ def _require_rank_count(folder: Path, world: int) -> None:
         )
 
 
-def next_missing(folder: Path, world: int, count: int) -> list[int]:
+def _next_missing(folder: Path, world: int, count: int) -> list[int]:
     """The first ``count`` ranks below ``world`` without a rank file in ``folder``."""
     missing = []
     for rank in range(world):
