@@ -37,7 +37,8 @@ class DamagedData(DataError):
 
 
 class Interrupted(GradstatError):
-    """Ctrl-C: the message says what was kept (exit 130, the shell's code for SIGINT)."""
+    """Ctrl-C, SIGTERM or SIGHUP: the message says what was kept (the command line exits
+    with the signal's code, 128 + N: 130 for SIGINT; gradstat/cancel.py)."""
 
     exit_code = 130
 

@@ -5,7 +5,10 @@ benchmarks/fuzz_captures.py (a larger run with the command line, for the table).
 
 A case is a named edit of a copy of a capture folder: truncations, bit flips in rows,
 in rank-file metadata and in ``capture.h5``, zeroed pages, edited attributes and
-tables, swapped, missing and foreign rank files. :func:`outcome` reads the edited
+tables, swapped, missing and foreign rank files, and *hostile* edits (issue 40): counts,
+shapes and attributes a writer chose to mislead, with the identity checksum recomputed
+(a CRC-32C is no signature), attributes of types gradstat does not know, a schema
+relabelled over a changed value. :func:`outcome` reads the edited
 copy through the library in a forked child with a time limit and classifies it:
 
 * ``error``: a gradstat error whose message names a file of the capture;
@@ -205,6 +208,7 @@ def make_cases(base: Path, foreign: Path | None, rng: np.random.Generator, n: in
             cases.append(Case("zeroed page", label, _zero(file.name, page * 4096)))
     cases += _attribute_cases(base)
     cases += _table_cases(base)
+    cases += _hostile_cases(base)
     if len(ranks) > 1:
         cases.append(
             Case(
@@ -312,3 +316,96 @@ def _change(name: str, dataset: str, index, change: str) -> Callable[[Path], Non
                 data[index] = value + (int(change) if data.dtype.kind in "iu" else float(change))
 
     return edit
+
+
+# --- hostile edits (issue 40): the checksum recomputed after each -----------------------
+
+
+def resum(path: Path) -> None:
+    """Recompute capture.h5's identity checksum from what it holds now (as a hostile
+    writer would); nothing where the root is not readable as one."""
+    from gradstat.store.checksums import identity_checksum
+
+    with h5py.File(path / ROOT_FILE, "r+") as f:
+        attrs = f.attrs
+        if "checksum" not in attrs or not isinstance(attrs.get("world_size"), np.integer):
+            return
+        world = int(attrs["world_size"])
+        ranks = [int(r) for r in attrs.get("recorded_ranks", range(min(world, 64)))]
+        table = f["layers"]
+        rows = zip(
+            table["name"].asstr()[()],
+            table["offset"][()],
+            table["numel"][()],
+            table["shape"][()],
+            strict=True,
+        )
+        layers = [(n, int(o), int(k), [int(x) for x in shape]) for n, o, k, shape in rows]
+        run_id, dtype = str(attrs["run_id"]), str(attrs["dtype"])
+        attrs["checksum"] = np.int64(identity_checksum(run_id, world, ranks, dtype, layers))
+
+
+def _hostile(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(path: Path) -> None:
+        edit(path)
+        resum(path)
+
+    return apply
+
+
+def _layer_edit(index: int, shape: list[int], numel: int) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        with h5py.File(path / ROOT_FILE, "r+") as f:
+            layers = f["layers"]
+            i = index % layers["numel"].shape[0]
+            layers["shape"][i] = np.array(shape, dtype=np.int64)
+            layers["numel"][i] = numel
+
+    return edit
+
+
+def _foreign_attrs(path: Path) -> None:
+    for file in [path / ROOT_FILE, *_rank_files(path)[:1]]:
+        with h5py.File(file, "r+") as f:
+            f.attrs["a_reference"] = f.ref
+            f.attrs["a_compound"] = np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")])
+            f.attrs["versions"] = "not JSON {"
+            f.attrs["batch_size"] = 32
+
+
+def _relabel_and_flip(path: Path) -> None:
+    """Every file relabelled schema 1, and one stored value changed."""
+    for file in [path / ROOT_FILE, *_rank_files(path)]:
+        with h5py.File(file, "r+") as f:
+            f.attrs["schema"] = np.int64(1)
+    with h5py.File(_rank_files(path)[0], "r+") as f:
+        f["grad"][0, 7] = f["grad"][0, 7] + 1.0
+
+
+def _drop_ranks(world: int) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        with h5py.File(path / ROOT_FILE, "r+") as f:
+            f.attrs["world_size"] = np.int64(world)
+            if "recorded_ranks" in f.attrs:
+                del f.attrs["recorded_ranks"]
+
+    return edit
+
+
+def _hostile_cases(base: Path) -> list[Case]:
+    r0 = rank_file_name(0)
+    edits = [
+        ("rank committed 1e12", _attr(r0, "committed", np.int64(10**12))),
+        ("root committed 1e12", _attr(ROOT_FILE, "committed", np.int64(10**12))),
+        ("world_size 5e7, no recorded_ranks", _drop_ranks(5 * 10**7)),
+        ("world_size 40, no recorded_ranks", _drop_ranks(40)),
+        ("world_size 2.5", _attr(ROOT_FILE, "world_size", 2.5)),
+        ("world_size text", _attr(ROOT_FILE, "world_size", "two")),
+        ("rank text", _attr(r0, "rank", "x")),
+        ("negative shape", _layer_edit(-1, [-1, -1], 1)),
+        ("shape product wraps", _layer_edit(-1, [2**62 + 1, 256], 256)),
+        ("numel 1e12", _layer_edit(-1, [10**6, 10**6], 10**12)),
+        ("unknown attribute types", _foreign_attrs),
+        ("schema relabelled 1, value changed", _relabel_and_flip),
+    ]
+    return [Case("hostile", name, _hostile(edit)) for name, edit in edits]

@@ -111,21 +111,17 @@ def test_compare_cli_tables_json_and_plot(runs, capsys, tmp_path):
     assert_clean_error(run_cli(capsys, "compare", path / "dense"), 2)
 
 
-def test_report_section_only_beside_compressed_runs(runs, tmp_path):
+def test_report_section_only_with_the_runs_named(runs):
     from gradstat.report.training import training_section
     from gradstat.store import open_capture
 
     path, _ = runs
     with open_capture(path / "dense") as cap:
-        section = training_section(cap)
+        section = training_section(cap, [path / "drift", path / "same"])
+        assert training_section(cap, []) is None  # never the runs beside it
     assert section is not None and section.key == "training" and len(section.figures) == 1
     assert list(section.tables[0][1]["run"]) == ["dense", "drift", "same"]
     assert "open-loop" in section.reading
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    write_capture(alone / "dense", grads(1), LAYERS, meta={"seed": 0})
-    with open_capture(alone / "dense") as cap:
-        assert training_section(cap) is None
 
 
 def test_unlike_runs_are_warned_and_no_dense_run_is_said(runs, capsys, tmp_path):

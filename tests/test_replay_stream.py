@@ -112,16 +112,19 @@ def test_streamed_topk_of_long_rows_equals_whole_step(tmp_path):
         stream.close()
 
 
-def test_scratch_folder_goes_away_also_on_error(tmp_path, monkeypatch):
+def test_scratch_files_have_no_name_even_while_in_use(tmp_path, monkeypatch):
+    """The scratch file has no name in the folder (so no death can leave it there),
+    yet holds its rows; its space is the process's until it closes the file."""
     monkeypatch.setenv(SCRATCH_ENV, str(tmp_path))
     with pytest.raises(RuntimeError), MemoryRows(scratch=True) as rows:
         store = rows.new(3, 1000)
         row = torch.arange(1000, dtype=torch.float32)
         store.save(1, row)
         assert torch.equal(store.load(1), row) and not store.load(0).any()
-        assert len(os.listdir(tmp_path)) == 1
+        assert os.listdir(tmp_path) == []
+        assert os.fstat(store.fd).st_nlink == 0 and os.fstat(store.fd).st_size == 12_000
         raise RuntimeError("interrupted")
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == [] and store.fd == -1
 
 
 def test_nonfinite_row_names_step_and_learner(tmp_path):

@@ -500,7 +500,7 @@ def test_compare_replays_random_draws_with_the_runs_seed(tmp_path, capsys):
     for writer in writers:
         writer.close()
     finalize_root(out)
-    result = run_cli(capsys, "compare", out, out, "--json")
+    result = run_cli(capsys, "compare", out, out, "--json", "--trained-with", f"{out}={spec}")
     assert result.code == 0, result.stderr
     rows = json.loads(result.stdout)["summary"]
     assert rows[0]["measured_rel_error"] == pytest.approx(rows[0]["replayed_rel_error"])
@@ -531,7 +531,9 @@ def test_trains_through_capture_and_compares(real_capture, tmp_path, capsys, mon
             np.testing.assert_array_equal(sent, np.where(np.abs(p) >= top[:, None], p, 0))
             memory = p - sent
             assert (cap.sent_bytes[:, i] == 12 * k).all()
-    compared = run_cli(capsys, "compare", real_capture, out, "--json")
+    compared = run_cli(
+        capsys, "compare", real_capture, out, "--json", "--trained-with", f"{out}={spec}"
+    )
     assert compared.code == 0, compared.stderr
     (row,) = json.loads(compared.stdout)["summary"][1:]
     assert row["measured_rel_error"] == pytest.approx(row["replayed_rel_error"], rel=1e-5)

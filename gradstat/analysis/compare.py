@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ import torch
 from gradstat.analysis.replay import scope_shapes
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.selection import k_for
+from gradstat.analysis.trained_with import check_all_used, replay_spec
 from gradstat.compressors.exchange import SparseRow, StepOutcome
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
@@ -53,6 +54,9 @@ class Run:
     learners: int
     steps: list[int]
     losses: np.ndarray  # (learners, steps)
+    #: The compressor that replays it: the recorded one if built in, else as the user
+    #: named it (gradstat/analysis/trained_with.py); None for a dense run.
+    spec: str | None = None
 
     @property
     def label(self) -> str:
@@ -105,22 +109,25 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     ]
 
 
-def _run(cap: Capture, path: str) -> Run:
+def _run(cap: Capture, path: str, given: Mapping[str, str]) -> Run:
+    recorded = cap.compressor
     return Run(
         path=path,
         name=Path(path).name,
-        compressor=cap.compressor,
+        compressor=recorded,
         workload=cap.workload,
         seed=cap.meta.get("seed"),
         learners=cap.world_size,
         steps=[int(s) for s in cap.steps],
         losses=cap.losses,
+        spec=replay_spec(path, None if recorded is None else recorded["name"], given),
     )
 
 
-def _scheme(cap: Capture, compressor: dict, numel: int) -> Scheme:
-    spec = parse_compressors(compressor["name"])[0]
-    ratio = compressor["ratio"]
+def _scheme(cap: Capture, run: Run, numel: int) -> Scheme:
+    assert run.compressor is not None and run.spec is not None
+    spec = parse_compressors(run.spec)[0]
+    ratio = run.compressor["ratio"]
     k = None if ratio is None else k_for(ratio, numel)
     shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
     # the run's --seed seeded the hook's random draws (QSGD, TernGrad, a user's class)
@@ -156,11 +163,10 @@ def _dense(estimate: torch.Tensor | SparseRow) -> torch.Tensor:
     return estimate.dense() if isinstance(estimate, SparseRow) else estimate
 
 
-def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
+def _online_errors(cap: Capture, run: Run, steps: Sequence[int]) -> list[dict]:
     """Measured and self-replayed error and bytes of one compressed run, per step."""
-    assert cap.compressor is not None
-    measured_scheme = _scheme(cap, cap.compressor, cap.numel)
-    replayed = _scheme(cap, cap.compressor, cap.numel)
+    measured_scheme = _scheme(cap, run, cap.numel)
+    replayed = _scheme(cap, run, cap.numel)
     rows = []
     outcomes = _replayed(cap, replayed, steps)
     for i, step in enumerate(steps):
@@ -181,9 +187,9 @@ def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
     return rows
 
 
-def _predicted(dense: Capture, compressor: dict, steps: Sequence[int]) -> dict[int, dict]:
-    """The open-loop replay of ``compressor`` over the dense run's gradients."""
-    scheme = _scheme(dense, compressor, dense.numel)
+def _predicted(dense: Capture, run: Run, steps: Sequence[int]) -> dict[int, dict]:
+    """The open-loop replay of ``run``'s compressor over the dense run's gradients."""
+    scheme = _scheme(dense, run, dense.numel)
     out = {}
     outcomes = _replayed(dense, scheme, steps)
     for step, grads in dense.iter_steps(steps):
@@ -196,15 +202,26 @@ def _predicted(dense: Capture, compressor: dict, steps: Sequence[int]) -> dict[i
     return out
 
 
-def compare(paths: Sequence[str | Path], tolerance: float = DIVERGENCE_TOLERANCE) -> Comparison:
-    """Compare the runs at ``paths`` (see the module docstring)."""
+def compare(
+    paths: Sequence[str | Path],
+    tolerance: float = DIVERGENCE_TOLERANCE,
+    trained_with: Mapping[str, str] | None = None,
+) -> Comparison:
+    """Compare the runs at ``paths`` (see the module docstring). ``trained_with``: the
+    compressor of a run trained with a user's class, ``{resolved path: spec}``
+    (:func:`~gradstat.analysis.trained_with.parse_trained_with`); a capture's own record
+    of such a class is never imported."""
     if len(paths) < 2:
         raise UsageError("compare needs at least two runs")
     if not tolerance > 0:
         raise UsageError(f"--tolerance must be positive, got {tolerance}")
-    caps = [open_capture(p) for p in paths]
+    given = dict(trained_with or {})
+    check_all_used(given, paths)
+    caps: list[Capture] = []
     try:
-        runs = [_run(cap, str(p)) for cap, p in zip(caps, paths, strict=True)]
+        for p in paths:
+            caps.append(open_capture(p))
+        runs = [_run(cap, str(p), given) for cap, p in zip(caps, paths, strict=True)]
         notes = _check_same_training(runs, caps)
         dense_index = next((i for i, r in enumerate(runs) if r.compressor is None), None)
         dense = None if dense_index is None else (caps[dense_index], runs[dense_index])
@@ -255,11 +272,11 @@ def _error_rows(cap: Capture, run: Run, dense: tuple[Capture, Run] | None) -> li
         if dense_cap.numel != cap.numel:
             raise UsageError(f"{run.path} and {dense_run.path} train different models")
         common = [s for s in run.steps if s in set(dense_run.steps)]
-        predicted = _predicted(dense_cap, run.compressor, common)
+        predicted = _predicted(dense_cap, run, common)
     missing = {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
     return [
         {"run": run.name, "label": run.label, **row, **predicted.get(row["step"], missing)}
-        for row in _online_errors(cap, run.steps)
+        for row in _online_errors(cap, run, run.steps)
     ]
 
 

@@ -3,17 +3,19 @@
 Residual error feedback keeps one row per learner and compressor (DGC two: its momentum
 ``u`` and accumulation ``v``): ``learners x numel x 4`` bytes each, inherent to the
 method. :class:`RamRows` holds them in one tensor. When they do not fit the memory
-budget, :class:`ScratchRows` keeps them in a file of a scratch folder and reads and
-writes one learner's row at a time (``pread``/``pwrite``): the process holds one row,
-the kernel's page cache the rest as far as memory allows. The folder
-(``gradstat-replay-*`` under ``$GRADSTAT_SCRATCH``, else ``$TMPDIR``, else ``/tmp``;
-use a disk, not a tmpfs, for it to save memory) is removed when the replay ends, also on
-an error or Ctrl-C. A row never written reads as zeros (a sparse file), which is where
-every memory starts.
+budget, :class:`ScratchRows` keeps them in a scratch file and reads and writes one
+learner's row at a time (``pread``/``pwrite``): the process holds one row, the kernel's
+page cache the rest as far as memory allows. The file lives in ``$GRADSTAT_SCRATCH``,
+else ``$TMPDIR``, else ``/tmp`` (use a disk, not a tmpfs, for it to save memory) and has
+no name: ``tempfile.TemporaryFile`` opens it with ``O_TMPFILE`` (or unlinks it the moment
+it is made where that flag is missing), so the kernel reclaims it when the process
+closes it or dies, by SIGKILL too; nothing of a replay is left in the folder. A row
+never written reads as zeros (a sparse file), which is where every memory starts.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -22,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from gradstat.errors import DataError, UsageError
+from gradstat.sizes import format_bytes
 
 #: Environment variable naming the folder for scratch files.
 SCRATCH_ENV = "GRADSTAT_SCRATCH"
@@ -80,13 +85,21 @@ class RamRows:
 
 
 class ScratchRows:
-    """``rows x numel`` float32 rows in a file of ``folder``, one row in memory at a time."""
+    """``rows x numel`` float32 rows in a nameless file of ``folder``, one row in memory
+    at a time."""
 
     def __init__(self, rows: int, numel: int, folder: Path) -> None:
         self.numel = numel
         self.row_bytes = numel * 4
-        handle, name = tempfile.mkstemp(prefix="memory-", suffix=".f32", dir=folder)
-        self.fd, self.path = handle, Path(name)
+        self.folder = Path(folder)
+        try:
+            self._file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 (closed in close)
+        except OSError as exc:
+            raise UsageError(
+                f"scratch folder {folder}: cannot create a file there ({exc.strerror}); "
+                f"set {SCRATCH_ENV} to a writable folder on a disk"
+            ) from None
+        self.fd = self._file.fileno()
         os.ftruncate(self.fd, rows * self.row_bytes)
 
     def load(self, row: int) -> torch.Tensor:
@@ -97,41 +110,54 @@ class ScratchRows:
         while done < self.row_bytes:
             got = os.preadv(self.fd, [view[done:]], row * self.row_bytes + done)
             if got <= 0:
-                raise OSError(f"{self.path}: short read of scratch row {row}")
+                raise DataError(f"scratch file in {self.folder}: short read of row {row}")
             done += got
         return torch.from_numpy(out)
 
     def save(self, row: int, values: torch.Tensor) -> None:
         data = memoryview(values.detach().contiguous().numpy()).cast("B")
         done = 0
-        while done < self.row_bytes:
-            done += os.pwrite(self.fd, data[done:], row * self.row_bytes + done)
+        try:
+            while done < self.row_bytes:
+                done += os.pwrite(self.fd, data[done:], row * self.row_bytes + done)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            free = format_bytes(shutil.disk_usage(self.folder).free)
+            raise DataError(
+                f"scratch folder {self.folder} is full ({free} free; {exc.strerror}): the "
+                f"error-feedback memories did not fit; set {SCRATCH_ENV} to a larger disk "
+                "or give --memory more"
+            ) from None
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            self._file.close()
             self.fd = -1
 
 
+def scratch_folder() -> Path:
+    """Where scratch files go: ``$GRADSTAT_SCRATCH``, else ``$TMPDIR``, else ``/tmp``."""
+    return Path(os.environ.get(SCRATCH_ENV) or tempfile.gettempdir())
+
+
 class MemoryRows:
-    """Allocates the row stores of one replay and removes its scratch folder on close.
+    """Allocates the row stores of one replay and closes them on close.
 
     ``scratch``: keep every store in a scratch file instead of RAM (see the module
-    docstring); use as a context manager so the folder goes also on errors.
+    docstring; ``folder`` is where its files are, without names); use as a context
+    manager so the stores go also on errors.
     """
 
     def __init__(self, scratch: bool) -> None:
         self.scratch = scratch
-        self.folder: Path | None = None
+        self.folder: Path | None = scratch_folder() if scratch else None
         self.stores: list[RamRows | ScratchRows] = []
 
     def new(self, rows: int, numel: int) -> RamRows | ScratchRows:
         """A zeroed ``rows x numel`` store."""
         store: RamRows | ScratchRows
-        if self.scratch:
-            if self.folder is None:
-                parent = os.environ.get(SCRATCH_ENV) or None
-                self.folder = Path(tempfile.mkdtemp(prefix="gradstat-replay-", dir=parent))
+        if self.folder is not None:
             store = ScratchRows(rows, numel, self.folder)
         else:
             store = RamRows(rows, numel)
@@ -142,9 +168,6 @@ class MemoryRows:
         for store in self.stores:
             store.close()
         self.stores = []
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
 
     def __enter__(self) -> MemoryRows:
         return self

@@ -1,8 +1,9 @@
 """Following one torchrun of a capture (gradstat/capture/launch.py starts it).
 
-Its output lines go to the capture's log (the last 200 also kept, for a failure's
-reason); the first learner's progress reports go to ``on_progress``; each new
-``Warning:`` line goes once to ``on_warning``; while the other nodes of a multi-node run
+Its output lines go to the capture's log (:class:`CaptureLog`: a full disk stops the
+log, not the capture; the last 200 lines are also kept, for a failure's reason); the
+first learner's progress reports go to ``on_progress``; each new ``Warning:`` line goes
+once to ``on_warning``; while the other nodes of a multi-node run
 have not joined, a line every ``WAIT_REPORT_SECONDS`` goes to ``on_wait``, and the wait
 ends in a ``DataError`` after the join timeout.
 """
@@ -29,6 +30,46 @@ if TYPE_CHECKING:  # launch.py imports this module
 
 #: Seconds between two "waiting for node ..." lines.
 WAIT_REPORT_SECONDS = 10.0
+
+
+class CaptureLog:
+    """The capture's log file: a write that fails (a full or read-only disk) stops the
+    logging, never the capture; :attr:`error` says why, for the capture's last line."""
+
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> None:
+        if self.error is None:
+            try:
+                self.file.write(text)
+            except OSError as exc:
+                self.error = exc
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.file.flush()
+            except OSError as exc:
+                self.error = exc
+
+    def close(self) -> None:
+        self.flush()
+        try:
+            self.file.close()
+        except OSError as exc:  # its last lines did not fit
+            self.error = self.error or exc
+
+    def note(self) -> str:
+        """``""``, or why the log is cut short: ``; the log is cut short (...)``."""
+        return "" if self.error is None else f"; the log is cut short ({self.error.strerror})"
+
+    def __enter__(self) -> CaptureLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def progress_report(line: str) -> dict | None:
@@ -59,7 +100,7 @@ class Follower:
     to ``log``: ``options.join_timeout`` seconds for the other nodes to join."""
 
     process: subprocess.Popen
-    log: TextIO
+    log: CaptureLog
     run_dir: Path
     options: CaptureOptions
     on_progress: Callable[[dict], None] | None = None

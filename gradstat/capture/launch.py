@@ -22,12 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 import torch
 
+from gradstat.atomic import free_text
+from gradstat.cancel import stopped_text
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
-from gradstat.capture.follow import Follower, stop
+from gradstat.capture.follow import CaptureLog, Follower, stop
 from gradstat.capture.hook_setup import select_named_parameters
 from gradstat.capture.nodes import DEFAULT_JOIN_TIMEOUT, check_folder, log_name
 from gradstat.capture.worker import LAUNCHER_PID_ENV
@@ -35,10 +36,12 @@ from gradstat.capture.workloads import build_workload, default_lr, resolve_size,
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import SUPPORTED_DTYPES
+from gradstat.store.schema import MAX_LEARNERS, ROOT_FILE, SUPPORTED_DTYPES
 from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
+#: Learners (processes) one node may start: more is a typo, not a machine.
+MAX_LEARNERS_PER_NODE = 1024
 BACKENDS = ("auto", "gloo", "nccl")
 COMM_HOOKS = ("allreduce", "fp16", "powersgd")
 RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")
@@ -46,6 +49,7 @@ EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
 #: torchrun's failure summary: a learner's rank, then its exit code (-N: signal N).
 SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 SUMMARY_SIGNAL = re.compile(r"^\s*exitcode\s*:\s*-(\d+)")
+ROOT_CAUSE = re.compile(r"^\s*Root Cause")
 
 
 @dataclass
@@ -130,6 +134,16 @@ class CaptureOptions:
         for name, value in positive.items():
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.nproc_per_node > MAX_LEARNERS_PER_NODE:
+            raise UsageError(
+                f"--nproc-per-node must be at most {MAX_LEARNERS_PER_NODE} (one process per "
+                f"learner), got {self.nproc_per_node}"
+            )
+        if self.world_size > MAX_LEARNERS:
+            raise UsageError(
+                f"--nnodes x --nproc-per-node must be at most {MAX_LEARNERS:,} learners, "
+                f"got {self.world_size:,}"
+            )
         if self.start < 0:
             raise UsageError(f"--start must be at least 0, got {self.start}")
         if self.start >= self.steps:
@@ -292,7 +306,34 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
 def _failure_reason(lines: deque[str]) -> str:
     """A learner killed by a signal (torchrun's summary: the others then only report the
     lost connection), else the worker's own ``Error:`` line, else the last exception line
-    a learner printed."""
+    a learner printed. torchrun lists the other failures first and its root cause (the
+    first failure observed) last: a learner killed by SIGKILL is named, not the
+    SIGTERM torchrun sent the others after it."""
+    lines = list(lines)
+    root = [i for i, line in enumerate(lines) if ROOT_CAUSE.match(line)]
+    killed = _killed_learner(lines[root[-1] :] if root else lines)
+    if killed is not None:  # else the root cause exited: its own error line names it
+        return killed
+    section = lines[root[-1] :] if root else []
+    ranks = [int(m.group(1)) for line in section if (m := SUMMARY_RANK.match(line))]
+    culprit = f"[rank{ranks[0]}]:" if ranks else "["
+    texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
+    worker_lines = [
+        t
+        for line, t in zip(lines, texts, strict=True)
+        if RANK_PREFIX.match(line) and line.startswith(culprit)
+    ]
+    for text in reversed(texts):
+        if text.startswith("Error:"):
+            return text[len("Error:") :].strip()
+    for text in reversed(worker_lines or texts):
+        if EXCEPTION_LINE.match(text):
+            return text
+    return "a learner failed"
+
+
+def _killed_learner(lines: list[str]) -> str | None:
+    """The first learner of torchrun's summary ``lines`` that a signal ended, or None."""
     rank = None
     for line in lines:
         if match := SUMMARY_RANK.match(line):
@@ -301,15 +342,7 @@ def _failure_reason(lines: deque[str]) -> str:
             number = int(match.group(1))
             name = signal.Signals(number).name if number in signal.valid_signals() else "?"
             return f"learner {rank} died (signal {number}, {name})"
-    texts = [RANK_PREFIX.sub("", line).strip() for line in lines]
-    worker_lines = [t for line, t in zip(lines, texts, strict=True) if RANK_PREFIX.match(line)]
-    for text in reversed(texts):
-        if text.startswith("Error:"):
-            return text[len("Error:") :].strip()
-    for text in reversed(worker_lines or texts):
-        if EXCEPTION_LINE.match(text):
-            return text
-    return "a learner failed"
+    return None
 
 
 def check_budget(options: CaptureOptions, run_dir: Path) -> tuple[CapturePlan, int]:
@@ -339,22 +372,33 @@ def recorded(run_dir: Path) -> tuple[int, int, str, str | None] | None:
 def _interrupted_text(run_dir: Path) -> str:
     state = recorded(run_dir)
     if state is None:
-        return f"interrupted; the rank files in {run_dir} keep every committed row"
+        return f"{stopped_text()}; the rank files in {run_dir} keep every committed row"
     steps, learners, _, _ = state
     return (
-        f"interrupted; {steps} steps x {learners} learners committed in {run_dir} "
+        f"{stopped_text()}; {steps} steps x {learners} learners committed in {run_dir} "
         f"(readable: gradstat info {run_dir})"
     )
 
 
-def _check_recorded(run_dir: Path) -> None:
-    """A capture whose writers stopped early (disk full) is an error saying what is there."""
+def _check_recorded(run_dir: Path, node_rank: int, log: CaptureLog) -> None:
+    """After torchrun succeeded: a capture that is not complete here (a writer stopped on
+    a full disk, the root could not be finalised) is an error saying what is there, the
+    free space and the command that reads it."""
     state = recorded(run_dir)
-    if state is not None and state[2] == "incomplete":
-        steps, learners, _, reason = state
+    free = f"{free_text(run_dir)} in {run_dir}"
+    if state is None:
+        if node_rank > 0 and not (run_dir / ROOT_FILE).exists():
+            return  # a node > 0 writing its own folder: node 0 holds capture.h5
         raise DataError(
-            f"capture incomplete ({reason or 'a writer stopped'}): {steps} steps x "
-            f"{learners} learners recorded in {run_dir}, readable up to there"
+            f"capture failed: {run_dir / ROOT_FILE} cannot be read after training ({free}"
+            f"{log.note()}); the rank files keep every committed row"
+        )
+    steps, learners, status, reason = state
+    if status != "complete":
+        why = reason or f"{status}: capture.h5 was not finalised"
+        raise DataError(
+            f"capture incomplete ({why}; {free}{log.note()}): {steps} steps x {learners} "
+            f"learners recorded in {run_dir}, readable up to there (gradstat info {run_dir})"
         )
 
 
@@ -401,17 +445,18 @@ def run_capture(
             stop(process)
             raise
     if code != 0:
-        raise DataError(f"capture failed: {_failure_reason(follower.tail)} (full log: {log_path})")
-    _check_recorded(run_dir)
+        reason = _failure_reason(follower.tail)
+        raise DataError(f"capture failed: {reason} (full log: {log_path}{log.note()})")
+    _check_recorded(run_dir, options.node_rank, log)
     return run_dir
 
 
-def _claim(run_dir: Path, log_path: Path) -> TextIO:
+def _claim(run_dir: Path, log_path: Path) -> CaptureLog:
     """The new log file, opened for writing: creating it (``O_EXCL``) claims the folder,
     so that of two captures started into one folder only one runs."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        return open(log_path, "x")
+        return CaptureLog(open(log_path, "x"))
     except FileExistsError:
         raise UsageError(
             f"{run_dir} is being written by another capture (its {log_path.name} appeared "

@@ -24,11 +24,16 @@ import torch
 
 from gradstat.errors import GradstatWarning
 from gradstat.store.dtypes import buffer_to_disk
-from gradstat.store.writer import RankFileWriter
+from gradstat.store.writer import META_BLOCK_BYTES, RankFileWriter
 
 #: Space kept free beside each row for HDF5 metadata: the chunk index grows by blocks,
 #: and every 1024 rows /step, /loss and /crc32c get a new chunk (20 KiB together).
 METADATA_MARGIN_BYTES = 1 << 20
+
+
+#: Free bytes needed to write the ``stopped`` note into a rank file: the new attribute
+#: and its metadata block (``META_BLOCK_BYTES``), generously.
+NOTE_ROOM_BYTES = 4 * META_BLOCK_BYTES
 
 
 def space_needed(row_bytes: int) -> int:
@@ -116,7 +121,7 @@ class BackgroundWriter:
 
     def _fail(self, exc: BaseException, step: int | None = None) -> None:
         self.error = exc
-        if step is not None and self._file is not None:
+        if step is not None and self._file is not None and self._room_for_a_note():
             full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG)
             reason = f"{'disk full' if full else 'write failed'} at step {step}"
             # the file is still sound: the writer stopped before the disk filled
@@ -128,6 +133,16 @@ class BackgroundWriter:
             GradstatWarning,
             stacklevel=2,
         )
+
+    def _room_for_a_note(self) -> bool:
+        """Whether the disk still has room for the ``stopped`` note. A new attribute is
+        new HDF5 metadata: written onto a disk with no room at all, it is cut short and
+        damages the file's attribute heap (measured on a full tmpfs), so the committed
+        rows would no longer open. Without the room the file keeps its rows, unmarked."""
+        try:
+            return space_left(self.path) >= NOTE_ROOM_BYTES
+        except OSError:
+            return False
 
     def _ensure_space(self, row_bytes: int) -> None:
         """Stop *before* the disk fills: HDF5 cannot close a file it failed to extend."""

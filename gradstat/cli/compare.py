@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot
+from gradstat.cli.options import DPI, Csv, Dpi, Json, Plot, TrainedWith
 from gradstat.cli.output import Output, Result, View, show, warn
 from gradstat.defaults import DIVERGENCE_TOLERANCE
 
@@ -58,6 +58,7 @@ def _integer(value: float) -> str:
 def compare_command(
     runs: Runs,
     tolerance: Tolerance = DIVERGENCE_TOLERANCE,
+    trained_with: TrainedWith = None,
     as_json: Json = False,
     csv: Csv = None,
     plot: Plot = None,
@@ -69,13 +70,16 @@ def compare_command(
     and bytes per step measured online (from its grad and sent rows), the replay over its
     own gradients, and the replay's open-loop prediction over the dense run's gradients,
     with the step where prediction and measurement part. A run trained with your own
-    compressor (docs/compressors.md) imports it again from the spec it recorded.
+    compressor (docs/compressors.md) is replayed with the class you name in
+    --trained-with RUN=SPEC: a capture is data, and gradstat runs no code it names.
 
     Example: gradstat compare captures/lm captures/lm-topk --plot compare.png
     """
     from gradstat.analysis.compare import compare
+    from gradstat.analysis.trained_with import parse_trained_with
 
-    result = compare([str(r) for r in runs], tolerance)
+    given = parse_trained_with(trained_with)
+    result = compare([str(r) for r in runs], tolerance, given)
     _warn_unlike(result.runs)
 
     def figure():

@@ -13,6 +13,7 @@ from gradstat.cli.options import Capture, Csv, Json
 from gradstat.cli.output import console, to_json, write_csv
 from gradstat.errors import DataError
 from gradstat.sizes import format_bytes
+from gradstat.untrusted import printable
 
 Verify = Annotated[
     bool,
@@ -168,7 +169,9 @@ def _print_tables(summary: dict, learners: str) -> None:
     steps = summary["steps"]
     status = _status_text(summary)
     overview = Table(
-        title=f"capture {escape(summary['path'])}", title_justify="left", show_header=False
+        title=f"capture {escape(printable(summary['path']))}",
+        title_justify="left",
+        show_header=False,
     )
     overview.add_column(style="bold")
     overview.add_column()
@@ -188,7 +191,7 @@ def _print_tables(summary: dict, learners: str) -> None:
     if loss["first"] is not None:
         rows.append(("loss", f"{loss['first']:.4g} -> {loss['last']:.4g} (mean over learners)"))
     for key, value in rows:
-        overview.add_row(key, escape(value))
+        overview.add_row(key, escape(printable(value)))
     console.print(overview)
     layers = Table(title="layers", title_justify="left", header_style="bold")
     for column, justify in (
@@ -200,5 +203,6 @@ def _print_tables(summary: dict, learners: str) -> None:
         layers.add_column(column, justify=justify)
     for layer in summary["layers"]:
         shape = "x".join(str(s) for s in layer["shape"]) or "scalar"
-        layers.add_row(escape(layer["name"]), shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
+        name = escape(printable(layer["name"]))
+        layers.add_row(name, shape, f"{layer['numel']:,}", f"{layer['offset']:,}")
     console.print(layers)

@@ -21,7 +21,8 @@ from typer.core import TyperCommand
 from gradstat import __version__, cancel
 from gradstat.cli.command import Command, Group, unwrap
 from gradstat.cli.output import err_console, warn
-from gradstat.errors import GradstatError
+from gradstat.errors import GradstatError, Interrupted
+from gradstat.untrusted import printable
 
 # in the order of the work: record, inspect, analyse, replay, decide, report
 COMMANDS = {
@@ -127,9 +128,11 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _error(message: str, code: int) -> None:
     """One ``Error:`` line; the message is plain text (paths, arguments, library errors
-    may contain ``[...]``), never markup."""
+    may contain ``[...]``), never markup, and shows no control character."""
     err_console.print(
-        f"[bold red]Error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True
+        f"[bold red]Error:[/bold red] {escape(printable(message))}",
+        highlight=False,
+        soft_wrap=True,
     )
     sys.exit(code)
 
@@ -161,6 +164,11 @@ def _bad_value(exc: typer.TyperException) -> str | None:
         return f"{option} {value}: use {error['ctx']['expected']}"
     reason = EXPECTED.get(error["type"], error["msg"])
     return f"{option} {value}: {reason}"
+
+
+def _stopped(message: str | None = None) -> None:
+    """The one line of a command stopped by a signal, with the signal's exit code."""
+    _error(message or cancel.stopped_text(), cancel.exit_code())
 
 
 def _run(command):
@@ -205,16 +213,32 @@ def _unraisable(unraisable) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``gradstat`` console script."""
+    """Entry point of the ``gradstat`` console script (``argv``: a run in-process, which
+    leaves the signal handlers as it found them)."""
+    if argv is None:  # this process ends with the command (gradstat/cancel.py)
+        cancel.leave_after_atexit()
+    previous = cancel.install()
+    try:
+        _main(argv)
+    except SystemExit as exit_:
+        if argv is None:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+            cancel.finishing(code, said=code != 0)
+        raise
+    finally:
+        if argv is not None:
+            cancel.restore(previous)
+
+
+def _main(argv: list[str] | None) -> None:
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
     sys.unraisablehook = _unraisable
-    cancel.install()
     stdout = _device(sys.stdout)
     try:
         # under torchrun: rank 0 runs the command, the others compute its units
         result = _run(lambda: app(args=argv, prog_name="gradstat", standalone_mode=False))
-        cancel.check()  # a Ctrl-C that came where nothing raised it (a callback)
+        cancel.check()  # a signal that came where nothing raised it (a callback)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -225,19 +249,19 @@ def main(argv: list[str] | None = None) -> None:
         if exc.code == 1 and (moved or _stdout_closed()):
             sys.exit(0)
         raise
-    except typer.Abort:
-        _error("interrupted", INTERRUPTED)
+    except (typer.Abort, KeyboardInterrupt):
+        _stopped()
     except typer.TyperException as exc:
         message = _bad_value(exc) or exc.format_message()
         if not message:  # no arguments: the help is shown, with exit code 2 and no Error
             sys.exit(exc.exit_code)
         _error(message, exc.exit_code)
+    except Interrupted as exc:
+        _stopped(str(exc))
     except GradstatError as exc:
         if debug:
             raise
         _error(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        _error("interrupted", INTERRUPTED)
     except BrokenPipeError as exc:
         if not _stdout_closed():
             _error(f"unexpected BrokenPipeError: {exc}", 1)
@@ -249,5 +273,5 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _error(f"unexpected {type(exc).__name__}: {exc} (GRADSTAT_DEBUG=1 shows the traceback)", 1)
     if result == INTERRUPTED:  # typer turns Ctrl-C into a returned 130, without a word
-        _error("interrupted", INTERRUPTED)
+        _stopped()
     sys.exit(result if isinstance(result, int) else 0)

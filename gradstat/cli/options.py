@@ -370,3 +370,17 @@ Dpi = Annotated[
     int,
     typer.Option("--dpi", callback=between(30, 1200), help="Resolution of figures, 30 to 1200."),
 ]
+
+# Runs trained with a compressor (compare, report)
+TrainedWith = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trained-with",
+        metavar="RUN=SPEC",
+        help="The compressor a run trained with your own class, as you name it for "
+        "replay (MODULE:CLASS or FILE.py:CLASS, docs/compressors.md); repeatable. "
+        "gradstat never imports code a capture names; a built-in recorded in the "
+        "capture needs no --trained-with.",
+        show_default=False,
+    ),
+]

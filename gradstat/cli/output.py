@@ -35,7 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from gradstat.errors import UsageError
+from gradstat.untrusted import printable
 
 if TYPE_CHECKING:  # numpy and pandas load with the first table: --help needs neither
     import pandas as pd
@@ -140,7 +140,8 @@ def show(result: Result, output: Output) -> None:
     for view in views:
         print_view(view)
     if result.answer:
-        console.print(Panel(escape("\n".join(result.answer)), title="answer", title_align="left"))
+        answer = "\n".join(printable(line) for line in result.answer)
+        console.print(Panel(escape(answer), title="answer", title_align="left"))
     if result.detail and not output.detail:
         console.print("[dim]per-row detail: --detail, --json or --csv PATH[/dim]")
 
@@ -174,15 +175,22 @@ def to_json(document) -> str:
 
 
 def write_csv(df: pd.DataFrame, path: Path) -> None:
-    """Write a result table; dict/list cells are stored as JSON text."""
+    """Write a result table, whole or not at all (gradstat/atomic.py); dict/list cells
+    are stored as JSON text, text cells a spreadsheet would run as formulas made inert
+    (gradstat/untrusted.py)."""
+    import pandas as pd
+
+    from gradstat.atomic import replacing
+    from gradstat.untrusted import safe_cell
+
     out = df.copy()
     for column in out.columns:
         if out[column].map(lambda v: isinstance(v, (dict, list, tuple))).any():
             out[column] = out[column].map(lambda v: json.dumps(_plain(v)))
-    try:
-        out.to_csv(path, index=False)
-    except OSError as exc:
-        raise UsageError(f"--csv {path}: cannot write ({exc.strerror or exc})") from exc
+        if not pd.api.types.is_numeric_dtype(out[column]):
+            out[column] = out[column].map(safe_cell)
+    with replacing(path, "--csv") as handle:
+        out.to_csv(handle, index=False)
     err_console.print(f"[dim]wrote {escape(str(path))}[/dim]")
 
 
@@ -209,13 +217,13 @@ def df_table(
     for i, column in enumerate(df.columns):
         # a long name (a user's compressor, path/to/file.py:CLASS) wraps, never ends in …
         table.add_column(
-            escape(str(column)),
+            escape(printable(column)),
             justify="right" if _numeric(df[column], pd) else "left",
             overflow="fold",
             width=None if widths is None else widths[i],
         )
     for row in df.itertuples(index=False):
-        table.add_row(*(escape(format_cell(v)) for v in row))
+        table.add_row(*(escape(printable(format_cell(v))) for v in row))
     return table
 
 
@@ -282,9 +290,9 @@ def layout(df: pd.DataFrame, width: int, keys: int = 1) -> list[tuple[list, list
 def print_view(view: View) -> None:
     """The title (bold), the note (dim, wrapped at the terminal's width), the table: in
     parts of whole columns when it is wider than the terminal (:func:`layout`)."""
-    console.print(Text(view.title, style="bold"))
+    console.print(Text(printable(view.title), style="bold"))
     if view.note:
-        console.print(Text(view.note, style="dim"))
+        console.print(Text(printable(view.note), style="dim"))
     shown = view.shown()
     parts = layout(shown, console.width, view.keys)
     for i, (columns, widths) in enumerate(parts):
@@ -420,4 +428,4 @@ def note_sample(cap) -> None:
 
 def warn(message: str) -> None:
     """One warning line on stderr (the message is plain text, never markup)."""
-    err_console.print(f"[yellow]Warning:[/yellow] {escape(message)}", highlight=False)
+    err_console.print(f"[yellow]Warning:[/yellow] {escape(printable(message))}", highlight=False)

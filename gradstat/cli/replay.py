@@ -387,11 +387,11 @@ def _nothing_fits(closest: pd.Series, error_budget: float) -> DataError:
 
 
 def _write_recommendation(result: Recommendation, out: Path) -> None:
-    """``--out``: the recommendation as one JSON document; a write error is a usage error."""
-    try:
-        out.write_text(to_json(result.to_dict()) + "\n")
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from exc
+    """``--out``: the recommendation as one JSON document, whole or not at all."""
+    from gradstat.atomic import replacing
+
+    with replacing(out, "--out") as handle:
+        handle.write((to_json(result.to_dict()) + "\n").encode())
     err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 

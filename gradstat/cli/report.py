@@ -25,6 +25,7 @@ from gradstat.cli.options import (
     Latency,
     Memory,
     Ratios,
+    TrainedWith,
     compute_options,
 )
 from gradstat.cli.output import console, note_sample, progress
@@ -54,6 +55,17 @@ HtmlOut = Annotated[
         show_default=False,
     ),
 ]
+WithRuns = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--with",
+        metavar="RUN",
+        help="Another capture of the same training (dense, or trained with --compressor) "
+        "to compare with in the section 'Dense and compressed training'; repeatable. "
+        "Only the captures named are read.",
+        show_default=False,
+    ),
+]
 AllowDamaged = Annotated[
     bool,
     typer.Option(
@@ -79,6 +91,8 @@ def report_command(
     device: Device = "auto",
     memory: Memory = None,
     jobs: Jobs = None,
+    with_runs: WithRuns = None,
+    trained_with: TrainedWith = None,
     allow_damaged: AllowDamaged = False,
 ) -> None:
     """Write one HTML page with every analysis, the verdict first.
@@ -91,12 +105,11 @@ def report_command(
 
     Compression is priced with one hardware profile for the whole page; pass the
     --out file of `gradstat recommend` as --target-file to quote that recommendation's
-    numbers exactly.
+    numbers exactly; --with RUN adds the comparison with those runs (gradstat compare).
 
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
-    # matplotlib and seaborn load here, not on every gradstat command
-    from gradstat.report.build import build_report
+    from gradstat.report.build import build_report  # matplotlib loads here, with the command
     from gradstat.report.context import ReportSettings
 
     settings = ReportSettings(
@@ -108,12 +121,27 @@ def report_command(
         dpi=dpi,
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
-        target_file=str(target_file) if target_file else None,
+        **_other_files(capture, target_file, with_runs, trained_with),
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)
-        page = build_report(cap, settings, _section_progress, allow_damaged)
-    _write_page(page, out)
+        _write_page(build_report(cap, settings, _section_progress, allow_damaged), out)
+
+
+def _other_files(
+    capture: Path, target_file: Path | None, runs: list[Path] | None, trained_with: list[str] | None
+) -> dict:
+    """The settings of what the report reads besides the capture: ``--target-file``'s
+    name, and the ``--with`` runs and ``--trained-with``, checked before minutes of work
+    (each run opens; each trained with a user's class has one named)."""
+    from gradstat.analysis.trained_with import check_runs, parse_trained_with
+
+    paths = [str(run) for run in runs or ()]
+    given = parse_trained_with(trained_with)
+    if paths or given:
+        check_runs([str(capture), *paths], given)
+    target = str(target_file) if target_file else None
+    return {"target_file": target, "with_runs": paths, "trained_with": given}
 
 
 def _section_progress(key: str):
@@ -122,9 +150,9 @@ def _section_progress(key: str):
 
 
 def _write_page(page: str, out: Path) -> None:
-    """The page to ``out``; a write error is a usage error."""
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write ({exc.strerror})") from None
+    """The page to ``out``, whole or not at all (gradstat/atomic.py)."""
+    from gradstat.atomic import replacing
+
+    with replacing(out, "--out") as handle:
+        handle.write(page.encode("utf-8"))
     console.print(f"wrote the report to [bold]{escape(str(out))}[/bold] ({len(page) / 1e6:.1f} MB)")

@@ -1,22 +1,23 @@
-"""``--jobs N``: N spawned ``concurrent.futures`` workers, each running one contiguous
-run of the units (neighbouring step pairs meet in one process) on ``threads`` torch
-threads; they ignore SIGINT and stop at their next check once the parent sets the stop
-event. Tasks and outcomes are pickled between these processes only."""
+"""``--jobs N``: N spawned workers, each running one contiguous run of the units on
+``threads`` torch threads, with a pipe each way: events (pickled, between gradstat's
+processes only) come back on one; a worker ends when the other reads as closed: closed
+by the parent to stop it, or by the kernel as the parent dies (SIGKILL too)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
-import queue
+import threading
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from gradstat import cancel
 from gradstat.errors import GradstatError
-from gradstat.parallel.units import Task, run_unit
-
-_events: list[Any] = []  # in a worker: the queue its events go to
+from gradstat.parallel.units import Outcome, Task, run_unit
+from gradstat.store import open_capture
+from gradstat.threads import torch_threads
 
 
 class WorkerDied(GradstatError):
@@ -26,57 +27,56 @@ class WorkerDied(GradstatError):
 def run_pool(
     task: Task, compute: Any, chunks: list[list[tuple[int, Any]]], threads: int
 ) -> Iterator[tuple[int, Any]]:
-    """Run each chunk of ``(index, unit)`` in its own worker; yield ``(index, None)`` for
-    each part a unit reports and ``(index, outcome)`` when it ends."""
+    """Each chunk in its own worker; yields ``(index, None)`` per part, ``(index, outcome)``."""
     context = multiprocessing.get_context("spawn")
-    events, stop = context.Queue(), context.Event()
-    chunk_of = {index: c for c, chunk in enumerate(chunks) for index, _ in chunk}
-    left = [len(chunk) for chunk in chunks]  # outcomes each chunk still owes
-    with ProcessPoolExecutor(len(chunks), context, _start, (events, stop, threads)) as pool:
-        futures = [pool.submit(_run_chunk, task, compute, chunk) for chunk in chunks]
-        try:
-            while any(left):
-                cancel.check()  # on Ctrl-C, the workers stop at the stop event
+    workers: dict[Connection, list] = {}  # events pipe: [process, stop pipe, outcomes owed]
+    try:
+        for chunk in chunks:
+            (events, events_end), (stop_end, stop) = context.Pipe(False), context.Pipe(False)
+            args = (task, compute, chunk, events_end, stop_end, threads)
+            process = context.Process(target=_work, args=args, daemon=True)
+            process.start()
+            events_end.close()  # the worker's ends: only the worker holds them now
+            stop_end.close()
+            workers[events] = [process, stop, len(chunk)]
+        while any(owed for _, _, owed in workers.values()):
+            cancel.check()  # a stopping signal: the finally below stops the workers
+            for pipe in wait([p for p, w in workers.items() if w[2]], timeout=0.1):
                 try:
-                    index, data = events.get(timeout=0.1)
-                except queue.Empty:
-                    _check(futures)
-                    continue
+                    index, data = pipe.recv()
+                except (EOFError, OSError):  # its exit code: -N if killed by signal N
+                    code = workers[pipe][0].join(5) or workers[pipe][0].exitcode
+                    raise WorkerDied(f"a --jobs worker process stopped (exit {code})") from None
                 outcome = None if data is None else pickle.loads(data)
-                if outcome is not None:
-                    c = chunk_of[index]
-                    left[c] = 0 if outcome.error is not None else left[c] - 1
+                if outcome is not None:  # an error ends the worker's run of units
+                    workers[pipe][2] = 0 if outcome.error is not None else workers[pipe][2] - 1
                 yield index, outcome
-        finally:
-            stop.set()
+    finally:
+        for process, stop, _ in workers.values():
+            stop.close()  # the worker ends at once; one that lingers is killed
+            process.join(5)
+            process.kill()
+            process.join()
 
 
-def _check(futures: list) -> None:
-    for future in futures:
-        if future.done() and future.exception() is not None:
-            raise WorkerDied(f"a --jobs worker process stopped: {future.exception()}")
-
-
-def _start(events: Any, stop: Any, threads: int) -> None:
-    import torch
-
-    cancel.follow_event(stop)
-    torch.set_num_threads(threads)
-    _events.append(events)
-
-
-def _run_chunk(task: Task, compute: Any, chunk: list[tuple[int, Any]]) -> None:
-    from gradstat.store import open_capture
-
-    events = _events[0]
-    with open_capture(task.capture) as cap:
+def _work(task: Task, compute: Any, chunk: list, events: Connection, stop: Connection, threads):
+    """A worker: end when the stop pipe reads as closed (stopped, or the parent is gone);
+    run the chunk, sending events. The parent handles the signals."""
+    cancel.follow_event(None)
+    threading.Thread(target=lambda: wait([stop]) and os._exit(0), daemon=True).start()
+    try:
+        cap = open_capture(task.capture)
+    except Exception as exc:  # the first unit's error, as in one process
+        events.send((chunk[0][0], pickle.dumps(Outcome(error=exc).portable())))
+        return
+    with cap, torch_threads(threads):
         for index, unit in chunk:
 
             def tick(index: int = index) -> None:
                 cancel.check()
-                events.put((index, None))
+                events.send((index, None))
 
             outcome = run_unit(task, cap, compute, unit, tick).portable()
-            events.put((index, pickle.dumps(outcome)))
+            events.send((index, pickle.dumps(outcome)))
             if outcome.error is not None:
                 return

@@ -20,7 +20,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from gradstat.errors import UsageError
+from gradstat.atomic import replacing
 from gradstat.plots.paths import check_plot_path
 
 #: One colour per compressor in every figure (seaborn's colorblind palette, then tab20):
@@ -122,10 +122,9 @@ def save_figure(fig: Figure, path: Path | str, dpi: int = 150) -> Path:
     """Write ``fig`` to ``path`` (format by suffix) and close it."""
     path = check_plot_path(path)
     _skip_invisible_minor_ticks(fig)
-    try:
-        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
-    except OSError as exc:
-        raise UsageError(f"--plot {path}: cannot write ({exc.strerror})") from exc
+    try:  # whole or not at all: a full disk leaves no half figure (gradstat/atomic.py)
+        with replacing(path, "--plot") as handle:
+            fig.savefig(handle, dpi=dpi, format=path.suffix.lower().lstrip("."))
     finally:
         plt.close(fig)
     return path

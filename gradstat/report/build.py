@@ -3,7 +3,7 @@
 :func:`build_report` builds each section of gradstat/report/sections.py in turn; a
 section that cannot be computed (too few learners, an interrupted capture with too few
 steps) says why instead of failing the whole report. It adds the training section
-(gradstat/report/training.py) where compressed runs sit beside the capture, and the
+(gradstat/report/training.py) where the user names runs to compare it with, and the
 provenance table (:func:`assumptions`), and renders the page (gradstat/report/html.py).
 """
 
@@ -88,8 +88,8 @@ def build_report(
     """
     ctx = ReportContext(cap, settings or ReportSettings(), progress or (lambda key: no_progress))
     sections, verdicts, damaged = _sections(ctx, allow_damaged)
-    try:  # only when compressed runs of this training sit beside the capture
-        training = training_section(cap)
+    try:  # only with runs to compare it with (--with)
+        training = training_section(cap, ctx.settings.with_runs, ctx.settings.trained_with)
     except GradstatError as exc:
         training = Section("training", TRAINING_TITLE, error=str(exc))
     if training is not None:

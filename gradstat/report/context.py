@@ -5,7 +5,7 @@ the replay and the recommendation sections), and what one section returns (:clas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -44,6 +44,10 @@ class ReportSettings:
     target: Target | None = None
     #: Where ``target`` came from (``--target-file``), for the equivalent command.
     target_file: str | None = None
+    #: Runs to compare the capture with (``--with``: the training section), and the
+    #: compressors of those trained with a user's class (``--trained-with``).
+    with_runs: Sequence[str] = ()
+    trained_with: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,51 +1,33 @@
 """The report's "Dense and compressed training" section: ``gradstat compare`` over the
-capture and the runs beside it (same parent folder) of the same workload and seed, when
-some of them were trained with a compression hook (``capture --compressor``)."""
+capture and the runs the user names with ``report --with RUN`` (dense and trained with a
+compression hook, ``capture --compressor``). No other capture is read: a folder's
+neighbours are not the user's to vouch for, and a capture is never asked which code to
+run (gradstat/analysis/trained_with.py)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gradstat.analysis.compare import compare
-from gradstat.errors import GradstatError
 from gradstat.plots.compare import plot_compare
 from gradstat.report.html import Section
-from gradstat.store import Capture, open_capture
-from gradstat.store.schema import ROOT_FILE
+from gradstat.store import Capture
 
 TITLE = "Dense and compressed training"
 
 
-def sibling_runs(cap: Capture) -> list[Path]:
-    """This capture and the captures beside it of the same workload, seed and model,
-    dense first; empty unless one of them was trained with a compressor."""
-    runs = [(cap.compressor is not None, cap.path)]
-    for path in sorted(cap.path.parent.iterdir()):
-        if path == cap.path or not (path / ROOT_FILE).is_file():
-            continue
-        try:
-            with open_capture(path) as other:
-                same = (
-                    other.workload == cap.workload
-                    and other.meta.get("seed") == cap.meta.get("seed")
-                    and other.numel == cap.numel
-                )
-                if same and (other.compressor is None or other.has_sent):
-                    runs.append((other.compressor is not None, path))
-        except GradstatError:
-            continue  # not a readable capture: not ours to judge here
-    if not any(compressed for compressed, _ in runs) or len(runs) < 2:
-        return []
-    return [path for _, path in sorted(runs, key=lambda run: run[0])]
-
-
-def training_section(cap: Capture) -> Section | None:
-    """The section, or ``None`` when no compressed run of this training is at hand."""
-    paths = sibling_runs(cap)
-    if not paths:
+def training_section(
+    cap: Capture, runs: Sequence[str | Path], trained_with: Mapping[str, str] | None = None
+) -> Section | None:
+    """The section comparing ``cap`` with ``runs``, in that order (``None`` without
+    any runs); the first dense run is the open-loop reference. ``trained_with``: as
+    :func:`~gradstat.analysis.compare.compare` takes it."""
+    if not runs:
         return None
-    result = compare(paths)
+    paths = [cap.path, *(Path(run) for run in runs)]
+    result = compare(paths, trained_with=trained_with)
     summary = result.summary
     compressed = summary[summary["label"] != "dense"]
     parts = []

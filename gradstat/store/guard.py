@@ -7,8 +7,9 @@ returns to Python, so neither a timeout nor Ctrl-C can stop it in-process. grads
 therefore reads a capture's metadata (:mod:`gradstat.store.index`) in a child made by
 ``fork`` (about 20 ms), which sends its result back through a pipe (pickle, between
 gradstat's own processes only) and is killed when it takes longer than ``timeout``
-seconds, or when the user presses Ctrl-C. The child also tells which file it is
-reading, so that the error names it.
+seconds, or when the user presses Ctrl-C (or the command gets SIGTERM or SIGHUP); a
+child whose parent died (SIGKILL) is killed by a watcher of its own at once. The child
+also tells which file it is reading, so that the error names it.
 
 Where ``fork`` does not exist (Windows) the read runs in this process. Threads reading
 rows while the child forks are safe: h5py 3.14 and later take their global lock around
@@ -32,6 +33,8 @@ from gradstat.errors import DataError
 T = TypeVar("T")
 #: Seconds one file's metadata may take to read (``GRADSTAT_OPEN_TIMEOUT`` overrides).
 OPEN_TIMEOUT = 15.0
+#: Seconds between the watcher's looks at whether the child it watches is still there.
+PARENT_POLL_SECONDS = 0.2
 _HEADER = struct.Struct("<cQ")
 _reporter: Callable[[str], None] | None = None
 
@@ -58,22 +61,46 @@ def bounded(fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T
         return fn(*args)
     limit = open_timeout() if timeout is None else timeout
     read_end, write_end = os.pipe()
+    alive_end, held_end = os.pipe()  # this process holds held_end: closed when it dies
     pid = os.fork()  # h5py (>= 3.14) holds its lock across fork: no thread is mid-HDF5
     if pid == 0:  # the child: compute, send, leave without running the parent's cleanup
         code = 0
         try:
             os.close(read_end)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+            os.close(held_end)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # the parent handles them, kills this
+            _watch_parent(alive_end)
             _child(fn, args, write_end)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     os.close(write_end)
+    os.close(alive_end)
     try:
         return _wait(pid, read_end, limit)
     finally:
         os.close(read_end)
+        os.close(held_end)
+
+
+def _watch_parent(alive_end: int) -> None:
+    """In the child: fork a watcher that kills this child when the parent is gone
+    (killed by SIGKILL, it cannot kill the child, and HDF5 may loop here for minutes
+    holding the GIL, so no thread of the child could notice). The watcher sees the end
+    of ``alive_end`` once the parent's end is closed, and ends with the child."""
+    child = os.getpid()
+    if os.fork() != 0:
+        os.close(alive_end)
+        return
+    try:  # the watcher: nothing but waiting
+        while os.getppid() == child:
+            if select.select([alive_end], [], [], PARENT_POLL_SECONDS)[0]:
+                os.kill(child, signal.SIGKILL)
+                break
+    finally:
+        os._exit(0)
 
 
 def _child(fn: Callable[..., Any], args: tuple, fd: int) -> None:

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 from gradstat.errors import DamagedData, DataError, GradstatWarning, UsageError
+from gradstat.store.attrs import integer, json_attr, number
 from gradstat.store.compression import ensure_readable
 from gradstat.store.dtypes import DISK_DTYPES, bfloat16_bits_to_float32
 from gradstat.store.guard import bounded
@@ -108,7 +109,9 @@ class Capture:
         self.path = root_path.parent
         index: CaptureIndex = bounded(read_index, root_path)
         self.meta = index.meta
-        self.schema = index.schema
+        # what the rows are checked as: the checksums every rank file carries, whatever
+        # the schema attributes say (a relabelled file is checked all the same)
+        self.schema = min((r.schema for r in index.ranks), default=index.schema)
         self.layers = index.layers
         self.world_size = int(self.meta["world_size"])  # the run's learners
         self.recorded_ranks = [r.rank for r in index.ranks]  # those with a rank file
@@ -159,12 +162,16 @@ class Capture:
                     f"{r.path} (learner {r.rank}): recorded different steps than "
                     f"learner {ranks[0].rank} ({ranks[0].path.name})"
                 )
-        closed = self.meta.get("status") == "complete" and "committed" in self.meta
-        if closed and not self.damage and rows != int(self.meta["committed"]):
+        # complete only if the root says so and every rank file closed cleanly: the
+        # root's status is a claim the rank files must bear out (a rewritten one too)
+        closed = self.meta.get("status") == "complete" and all(r.closed for r in ranks)
+        where = str(self.root_path)
+        recorded = integer(self.meta, "committed", where, default=rows) if closed else rows
+        if rows != recorded and not self.damage:
             short = min(ranks, key=lambda r: r.committed)
             raise DataError(
                 f"{short.path} (learner {short.rank}): committed {short.committed} rows, but "
-                f"{self.root_path} recorded {int(self.meta['committed'])} when the capture "
+                f"{self.root_path} recorded {recorded} when the capture "
                 "closed (damaged committed attribute?)"
             )
         self.steps = np.asarray(steps, dtype=np.int64)
@@ -185,10 +192,10 @@ class Capture:
         running = any(not r.closed and _process_alive(r.hostname, r.writer_pid) for r in ranks)
         if self.damage:
             self.status = "damaged"
-        elif self.meta.get("status") == "complete":
-            self.status = "complete"
         elif self.meta.get("status") == "incomplete" or stopped:
             self.status = "incomplete"
+        elif closed:
+            self.status = "complete"
         elif running:
             self.status = "running"
         else:
@@ -289,7 +296,7 @@ class Capture:
             },
             "created": self.meta.get("created"),
             "command": self.meta.get("command"),
-            "versions": json.loads(self.meta["versions"]) if "versions" in self.meta else None,
+            "versions": _versions(self.meta.get("versions")),
         }
 
     @property
@@ -298,11 +305,17 @@ class Capture:
         ``None``: its name, ratio (``None`` for fixed-rate ones) and settings."""
         if "compressor" not in self.meta:
             return None
-        ratio = float(self.meta.get("compressor_ratio", float("nan")))
+        where = str(self.root_path)
+        ratio = number(self.meta, "compressor_ratio", where, float("nan"))
+        if not (np.isnan(ratio) or 0 < ratio < 1):
+            raise DataError(f"{where}: attribute compressor_ratio = {ratio!r} is no density")
+        settings = json_attr(self.meta, "compressor_settings", where, "{}")
+        if not isinstance(settings, dict):
+            raise DataError(f"{where}: attribute compressor_settings is not a JSON object")
         return {
             "name": str(self.meta["compressor"]),
             "ratio": None if np.isnan(ratio) else ratio,
-            "settings": json.loads(self.meta.get("compressor_settings", "{}")),
+            "settings": settings,
         }
 
     # --- data -------------------------------------------------------------------------
@@ -392,10 +405,11 @@ class Capture:
             f = self._files[position]
             checksums, block = None, None
             crc_name = {"grad": GRAD_CRC, "sent": SENT_CRC}[name]
-            if self.schema >= 3:
+            schema = self._index[position].schema
+            if schema >= 3:
                 checksums = f[crc_name]
                 block = int(checksums.attrs[BLOCK_ATTR])
-            elif self.schema == 2 and name == "grad":
+            elif schema == 2 and name == "grad":
                 checksums = f[ROW_CRC]
             learner = self.recorded_ranks[position]
             path = self.path / rank_file_name(learner)
@@ -459,6 +473,17 @@ class Capture:
             f"steps={len(self.steps)}, "
             f"numel={self.numel}, status={self.status!r})"
         )
+
+
+def _versions(text: object) -> object:
+    """The ``versions`` attribute: a JSON object of versions, else its text as it is
+    (it only informs; another writer may put anything there)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(str(text))
+    except ValueError:
+        return str(text)
 
 
 def open_capture(path: str | os.PathLike, *, allow_damaged: bool = False) -> Capture:

@@ -37,6 +37,10 @@ RECORD_CRC = "record_crc32c"
 ROW_CRC = "crc32c"
 #: Attribute of a block checksum dataset: the values each checksum covers.
 BLOCK_ATTR = "columns"
+#: Bounds a capture's metadata is checked against before anything is sized by it: the
+#: run's learners (``world_size``) and the values of one row (4 TiB of float32).
+MAX_LEARNERS = 1 << 24
+MAX_NUMEL = 1 << 40
 
 
 def new_run_id() -> str:

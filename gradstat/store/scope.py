@@ -3,17 +3,28 @@
 ``model`` is the whole vector (how SIDCo and most compressors see it), ``layers`` is one
 scope per parameter, and any other text is a regular expression over layer names whose
 matches are concatenated into one scope.
+
+Python's ``re`` backtracks: a pattern such as ``(.*.*)*X$`` takes exponential time on a
+name that does not match (44 s at 16 characters), and no timeout exists for it. So a
+pattern is matched against the names once per process in a forked child with a time
+limit (:func:`gradstat.store.guard.bounded`, ``MATCH_SECONDS``); one that does not
+finish is refused with one line, and the answer is kept for the process's later calls.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gradstat.errors import UsageError
+from gradstat.errors import DataError, UsageError
+from gradstat.store.guard import bounded
 from gradstat.store.schema import Layer
+
+#: Seconds a layer-name pattern may take over every name of a capture.
+MATCH_SECONDS = 2.0
 
 if TYPE_CHECKING:  # torch loads on first use: `gradstat info` and --help never need it
     import torch
@@ -60,13 +71,34 @@ def resolve_scopes(layers: Sequence[Layer], spec: str = "model") -> list[Scope]:
     if spec == "layers":
         return [Scope(layer.name, ((layer.offset, layer.numel),)) for layer in layers]
     try:
-        pattern = re.compile(spec)
+        re.compile(spec)
     except re.error as exc:
         raise UsageError(
             f"scope={spec!r} is not 'model', 'layers' or a valid regex: {exc}"
         ) from None
-    matched = [layer for layer in layers if pattern.search(layer.name)]
+    chosen = set(matching(spec, tuple(layer.name for layer in layers), "scope="))
+    matched = [layer for i, layer in enumerate(layers) if i in chosen]
     if not matched:
         names = ", ".join(layer.name for layer in layers[:6])
         raise UsageError(f"scope={spec!r} matches no layer (layers: {names}, ...)")
     return [Scope(spec, _merge(matched))]
+
+
+@functools.lru_cache(maxsize=64)
+def matching(pattern: str, names: tuple[str, ...], option: str = "scope=") -> tuple[int, ...]:
+    """Indices of the ``names`` that ``pattern`` finds (``re.search``), computed within
+    ``MATCH_SECONDS`` (see the module docstring); ``option`` names the pattern in the
+    ``UsageError`` of one that takes longer."""
+    try:
+        return bounded(_search, pattern, names, timeout=MATCH_SECONDS)
+    except DataError:
+        raise UsageError(
+            f"{option}{pattern!r} did not finish matching {len(names)} layer names within "
+            f"{MATCH_SECONDS:g} s: a pattern that backtracks (nested repeats such as "
+            "(a*)* or (.*.*)*) takes exponential time; simplify it"
+        ) from None
+
+
+def _search(pattern: str, names: tuple[str, ...]) -> tuple[int, ...]:
+    regex = re.compile(pattern)
+    return tuple(i for i, name in enumerate(names) if regex.search(name))

@@ -1,5 +1,8 @@
 """Writing captures: one SWMR rank file per learner plus the root ``capture.h5``.
 
+``capture.h5`` is written first, small and whole (gradstat/atomic.py), and replaced only
+whole, so no full disk leaves a capture without its layer table.
+
 Crash safety follows docs/format.md: each rank file is opened in SWMR mode, every row is
 flushed before the ``committed`` attribute is raised, so a reader (or a SIGKILL) sees
 either the old or the new committed count, never a half-written row. Each row goes with
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,6 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from gradstat.atomic import replacing
 from gradstat.errors import UsageError
 from gradstat.store.checksums import block_checksums, identity_checksum, record_checksum
 from gradstat.store.compression import dataset_filters
@@ -227,7 +232,7 @@ def write_root(
     ranks = list(range(world_size)) if recorded_ranks is None else [int(r) for r in recorded_ranks]
     run_id = new_run_id() if run_id is None else run_id
     path = Path(run_dir) / ROOT_FILE
-    with h5py.File(path, "w") as f:
+    with replacing(path) as handle, h5py.File(handle, "w") as f:
         f.attrs["format"] = FORMAT_NAME
         f.attrs["schema"] = SCHEMA_VERSION
         f.attrs["world_size"] = world_size
@@ -263,43 +268,54 @@ def finalize_root(run_dir: Path, status: str = "complete", virtual: bool = True)
 
     Virtual datasets are a convenience for other tools (h5ls, HDFView); gradstat itself
     reads the rank files. They cover the rows committed on every rank:
-    ``/grad (learners, steps, numel)``, ``/step (learners, steps)``, ``/loss``.
+    ``/grad (learners, steps, numel)``, ``/step (learners, steps)``, ``/loss``. The new
+    root replaces the old one whole or not at all (gradstat/atomic.py): a disk that is
+    full now leaves the root as it was, every committed row readable.
     """
     run_dir = Path(run_dir)
-    with h5py.File(run_dir / ROOT_FILE, "r+") as root:
-        ranks = recorded_ranks(root.attrs)
-        root.attrs["status"] = status
-        if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in ranks):
-            return  # a failed writer, or multi-node without a shared folder
-        sources = []
-        with_sent = []
-        for rank in ranks:
-            with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
-                sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
-                with_sent.append("sent" in f)
-        rows = min(committed for committed, _, _ in sources)
-        numel, dtype = sources[0][1], sources[0][2]
-        datasets = [
-            ("grad", (rows, numel), dtype),
-            ("step", (rows,), np.int64),
-            ("loss", (rows,), np.float64),
-        ]
-        if all(with_sent):
-            datasets += [("sent", (rows, numel), dtype), ("sent_bytes", (rows,), np.float64)]
-        for name in ("grad", "step", "loss", "sent", "sent_bytes"):
-            if name in root:
-                del root[name]
-        for name, shape, dt in datasets:
-            layout = h5py.VirtualLayout(shape=(len(ranks), *shape), dtype=dt)
-            for i, rank in enumerate(ranks):
-                layout[i] = h5py.VirtualSource(
-                    rank_file_name(rank), name, shape=(rows, *shape[1:])
-                )[:rows]
-            root.create_virtual_dataset(name, layout)
-        root["grad"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
-        if "sent" in root:
-            root["sent"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
-        root.attrs["committed"] = rows
+    with replacing(run_dir / ROOT_FILE) as handle:
+        with open(run_dir / ROOT_FILE, "rb") as old:
+            shutil.copyfileobj(old, handle)
+        with h5py.File(handle, "r+") as root:
+            _finalize(root, run_dir, status, virtual)
+
+
+def _finalize(root: h5py.File, run_dir: Path, status: str, virtual: bool) -> None:
+    """:func:`finalize_root` on the root file open for writing (a copy, until it is
+    written whole)."""
+    ranks = recorded_ranks(root.attrs)
+    root.attrs["status"] = status
+    if not virtual or not all((run_dir / rank_file_name(r)).exists() for r in ranks):
+        return  # a failed writer, or multi-node without a shared folder
+    sources = []
+    with_sent = []
+    for rank in ranks:
+        with h5py.File(run_dir / rank_file_name(rank), "r", swmr=True) as f:
+            sources.append((int(f.attrs["committed"]), f["grad"].shape[1], f["grad"].dtype))
+            with_sent.append("sent" in f)
+    rows = min(committed for committed, _, _ in sources)
+    numel, dtype = sources[0][1], sources[0][2]
+    datasets = [
+        ("grad", (rows, numel), dtype),
+        ("step", (rows,), np.int64),
+        ("loss", (rows,), np.float64),
+    ]
+    if all(with_sent):
+        datasets += [("sent", (rows, numel), dtype), ("sent_bytes", (rows,), np.float64)]
+    for name in ("grad", "step", "loss", "sent", "sent_bytes"):
+        if name in root:
+            del root[name]
+    for name, shape, dt in datasets:
+        layout = h5py.VirtualLayout(shape=(len(ranks), *shape), dtype=dt)
+        for i, rank in enumerate(ranks):
+            layout[i] = h5py.VirtualSource(rank_file_name(rank), name, shape=(rows, *shape[1:]))[
+                :rows
+            ]
+        root.create_virtual_dataset(name, layout)
+    root["grad"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
+    if "sent" in root:
+        root["sent"].attrs[DTYPE_ATTR] = root.attrs["dtype"]
+    root.attrs["committed"] = rows
 
 
 def write_capture(
