@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Annotated
 
 import typer
@@ -37,6 +39,7 @@ def info_command(
         if verify:
             cap.verify_rows()
         summary = cap.describe()
+        summary["missing_steps"] = missing_steps(summary["steps"], cap.meta.get("every"))
         learners = cap.learners_text()
         damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
@@ -70,6 +73,48 @@ def _status_text(summary: dict) -> str:
     return status
 
 
+#: Missing steps that ``info`` lists before it only counts them.
+SHOWN_MISSING = 10
+
+
+def missing_steps(steps: list[int], every: int | None) -> dict:
+    """Steps absent between the first and the last recorded one (rows the capture did not
+    record, e.g. a step dropped with a warning): ``{"count": N, "first": [...]}``.
+
+    Recorded steps sit on a stride: the greatest common divisor of the capture's
+    ``every`` and the gaps between recorded steps (so step labels that start anywhere
+    work); the first :data:`SHOWN_MISSING` missing steps are listed.
+    """
+    if len(steps) < 2:
+        return {"count": 0, "first": []}
+    stride = math.gcd(int(every or 0), *(b - a for a, b in itertools.pairwise(steps)))
+    if stride == 0:
+        return {"count": 0, "first": []}
+    count = (steps[-1] - steps[0]) // stride + 1 - len(steps)
+    present, first = set(steps), []
+    step = steps[0]
+    while len(first) < min(count, SHOWN_MISSING):
+        if step not in present:
+            first.append(step)
+        step += stride
+    return {"count": count, "first": first}
+
+
+def _steps_text(summary: dict) -> str:
+    """``3 recorded: 0..3, missing 2`` (the first missing steps, then their count)."""
+    steps = summary["steps"]
+    if not steps:
+        return "0 recorded"
+    span = f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    text = f"{len(steps)} recorded: {span}"
+    missing = summary["missing_steps"]
+    if missing["count"]:
+        listed = ", ".join(str(s) for s in missing["first"])
+        more = missing["count"] - len(missing["first"])
+        text += f", missing {listed}" + (f" and {more} more" if more else "")
+    return text
+
+
 def _compressor_text(summary: dict) -> str:
     """The gradient compressor training ran (``capture --compressor``): its name, ratio
     and settings, and that /sent holds what each learner sent."""
@@ -97,7 +142,6 @@ def _filter_text(compression: str) -> str:
 
 
 def _print_tables(summary: dict, learners: str) -> None:
-    steps = summary["steps"]
     status = _status_text(summary)
     overview = Table(
         title=f"capture {escape(summary['path'])}", title_justify="left", show_header=False
@@ -108,7 +152,7 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("workload", summary["workload"]),
         ("status", status),
         ("learners", f"{learners} ({summary['backend']})"),
-        ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
+        ("steps", _steps_text(summary)),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
         ("trained with", _compressor_text(summary)),
         ("HDF5 filter", _filter_text(summary["compression"])),
