@@ -42,7 +42,20 @@ from dataclasses import dataclass
 import torch
 
 from gradstat.compressors.formats import Format, wire_format
+from gradstat.compressors.wire_hops import (
+    ADD_ROUND,
+    ADD_ROUNDED,
+    ADD_ROUNDED_ROUND,
+    LOAD,
+    ROUND,
+    ROUND_ADD,
+    CompiledHops,
+    PlainHops,
+    hops_for,
+)
 from gradstat.errors import UsageError
+
+Hops = PlainHops | CompiledHops
 
 ALGORITHMS = ("ring", "tree", "a2a")
 ACCUMULATE = ("fp32", "wire")
@@ -77,66 +90,60 @@ def _check(inputs: Sequence[torch.Tensor] | torch.Tensor, algorithm: str, accumu
     return learners
 
 
-def _ring(x: torch.Tensor, fmt: Format, wire: bool) -> torch.Tensor:
+def _ring(x: torch.Tensor, hops: Hops, wire: bool) -> torch.Tensor:
     """Ring reduce-scatter of ``x`` (N learners, N chunks, C): (N chunks, C), chunk ``c``
     as its owner holds it."""
     n = x.shape[0]
     chunks = torch.arange(n)
-    acc = x[(chunks + 1) % n, chunks]  # chunk c starts at learner c + 1
+    start = (chunks + 1) % n  # chunk c starts at learner c + 1
     if wire:
-        acc = fmt.round(acc)
-    for hop in range(1, n):
-        mine = x[(chunks + 1 + hop) % n, chunks]  # the receiver's own chunk c
-        acc = fmt.round(acc + fmt.round(mine)) if wire else fmt.round(acc).add_(mine)
+        acc = torch.empty(x.shape[1:])
+        hops.hop(acc, x, start, -1, LOAD)
+    else:  # a copy of views (indexing x[start, chunks] gathers 7x slower)
+        acc = torch.stack([x[int(learner), c] for c, learner in enumerate(start)])
+    for hop in range(1, n):  # the receiver adds its own chunk c
+        hops.hop(acc, x, (start + hop) % n, -1, ADD_ROUNDED_ROUND if wire else ROUND_ADD)
     return acc
 
 
-def _tree(v: torch.Tensor, fmt: Format, wire: bool) -> torch.Tensor:
+def _tree(v: torch.Tensor, hops: Hops, wire: bool) -> torch.Tensor:
     """Binomial-tree reduction of ``v`` (N learners counted from the root, chunks, C;
     summed into in place) to learner 0: (chunks, C)."""
-    n = v.shape[0]
+    n, chunks = v.shape[0], v.shape[1]
     if wire:
-        v = fmt.round(v)
+        rows = v.view(1, n * chunks, -1)
+        hops.hop(rows[0], rows, torch.zeros(n * chunks, dtype=torch.int64), -1, ROUND)
     step = 1
     while step < n:
-        receivers = v[0 : n : 2 * step]
-        senders = v[step : n : 2 * step]
-        k = senders.shape[0]
-        if wire:
-            receivers[:k] = fmt.round(receivers[:k] + senders)
-        else:
-            receivers[:k] += fmt.round(senders)
+        for receiver in range(0, n - step, 2 * step):
+            sender = torch.full((chunks,), receiver + step, dtype=torch.int64)
+            hops.hop(v[receiver], v, sender, -1, ADD_ROUND if wire else ADD_ROUNDED)
         step *= 2
     return v[0]
 
 
-def _a2a(x: torch.Tensor, fmt: Format, wire: bool) -> torch.Tensor:
+def _a2a(x: torch.Tensor, hops: Hops, wire: bool) -> torch.Tensor:
     """All-to-all then the owners' sums in rank order: (N chunks, C)."""
     n = x.shape[0]
-    acc = None
-    for learner in range(n):
-        sent = fmt.round(x[learner])  # learner's chunk c, sent to learner c
-        if not wire:  # its own chunk never leaves it
-            sent[learner] = x[learner, learner]
-        if acc is None:
-            acc = sent
-        elif wire:
-            acc = fmt.round(acc + sent)
-        else:
-            acc += sent
+    acc = torch.empty(x.shape[1:])
+    for learner in range(n):  # learner's chunk c, sent to learner c (its own stays)
+        sender = torch.full((n,), learner, dtype=torch.int64)
+        own = -1 if wire else learner
+        mode = LOAD if learner == 0 else (ADD_ROUNDED_ROUND if wire else ADD_ROUNDED)
+        hops.hop(acc, x, sender, own, mode)
     return acc
 
 
-def _scatter(x: torch.Tensor, fmt: Format, algorithm: str, wire: bool) -> torch.Tensor:
+def _scatter(x: torch.Tensor, hops: Hops, algorithm: str, wire: bool) -> torch.Tensor:
     """Each owner's chunk of the sum: (N, C), from ``x`` (N learners, N chunks, C)."""
     n = x.shape[0]
     if algorithm == "ring":
-        return _ring(x, fmt, wire)
+        return _ring(x, hops, wire)
     if algorithm == "a2a":
-        return _a2a(x, fmt, wire)
-    chunks = torch.arange(n)
-    learners = (torch.arange(n)[:, None] + chunks[None, :]) % n  # counted from each owner
-    return _tree(x[learners, chunks[None, :]], fmt, wire)
+        return _a2a(x, hops, wire)
+    # v[k, c]: learner k counted from chunk c's owner, c (a copy of views: fast)
+    v = torch.stack([torch.stack([x[(k + c) % n, c] for c in range(n)]) for k in range(n)])
+    return _tree(v, hops, wire)
 
 
 def reduce_scatter(
@@ -145,16 +152,18 @@ def reduce_scatter(
     wire: str | Format = "fp32",
     algorithm: str = "ring",
     accumulate: str = "fp32",
+    plain: bool = False,
 ) -> list[torch.Tensor]:
     """Each learner's chunk of the element-wise sum of ``inputs`` (N learners' 1-D
     float32 tensors of equal length, or an (N, M) tensor), as its owner holds it after a
     reduce-scatter by ``algorithm`` with ``wire`` on every hop: N float32 tensors,
-    chunk ``c`` = values ``c * C .. (c + 1) * C`` of the sum (the last ones shorter)."""
+    chunk ``c`` = values ``c * C .. (c + 1) * C`` of the sum (the last ones shorter).
+    ``plain``: run the torch reference instead of the compiled hops (the same bits)."""
     learners = _check(inputs, algorithm, accumulate)
-    fmt = wire_format(wire)
+    hops = hops_for(wire_format(wire), plain)
     numel = inputs[0].numel()
     x = _stack(inputs, learners)
-    owned = _scatter(x.view(learners, learners, -1), fmt, algorithm, accumulate == "wire")
+    owned = _scatter(x.view(learners, learners, -1), hops, algorithm, accumulate == "wire")
     chunk = owned.shape[1]
     return [owned[c, : max(0, min(chunk, numel - c * chunk))] for c in range(learners)]
 
@@ -165,21 +174,24 @@ def all_reduce(
     wire: str | Format = "fp32",
     algorithm: str = "ring",
     accumulate: str = "fp32",
+    plain: bool = False,
 ) -> torch.Tensor:
     """The element-wise sum of ``inputs`` that every learner holds after an all-reduce by
     ``algorithm`` (``ring`` and ``a2a``: reduce-scatter + all-gather; ``tree``: reduce to
-    learner 0 + broadcast) with ``wire`` on every hop (1-D float32, M values)."""
+    learner 0 + broadcast) with ``wire`` on every hop (1-D float32, M values).
+    ``plain``: run the torch reference instead of the compiled hops (the same bits)."""
     learners = _check(inputs, algorithm, accumulate)
-    fmt = wire_format(wire)
+    hops = hops_for(wire_format(wire), plain)
     wired = accumulate == "wire"
     numel = inputs[0].numel()
     x = _stack(inputs, learners)
     if algorithm == "tree":
-        total = _tree(x.view(learners, 1, -1).clone(), fmt, wired)
+        total = _tree(x.view(learners, 1, -1).clone(), hops, wired)
     else:
-        total = _scatter(x.view(learners, learners, -1), fmt, algorithm, wired)
+        total = _scatter(x.view(learners, learners, -1), hops, algorithm, wired)
     if not wired:  # the all-gather (broadcast) sends each result once in the wire format
-        total = fmt.round(total)
+        rows = total.shape[0]
+        hops.hop(total, total[None], torch.zeros(rows, dtype=torch.int64), -1, ROUND)
     return total.reshape(-1)[:numel]
 
 
