@@ -6,6 +6,7 @@ a warning), and every analysis runs on an FSDP capture."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,19 @@ def test_a_unit_skipped_on_a_step_is_zeros_with_one_warning(two_ranks):
     for rank in range(2):
         message = f"gradstat (rank {rank}): step 1: FSDP unit extra did not reduce-scatter"
         assert warnings.count(message) == 1
+
+
+def test_one_unit_over_two_modules_is_one_message(two_ranks):
+    """capture.h5 names FSDP's units with their layers: torchtitan's norm+head is one."""
+    with open_capture(two_ranks / "grouped") as cap:
+        names = [layer.name for layer in cap.layers]
+        units = json.loads(cap.meta["fsdp_units"])
+    grouped = {unit["name"]: [names[i] for i in unit["layers"]] for unit in units}
+    assert grouped["norm+head"] == ["norm.weight", "norm.bias", "head.weight", "head.bias"]
+    assert grouped["block2"] == ["block2.weight", "block2.bias"]
+    assert sorted(i for unit in units for i in unit["layers"]) == list(range(len(names)))
+    assert {unit["shard"] for unit in units} == {2}
+    assert {unit["reduce_dtype"] for unit in units} == {"float32"}
 
 
 def _warnings(folder: Path) -> str:

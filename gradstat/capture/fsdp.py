@@ -22,6 +22,7 @@ one place that reads it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,6 +220,26 @@ def unit_layouts(model: nn.Module, offsets: dict[int, int]) -> list[tuple[nn.Mod
             scale *= getattr(group, "gradient_divide_factor", None) or 1.0
         layouts.append((unit, UnitLayout(name, slots, shard, replicate, scale, wire)))
     return layouts
+
+
+def units_meta(layouts: list[UnitLayout], layer_of: dict[int, int]) -> str:
+    """The recording units as JSON for ``capture.h5`` (attribute ``fsdp_units``): for each,
+    its ``name``, its recorded ``layers`` (indices in the layer table, in the unit's
+    order; ``layer_of`` maps ``id(param)`` to them), its ``shard`` and ``replicate``
+    learners and its ``reduce_dtype``: FSDP's messages, for a replay that cuts rows as
+    FSDP's reduce-scatter does."""
+    units = [
+        {
+            "name": layout.name,
+            "layers": [layer_of[id(s.param)] for s in layout.slots if s.offset is not None],
+            "shard": layout.shard,
+            "replicate": layout.replicate,
+            "reduce_dtype": str(layout.wire).removeprefix("torch."),
+        }
+        for layout in layouts
+        if layout.records
+    ]
+    return json.dumps(units)
 
 
 def _shard_dim(param: torch.Tensor, unit: str) -> int:

@@ -156,6 +156,8 @@ class GradientCapture:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
             kind = "fsdp2" if self._units else "ddp"
+            if self._units:  # FSDP's messages, for a replay cut as FSDP cuts a step
+                meta = {"fsdp_units": self._units_json, **(meta or {})}
             metadata = capture_metadata(
                 kind, process_group, meta, every, start, layers, compression
             )
@@ -193,6 +195,8 @@ class GradientCapture:
         offsets = {id(p): offset for p, (offset, _) in self._slots.items()}
         self._layouts = fsdp.unit_layouts(model, offsets) if self._units else []
         self._arrivals = UnitArrivals([layout for _, layout in self._layouts], self.rank)
+        layer_of = {id(p): i for i, p in enumerate(params)}
+        self._units_json = fsdp.units_meta(self._arrivals.layouts, layer_of)
         self._device = params[0].device
         if dtype is None:
             dtype = fsdp.storage_dtype(self._arrivals.layouts) if self._units else "float32"
