@@ -29,9 +29,10 @@ Algorithms (``R``: the wire format's rounding of a message, ``+`` float32 additi
 All-reduce is reduce-scatter then all-gather (``tree``: reduce of the whole vector to
 learner 0, then broadcast); the all-gather sends each owner's result in the wire format,
 one rounding in ``fp32`` mode (none in ``wire`` mode: it is a payload already), and every
-learner holds the same values. Each hop processes all chunks at once as one tensor
-operation; ``tests/test_collectives.py`` holds the plain message-by-message loops that
-the results equal bit for bit.
+learner holds the same values. Each hop processes all chunks at once: one pass of the
+compiled loop (:mod:`gradstat.compressors.wire_hops`), or with ``plain=True`` torch's
+operations (the reference: the same bits). ``tests/test_collectives.py`` holds the plain
+message-by-message loops that the results equal bit for bit.
 """
 
 from __future__ import annotations
@@ -146,6 +147,21 @@ def _scatter(x: torch.Tensor, hops: Hops, algorithm: str, wire: bool) -> torch.T
     return _tree(v, hops, wire)
 
 
+def _prepare(
+    inputs: Sequence[torch.Tensor] | torch.Tensor,
+    wire: str | Format,
+    algorithm: str,
+    accumulate: str,
+    plain: bool,
+) -> tuple[Hops, torch.Tensor, int, bool]:
+    """The checked settings' hops, the inputs as (N, N, C), their length M, and whether
+    sums are kept in the wire format."""
+    learners = _check(inputs, algorithm, accumulate)
+    hops = hops_for(wire_format(wire), plain)
+    x = _stack(inputs, learners).view(learners, learners, -1)
+    return hops, x, inputs[0].numel(), accumulate == "wire"
+
+
 def reduce_scatter(
     inputs: Sequence[torch.Tensor] | torch.Tensor,
     *,
@@ -159,13 +175,10 @@ def reduce_scatter(
     reduce-scatter by ``algorithm`` with ``wire`` on every hop: N float32 tensors,
     chunk ``c`` = values ``c * C .. (c + 1) * C`` of the sum (the last ones shorter).
     ``plain``: run the torch reference instead of the compiled hops (the same bits)."""
-    learners = _check(inputs, algorithm, accumulate)
-    hops = hops_for(wire_format(wire), plain)
-    numel = inputs[0].numel()
-    x = _stack(inputs, learners)
-    owned = _scatter(x.view(learners, learners, -1), hops, algorithm, accumulate == "wire")
+    hops, x, numel, wired = _prepare(inputs, wire, algorithm, accumulate, plain)
+    owned = _scatter(x, hops, algorithm, wired)
     chunk = owned.shape[1]
-    return [owned[c, : max(0, min(chunk, numel - c * chunk))] for c in range(learners)]
+    return [owned[c, : max(0, min(chunk, numel - c * chunk))] for c in range(len(owned))]
 
 
 def all_reduce(
@@ -180,15 +193,11 @@ def all_reduce(
     ``algorithm`` (``ring`` and ``a2a``: reduce-scatter + all-gather; ``tree``: reduce to
     learner 0 + broadcast) with ``wire`` on every hop (1-D float32, M values).
     ``plain``: run the torch reference instead of the compiled hops (the same bits)."""
-    learners = _check(inputs, algorithm, accumulate)
-    hops = hops_for(wire_format(wire), plain)
-    wired = accumulate == "wire"
-    numel = inputs[0].numel()
-    x = _stack(inputs, learners)
+    hops, x, numel, wired = _prepare(inputs, wire, algorithm, accumulate, plain)
     if algorithm == "tree":
-        total = _tree(x.view(learners, 1, -1).clone(), hops, wired)
+        total = _tree(x.reshape(len(x), 1, -1).clone(), hops, wired)
     else:
-        total = _scatter(x.view(learners, learners, -1), hops, algorithm, wired)
+        total = _scatter(x, hops, algorithm, wired)
     if not wired:  # the all-gather (broadcast) sends each result once in the wire format
         rows = total.shape[0]
         hops.hop(total, total[None], torch.zeros(rows, dtype=torch.int64), -1, ROUND)
