@@ -155,11 +155,9 @@ class GradientCapture:
         if self.rank == 0:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
-            kind = "fsdp2" if self._units else "ddp"
-            if self._units:  # FSDP's messages, for a replay cut as FSDP cuts a step
-                meta = {"fsdp_units": self._units_json, **(meta or {})}
+            meta = {**self._units_meta, **(meta or {})}
             metadata = capture_metadata(
-                kind, process_group, meta, every, start, layers, compression
+                self._kind, process_group, meta, every, start, layers, compression
             )
             ranks = self.recorded_ranks
             write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
@@ -185,7 +183,8 @@ class GradientCapture:
     def _lay_out(self, model: torch.nn.Module, layers: str | None, dtype: str | None) -> str:
         """Where each recorded parameter goes in the flat row (``_slots``, and for FSDP
         each unit's ``_layouts``), the row's length, device and storage dtype (returned:
-        ``dtype``, or the default for this model)."""
+        ``dtype``, or the default for this model), and what ``capture.h5`` says of the
+        data parallelism (``_kind``, ``_units_meta``)."""
         self.layers, params = select_parameters(model, layers)
         self.numel = self.layers[-1].stop
         self._slots = {
@@ -196,7 +195,9 @@ class GradientCapture:
         self._layouts = fsdp.unit_layouts(model, offsets) if self._units else []
         self._arrivals = UnitArrivals([layout for _, layout in self._layouts], self.rank)
         layer_of = {id(p): i for i, p in enumerate(params)}
-        self._units_json = fsdp.units_meta(self._arrivals.layouts, layer_of)
+        units = fsdp.units_meta(self._arrivals.layouts, layer_of)  # FSDP's messages
+        self._units_meta = {"fsdp_units": units} if self._units else {}
+        self._kind = "fsdp2" if self._units else "ddp"
         self._device = params[0].device
         if dtype is None:
             dtype = fsdp.storage_dtype(self._arrivals.layouts) if self._units else "float32"
