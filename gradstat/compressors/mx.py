@@ -12,9 +12,10 @@ The math of the spec (OCP "Microscaling Formats (MX) Specification" v1.0, sectio
 * Elements: FP8 E4M3 (max 448), FP8 E5M2 (57344), FP6 E2M3 (7.5), FP6 E3M2 (28), FP4
   E2M1 (6); none produces an infinity or a NaN here.
 
-:func:`round_values` is what one message of MX values carries (``decode(encode(x))``), used
-hop by hop by the collective emulation; :func:`encode` / :func:`decode` make and
-read the wire payload: the E8M0 scales (one byte per block) and the element codes packed
+:func:`round_values` is what one message of MX values carries (``decode(encode(x))``):
+the collective emulation's reference rounding (its compiled hops do the same arithmetic,
+gradstat/compressors/_wire_loops.py); :func:`encode` / :func:`decode` make and read the
+wire payload: the E8M0 scales (one byte per block) and the element codes packed
 as the wire carries them (FP8 one byte each, FP6 four in three bytes, FP4 two per byte,
 the first element in the low bits). A message whose length is not a multiple of 32 ends
 with a short block. Inputs must be finite.
