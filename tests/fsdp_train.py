@@ -33,13 +33,16 @@ STEPS, BATCH, LENGTH = 2, 3, 4
 
 
 class Net(nn.Module):
-    """Embedding -> two nested units -> norm -> head; dim-0 sizes uneven for 2, 3 and 4."""
+    """Embedding -> two nested units -> a residual extra -> norm -> head; dim-0 sizes
+    uneven for 2, 3 and 4."""
 
     def __init__(self) -> None:
         super().__init__()
         self.emb = nn.Embedding(VOCAB, WIDTH)
         self.block1 = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.Tanh())
         self.block2 = nn.Linear(HIDDEN, OUT)
+        self.extra = nn.Linear(OUT, OUT)  # skipped while use_extra is unset
+        self.use_extra = True
         self.norm = nn.LayerNorm(OUT)
         self.gain = nn.Parameter(torch.ones(2))  # fewer rows than learners
         self.head = nn.Linear(OUT, VOCAB)
@@ -47,7 +50,10 @@ class Net(nn.Module):
         self.use_spare = True
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.norm(self.block2(self.block1(self.emb(tokens))))
+        x = self.block2(self.block1(self.emb(tokens)))
+        if self.use_extra:
+            x = x + self.extra(x)
+        x = self.norm(x)
         x = x * self.gain.sum()
         if self.use_spare:
             x = x * self.spare.mean()
@@ -55,7 +61,9 @@ class Net(nn.Module):
 
 
 # case -> settings: micro-batches per step, MixedPrecisionPolicy reduce dtype, storage
-# dtype, the capture's record_ranks and layers, a 2-D (HSDP) mesh, Shard(1) placements
+# dtype, the capture's record_ranks and layers, a 2-D (HSDP) mesh, Shard(1) placements,
+# the units fully_shard is applied to before the root (a tuple: one unit over several)
+UNITS = ("block1", "block2")
 CASES = {
     "plain": {},
     "accumulate": {"micro": 3},
@@ -70,8 +78,20 @@ CASES = {
     # step 0 leaves a root parameter without gradient: FSDP reduce-scatters the others
     # only, the step is not recorded (a warning says so); step 1 is
     "unused": {"unused": True},
+    # ... unless FSDP reduce-scatters unused parameters as zeros: then step 0 is recorded
+    "unused-zeros": {"unused": True, "scatter_unused": True},
     # HSDP whose shard dim has one learner: never reduce-scattered, refused in one line
     "replicate-only": {"replicate_only": True},
+    # frozen parameters inside units (LoRA, frozen embeddings): FSDP leaves them out of
+    # the reduce-scatter input; a unit whose parameters are all frozen never reduces
+    "frozen": {"frozen": ("emb.weight", "block1.0.bias", "block2.weight", "block2.bias")},
+    # torchtitan's layout: one fully_shard over the final norm and the output head
+    "grouped": {"units": (*UNITS, ("norm", "head"))},
+    # a unit the forward skips on step 1: recorded as zeros, with one warning
+    "skipped": {"units": (*UNITS, "extra"), "skip_extra": True},
+    # a float16 param_dtype without reduce_dtype: the reduction runs in float16 and
+    # FSDP divides the input before it (gradstat multiplies it back)
+    "fp16-params": {"param": torch.float16},
 }
 
 
@@ -86,7 +106,9 @@ def loss_of(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> to
 
 
 def _grad(param: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(param.numel()) if param.grad is None else param.grad.reshape(-1)
+    if param.grad is None:
+        return torch.zeros(param.numel())
+    return param.grad.float().reshape(-1)
 
 
 def run_case(name: str, out: Path) -> None:
@@ -95,26 +117,36 @@ def run_case(name: str, out: Path) -> None:
     micro = settings.get("micro", 1)
     torch.manual_seed(0)
     model = Net()
+    for param_name in settings.get("frozen", ()):
+        model.get_parameter(param_name).requires_grad_(False)
     replica = copy.deepcopy(model)
+    if "param" in settings:  # the replica computes in FSDP's param_dtype
+        replica.to(settings["param"])
     if settings.get("hsdp") or settings.get("replicate_only"):
         shape = (world, 1) if settings.get("replicate_only") else (2, world // 2)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
     else:
         mesh = init_device_mesh("cpu", (world,))
     options: dict = {"mesh": mesh}
-    if "reduce" in settings:
-        options["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=settings["reduce"])
+    if "reduce" in settings or "param" in settings:
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=settings.get("param"), reduce_dtype=settings.get("reduce")
+        )
     if settings.get("dim1"):
 
         def dim1(p: torch.Tensor) -> Shard | None:  # where dim 1 splits evenly (6 and 12)
             return Shard(1) if p.ndim == 2 and p.shape[1] % world == 0 else None
 
         options["shard_placement_fn"] = dim1
-    fully_shard(model.block1, **options)
-    fully_shard(model.block2, **options)
+    for unit in settings.get("units", UNITS):
+        names = unit if isinstance(unit, tuple) else (unit,)
+        modules = [model.get_submodule(n) for n in names]
+        fully_shard(modules if isinstance(unit, tuple) else modules[0], **options)
     fully_shard(model, **options)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    dtype = settings.get("dtype", "float32")
+    if settings.get("scatter_unused"):
+        model.set_reduce_scatter_unused_params(True)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    dtype = settings.get("dtype")
     try:
         capture = GradientCapture(
             model,
@@ -132,6 +164,8 @@ def run_case(name: str, out: Path) -> None:
     for step in range(STEPS):
         if settings.get("unused"):
             model.use_spare = replica.use_spare = step > 0
+        if settings.get("skip_extra"):
+            model.use_extra = replica.use_extra = step != 1
         with torch.no_grad():  # the replica takes the FSDP model's parameters (collective)
             full = {n: p.full_tensor() for n, p in model.named_parameters()}
             for n, p in replica.named_parameters():
@@ -155,7 +189,8 @@ def run_case(name: str, out: Path) -> None:
             row = row.to(settings["reduce"]).float()
         if dtype == "bfloat16":
             row = row.to(torch.bfloat16).float()
-        if not (settings.get("unused") and step == 0):
+        dropped = settings.get("unused") and not settings.get("scatter_unused") and step == 0
+        if not dropped:
             references.append(row.numpy())
     capture.close()
     np.save(out / name / f"ref-rank{rank}.npy", np.stack(references))

@@ -1,10 +1,12 @@
 """Capture under FSDP2 (``fully_shard``): rows equal an unsharded replica's local
-gradients (tests/fsdp_train.py), on 1, 2 and 4 (1-D and HSDP 2 x 2) gloo learners, and every
-analysis runs on an FSDP capture."""
+gradients (tests/fsdp_train.py), on 1, 2 and 4 (1-D and HSDP 2 x 2) gloo learners, with
+frozen parameters, one unit over several modules and a unit skipped on a step (zeros, with
+a warning), and every analysis runs on an FSDP capture."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +18,16 @@ from gradstat.capture.workloads import build_workload
 from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
 SCRIPT = TESTS / "fsdp_train.py"
-CASES = "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync,unused"
+CASES = (
+    "plain,accumulate,bf16-reduce,fp16-reduce,bf16-store,shard-dim1,always-sync,unused,"
+    "unused-zeros,frozen,grouped,skipped,fp16-params"
+)
 ALL = CASES + ",replicate-only"
 # fp16: FSDP divides by 2 before the reduce-scatter; undone, values below fp16's
 # normal range lose their last bits (6e-8, the smallest subnormal)
-TOLERANCE = {"fp16-reduce": 6e-8}
+TOLERANCE = {"fp16-reduce": 6e-8, "fp16-params": 6e-8}
+# the storage dtype a capture gets by default: the dtype FSDP reduces in, if 16-bit
+DEFAULT_DTYPE = {"bf16-reduce": "bfloat16", "fp16-reduce": "float16", "fp16-params": "float16"}
 
 
 def _train(out: Path, nproc: int, cases: str) -> Path:
@@ -60,6 +67,53 @@ def test_two_learners_record_their_local_gradients(two_ranks, case):
     _assert_rows_are_local_gradients(two_ranks / case, 2, learners, steps)
 
 
+def test_storage_defaults_to_the_reduce_dtype(two_ranks):
+    for case in CASES.split(","):
+        with open_capture(two_ranks / case) as cap:
+            expected = "bfloat16" if case == "bf16-store" else DEFAULT_DTYPE.get(case, "float32")
+            assert cap.dtype == expected, case
+
+
+def test_frozen_parameters_are_not_recorded(two_ranks):
+    """Frozen parameters inside units (and a unit of frozen ones only) are left out of the
+    row, as of the reduce-scatter input; every step is recorded, without a warning."""
+    with open_capture(two_ranks / "frozen") as cap:
+        names = [layer.name for layer in cap.layers]
+    assert "emb.weight" not in names and "block1.0.bias" not in names
+    assert not any(name.startswith("block2.") for name in names)
+    assert "block1.0.weight" in names
+    assert "unit block2 " not in _warnings(two_ranks)
+
+
+def test_a_unit_skipped_on_a_step_is_zeros_with_one_warning(two_ranks):
+    with open_capture(two_ranks / "skipped") as cap:
+        extra = [layer for layer in cap.layers if layer.name.startswith("extra.")]
+        grads = [cap.read_step(step).numpy() for step in (0, 1)]
+    columns = np.concatenate([np.arange(layer.offset, layer.stop) for layer in extra])
+    assert np.all(grads[0][:, columns] != 0) and np.all(grads[1][:, columns] == 0)
+    warnings = _warnings(two_ranks)
+    for rank in range(2):
+        message = f"gradstat (rank {rank}): step 1: FSDP unit extra did not reduce-scatter"
+        assert warnings.count(message) == 1
+
+
+def test_one_unit_over_two_modules_is_one_message(two_ranks):
+    """capture.h5 names FSDP's units with their layers: torchtitan's norm+head is one."""
+    with open_capture(two_ranks / "grouped") as cap:
+        names = [layer.name for layer in cap.layers]
+        units = json.loads(cap.meta["fsdp_units"])
+    grouped = {unit["name"]: [names[i] for i in unit["layers"]] for unit in units}
+    assert grouped["norm+head"] == ["norm.weight", "norm.bias", "head.weight", "head.bias"]
+    assert grouped["block2"] == ["block2.weight", "block2.bias"]
+    assert sorted(i for unit in units for i in unit["layers"]) == list(range(len(names)))
+    assert {unit["shard"] for unit in units} == {2}
+    assert {unit["reduce_dtype"] for unit in units} == {"float32"}
+
+
+def _warnings(folder: Path) -> str:
+    return (folder / "stderr.txt").read_text()
+
+
 def test_layers_and_storage_dtype_and_record_ranks(two_ranks):
     with open_capture(two_ranks / "bf16-store") as cap:
         assert cap.dtype == "bfloat16"
@@ -80,8 +134,12 @@ def test_accumulation_without_disabling_sync_warns_and_keeps_the_last_backward(t
 
 
 def test_a_step_with_an_unused_parameter_is_not_recorded_and_warns(two_ranks):
-    stderr = (two_ranks / "stderr.txt").read_text()
-    assert "FSDP unit (root) reduce-scattered only some of its parameters" in stderr
+    """Step 0 leaves a root parameter without gradient: not recorded, with a warning that
+    names the unit and the step; with FSDP's ``set_reduce_scatter_unused_params(True)``
+    (case unused-zeros) it is recorded, zeros for that parameter."""
+    message = "step 0: FSDP unit (root) reduce-scattered only some of its parameters"
+    assert _warnings(two_ranks).count(message) == 2  # once per rank
+    assert "set_reduce_scatter_unused_params(True)" in _warnings(two_ranks)
 
 
 def test_hsdp_without_sharding_is_refused_on_every_rank(two_ranks):

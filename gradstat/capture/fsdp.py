@@ -22,9 +22,10 @@ one place that reads it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,13 +81,15 @@ def _param_group(unit: nn.Module):
 
 @dataclass(frozen=True)
 class ParamSlot:
-    """One parameter of a unit: where its gradient sits in the reduce-scatter input
-    (columns ``column .. column + chunk`` of every one of its ``world_size`` rows) and in
-    the capture row (``offset .. offset + numel``; ``offset`` None when not recorded)."""
+    """One parameter of a unit: its shape, the dim FSDP shards it on, and where its
+    gradient goes in the capture row (``offset .. offset + numel``; ``offset`` None when
+    not recorded). ``param`` is the module's (sharded) parameter: FSDP puts a parameter's
+    gradient into the reduce-scatter input only while it requires grad."""
 
     shape: tuple[int, ...]
     shard_dim: int
     offset: int | None
+    param: torch.Tensor = field(compare=False, repr=False)
 
     @property
     def numel(self) -> int:
@@ -103,73 +106,140 @@ class ParamSlot:
 class UnitLayout:
     """Where one FSDP unit's parameters sit in its reduce-scatter input and in the row.
 
-    ``shard`` and ``replicate`` are the learners of the unit's mesh that shard and that
-    replicate it (HSDP: both > 1); ``scale`` undoes FSDP's division of the input before
-    the reduce-scatter (1 unless the reduction runs in float16, see
-    :func:`predivide_factor`).
+    ``name`` names the unit's modules (``norm+head`` for one ``fully_shard`` over
+    several); ``shard`` and ``replicate`` are the learners of the unit's mesh that shard
+    and that replicate it (HSDP: both > 1); ``wire`` is the dtype FSDP reduces in;
+    ``scale`` undoes FSDP's division of the input before the reduce-scatter (1 unless
+    the reduction runs in float16, see :func:`predivide_factor`).
     """
 
     def __init__(
-        self, name: str, slots: list[ParamSlot], shard: int, replicate: int, scale: float
+        self,
+        name: str,
+        slots: list[ParamSlot],
+        shard: int,
+        replicate: int,
+        scale: float,
+        wire: torch.dtype,
     ) -> None:
         self.name = name
         self.slots = slots
-        self.shard, self.replicate, self.scale = shard, replicate, scale
-
-    def input_numel(self, world_size: int) -> int:
-        return world_size * sum(slot.chunk(world_size) for slot in self.slots)
+        self.shard, self.replicate, self.scale, self.wire = shard, replicate, scale, wire
 
     @property
-    def recorded_numel(self) -> int:
-        return sum(slot.numel for slot in self.slots if slot.offset is not None)
+    def records(self) -> bool:
+        """Whether any of the unit's parameters is recorded."""
+        return any(slot.offset is not None for slot in self.slots)
+
+    def _sent(self) -> list[ParamSlot]:
+        """The parameters in the reduce-scatter input: those that require grad (FSDP
+        leaves frozen ones out; ``slots`` keep the unit's parameter order)."""
+        return [slot for slot in self.slots if slot.param.requires_grad]
+
+    def input_numel(self, world_size: int) -> int:
+        return world_size * sum(slot.chunk(world_size) for slot in self._sent())
+
+    def zero_into(self, row: torch.Tensor) -> None:
+        """Zeros in every recorded parameter's slice of ``row`` (a unit without gradient)."""
+        for slot in self.slots:
+            if slot.offset is not None:
+                row[slot.offset : slot.offset + slot.numel].zero_()
 
     def copy_into(
         self, row: torch.Tensor, flat: torch.Tensor, world_size: int, non_blocking: bool
-    ) -> None:
+    ) -> bool:
         """Copy each recorded parameter's gradient from ``flat`` (the reduce-scatter input,
-        1-D) into its slice of ``row`` (undoing the padding and the chunking)."""
+        1-D) into its slice of ``row``, undoing the padding, the chunking and FSDP's
+        division; a recorded parameter frozen since the capture began gets zeros.
+
+        False (nothing copied) when ``flat`` does not hold every parameter that requires
+        grad: some got no gradient in this backward, and FSDP does not say which.
+        """
+        sent = self._sent()
+        if flat.numel() != world_size * sum(slot.chunk(world_size) for slot in sent):
+            return False
+        if self.scale != 1.0:  # FSDP divided the input before the collective
+            flat = flat.to(torch.float32) * self.scale
         rows = flat.view(world_size, -1)
         column = 0
-        for slot in self.slots:
+        for slot in sent:
             chunk = slot.chunk(world_size)
             if slot.offset is not None and slot.numel:
-                block = rows[:, column : column + chunk]
                 dest = row[slot.offset : slot.offset + slot.numel]
-                if slot.shard_dim == 0:  # the padded gradient, row after row
-                    full, rest = divmod(slot.numel, chunk)
-                    if full:
-                        dest[: full * chunk].view(full, chunk).copy_(
-                            block[:full], non_blocking=non_blocking
-                        )
-                    if rest:
-                        dest[full * chunk :].copy_(block[full, :rest], non_blocking=non_blocking)
-                else:  # world_size pieces of dim k, stacked on dim 0
-                    k, shape = slot.shard_dim, slot.shape
-                    piece = (*shape[:k], shape[k] // world_size, *shape[k + 1 :])
-                    source = block.reshape(world_size, *piece).movedim(0, k)
-                    target = dest.view(shape).unflatten(k, (world_size, shape[k] // world_size))
-                    target.copy_(source, non_blocking=non_blocking)
+                _unchunk(slot, rows[:, column : column + chunk], dest, world_size, non_blocking)
             column += chunk
+        for slot in self.slots:
+            if slot.offset is not None and not slot.param.requires_grad:
+                row[slot.offset : slot.offset + slot.numel].zero_()
+        return True
+
+
+def _unchunk(
+    slot: ParamSlot, block: torch.Tensor, dest: torch.Tensor, world_size: int, non_blocking: bool
+) -> None:
+    """One parameter's ``(world_size, chunk)`` columns of the input into its flat slice."""
+    chunk = block.shape[1]
+    if slot.shard_dim == 0:  # the padded gradient, row after row
+        full, rest = divmod(slot.numel, chunk)
+        if full:
+            dest[: full * chunk].view(full, chunk).copy_(block[:full], non_blocking=non_blocking)
+        if rest:
+            dest[full * chunk :].copy_(block[full, :rest], non_blocking=non_blocking)
+    else:  # world_size pieces of dim k, stacked on dim 0
+        k, shape = slot.shard_dim, slot.shape
+        piece = (*shape[:k], shape[k] // world_size, *shape[k + 1 :])
+        source = block.reshape(world_size, *piece).movedim(0, k)
+        target = dest.view(shape).unflatten(k, (world_size, shape[k] // world_size))
+        target.copy_(source, non_blocking=non_blocking)
 
 
 def unit_layouts(model: nn.Module, offsets: dict[int, int]) -> list[tuple[nn.Module, UnitLayout]]:
     """Each unit of ``model`` that manages parameters, with its layout; ``offsets`` maps
-    ``id(param)`` of each recorded parameter to its offset in the row."""
+    ``id(param)`` of each recorded parameter to its offset in the row.
+
+    One ``fully_shard([a, b])`` makes ``a`` and ``b`` FSDP modules with one shared
+    parameter group: one unit, named ``a+b``, listed with its first module.
+    """
     names = {id(module): name or "(root)" for name, module in model.named_modules()}
-    layouts = []
+    groups: dict[int, tuple[nn.Module, Any, list[str]]] = {}
     for unit in fsdp_units(model):
         group = _param_group(unit)
-        if group is None or not group.fsdp_params:
-            continue
-        name = names[id(unit)]
+        if group is not None and group.fsdp_params:
+            groups.setdefault(id(group), (unit, group, []))[2].append(names[id(unit)])
+    layouts = []
+    for unit, group, unit_names in groups.values():
+        name = "+".join(unit_names)
         params = [fsdp_param.sharded_param for fsdp_param in group.fsdp_params]
-        slots = [ParamSlot(tuple(p.shape), _shard_dim(p, name), offsets.get(id(p))) for p in params]
+        slots = [
+            ParamSlot(tuple(p.shape), _shard_dim(p, name), offsets.get(id(p)), p) for p in params
+        ]
         shard, replicate = shard_group_size(params[0])
-        scale = predivide_factor(group, reduce_dtype_of(group), shard * replicate)
+        wire = wire_dtype(group, params[0].dtype)
+        scale = predivide_factor(group, wire, shard * replicate)
         if shard == 1:  # no reduce-scatter: FSDP copies the input divided by its factor
             scale *= getattr(group, "gradient_divide_factor", None) or 1.0
-        layouts.append((unit, UnitLayout(name, slots, shard, replicate, scale)))
+        layouts.append((unit, UnitLayout(name, slots, shard, replicate, scale, wire)))
     return layouts
+
+
+def units_meta(layouts: list[UnitLayout], layer_of: dict[int, int]) -> str:
+    """The recording units as JSON for ``capture.h5`` (attribute ``fsdp_units``): for each,
+    its ``name``, its recorded ``layers`` (indices in the layer table, in the unit's
+    order; ``layer_of`` maps ``id(param)`` to them), its ``shard`` and ``replicate``
+    learners and its ``reduce_dtype``: FSDP's messages, for a replay that cuts rows as
+    FSDP's reduce-scatter does."""
+    units = [
+        {
+            "name": layout.name,
+            "layers": [layer_of[id(s.param)] for s in layout.slots if s.offset is not None],
+            "shard": layout.shard,
+            "replicate": layout.replicate,
+            "reduce_dtype": str(layout.wire).removeprefix("torch."),
+        }
+        for layout in layouts
+        if layout.records
+    ]
+    return json.dumps(units)
 
 
 def _shard_dim(param: torch.Tensor, unit: str) -> int:
@@ -201,7 +271,7 @@ def shard_group_size(param: torch.Tensor) -> tuple[int, int]:
     return shard, replicate
 
 
-def predivide_factor(group: Any, reduce_dtype: torch.dtype | None, data_parallel: int) -> float:
+def predivide_factor(group: Any, reduce_dtype: torch.dtype, data_parallel: int) -> float:
     """The factor FSDP divides the reduce-scatter input by before the collective.
 
     Only reductions in dtypes other than float32 / bfloat16 (float16) divide before:
@@ -209,7 +279,7 @@ def predivide_factor(group: Any, reduce_dtype: torch.dtype | None, data_parallel
     gradient divide factor, default the data-parallel size), as torch's
     ``_get_gradient_divide_factors`` does; 1 otherwise.
     """
-    if reduce_dtype is None or reduce_dtype in (torch.float32, torch.bfloat16):
+    if reduce_dtype in (torch.float32, torch.bfloat16):
         return 1.0
     factor = getattr(group, "gradient_divide_factor", None) or float(data_parallel)
     pre = 1
@@ -218,9 +288,22 @@ def predivide_factor(group: Any, reduce_dtype: torch.dtype | None, data_parallel
     return float(pre)
 
 
-def reduce_dtype_of(group: Any) -> torch.dtype | None:
+def wire_dtype(group: Any, param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a unit's gradients are reduced in: the ``MixedPrecisionPolicy``'s
+    ``reduce_dtype``, else its ``param_dtype`` (gradients are computed in it), else the
+    parameters' own dtype."""
     policy = getattr(group, "mp_policy", None)
-    return getattr(policy, "reduce_dtype", None)
+    return (
+        getattr(policy, "reduce_dtype", None) or getattr(policy, "param_dtype", None) or param_dtype
+    )
+
+
+def storage_dtype(layouts: list[UnitLayout]) -> str:
+    """The storage dtype that keeps every recorded value: ``bfloat16`` (or ``float16``)
+    when every unit that records reduces in it, else ``float32``."""
+    wires = {layout.wire for layout in layouts if layout.records}
+    names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return names.get(wires.pop(), "float32") if len(wires) == 1 else "float32"
 
 
 class CaptureReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]

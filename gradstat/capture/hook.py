@@ -51,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradstat.capture import fsdp
 from gradstat.capture.budget import API_SUGGESTION, CapturePlan, budget_problem, free_bytes
 from gradstat.capture.budget import recorded_rows as count_rows
+from gradstat.capture.fsdp_row import UnitArrivals
 from gradstat.capture.hook_setup import (
     capture_metadata,
     capture_units,
@@ -93,7 +94,9 @@ class GradientCapture:
         out_dir: the capture folder; rank 0 also writes ``capture.h5`` there.
         every: record every ``every``-th step, starting at ``start``.
         layers: regex of parameter names to record (default: all trainable ones).
-        dtype: ``float32``, ``float16`` or ``bfloat16`` on disk (docs/format.md).
+        dtype: ``float32``, ``float16`` or ``bfloat16`` on disk (docs/format.md);
+            default ``float32``, or under FSDP2 the dtype every unit reduces in when
+            that is ``bfloat16`` or ``float16`` (the values are in it already).
         record_ranks: the learners that record, e.g. ``[0, 3]`` or ``"0-7"`` or
             ``"::8"`` (gradstat/store/ranks.py); default all.
         compression: ``none``, ``gzip``, ``lzf``, ``lz4`` or ``zstd`` (docs/format.md).
@@ -117,7 +120,7 @@ class GradientCapture:
         every: int = 1,
         start: int = 0,
         layers: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         hook: CommHook | None = None,
         hook_state: Any = None,
         meta: Mapping[str, Any] | None = None,
@@ -136,7 +139,7 @@ class GradientCapture:
         self.world_size = dist.get_world_size(process_group)
         self.recorded_ranks = parse_ranks(record_ranks, self.world_size)
         self._units = capture_units(model, hook, hook_state)
-        self._lay_out(model, layers, dtype)
+        dtype = self._lay_out(model, layers, dtype)
         self._reset_state()
         # a gradstat compression hook: bind it to the model, record what it sent
         self._records_sent = hasattr(hook_state, "bind_for_capture")
@@ -152,9 +155,9 @@ class GradientCapture:
         if self.rank == 0:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
-            kind = "fsdp2" if self._units else "ddp"
+            meta = {**self._units_meta, **(meta or {})}
             metadata = capture_metadata(
-                kind, process_group, meta, every, start, layers, compression
+                self._kind, process_group, meta, every, start, layers, compression
             )
             ranks = self.recorded_ranks
             write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
@@ -177,9 +180,11 @@ class GradientCapture:
             run_id=run_id,
         )
 
-    def _lay_out(self, model: torch.nn.Module, layers: str | None, dtype: str) -> None:
+    def _lay_out(self, model: torch.nn.Module, layers: str | None, dtype: str | None) -> str:
         """Where each recorded parameter goes in the flat row (``_slots``, and for FSDP
-        each unit's ``_layouts``), the row's length, device and storage dtype."""
+        each unit's ``_layouts``), the row's length, device and storage dtype (returned:
+        ``dtype``, or the default for this model), and what ``capture.h5`` says of the
+        data parallelism (``_kind``, ``_units_meta``)."""
         self.layers, params = select_parameters(model, layers)
         self.numel = self.layers[-1].stop
         self._slots = {
@@ -188,8 +193,16 @@ class GradientCapture:
         }
         offsets = {id(p): offset for p, (offset, _) in self._slots.items()}
         self._layouts = fsdp.unit_layouts(model, offsets) if self._units else []
+        self._arrivals = UnitArrivals([layout for _, layout in self._layouts], self.rank)
+        layer_of = {id(p): i for i, p in enumerate(params)}
+        units = fsdp.units_meta(self._arrivals.layouts, layer_of)  # FSDP's messages
+        self._units_meta = {"fsdp_units": units} if self._units else {}
+        self._kind = "fsdp2" if self._units else "ddp"
         self._device = params[0].device
+        if dtype is None:
+            dtype = fsdp.storage_dtype(self._arrivals.layouts) if self._units else "float32"
         self._storage_dtype = torch_dtype(dtype)
+        return dtype
 
     def _reset_state(self) -> None:
         """The state of a capture before its first step: no row, no buffer, no warning,
@@ -201,10 +214,7 @@ class GradientCapture:
         self._pending: torch.Tensor | None = None
         self._copied = 0
         self._buckets_seen: set[int] = set()
-        self._units_seen: set[int] = set()
         self._unit_events: list[torch.cuda.Event] = []
-        self._row_broken = False
-        self._warned_partial_unit = False
         self._warned_second_backward = False
         self._closed = False
 
@@ -319,39 +329,18 @@ class GradientCapture:
             return
         if self._pending is None:
             self._pending = self._acquire()
-            self._copied = 0
-        elif id(layout) in self._units_seen:  # a new backward: restart the row
+            self._arrivals.clear()
+        elif self._arrivals.seen(layout):  # a new backward: restart the row
             self._warn_second_backward()
-            self._copied = 0
-            self._units_seen.clear()
+            self._arrivals.clear()
             self._unit_events.clear()
-            self._row_broken = False
-        self._units_seen.add(id(layout))
-        if flat.numel() != layout.input_numel(world):
-            self._warn_partial_unit(layout)
-            self._row_broken = True
-            return
-        if layout.scale != 1.0:  # FSDP divided the input before the collective
-            flat = flat.to(torch.float32) * layout.scale
         cuda = self._device.type == "cuda"
-        layout.copy_into(self._pending, flat, world, non_blocking=cuda)
-        self._copied += layout.recorded_numel
-        if cuda:  # the copies run on FSDP's reduce-scatter stream
+        whole = layout.copy_into(self._pending, flat, world, non_blocking=cuda)
+        self._arrivals.arrived(layout, whole)
+        if cuda and whole:  # the copies run on FSDP's reduce-scatter stream
             event = torch.cuda.Event()
             event.record()
             self._unit_events.append(event)
-
-    def _warn_partial_unit(self, layout: fsdp.UnitLayout) -> None:
-        if self._warned_partial_unit:
-            return
-        self._warned_partial_unit = True
-        warnings.warn(
-            f"gradstat (rank {self.rank}): FSDP unit {layout.name} reduce-scattered only "
-            "some of its parameters (others got no gradient in this backward); such steps "
-            "are not recorded",
-            GradstatWarning,
-            stacklevel=4,
-        )
 
     def _warn_second_backward(self) -> None:
         if self._warned_second_backward:
@@ -375,6 +364,8 @@ class GradientCapture:
 
     def step(self, step: int | None = None, loss: float | None = None) -> None:
         """Finish the current optimizer step: hand a recorded row to the writer."""
+        if self._pending is None and self._units and self.recording:
+            self._arrivals.finish_empty(self._iteration if step is None else int(step))
         if self._pending is not None:
             ready = None
             if self._device.type == "cuda":
@@ -385,7 +376,11 @@ class GradientCapture:
                 ready.record()
             row_step = self._iteration if step is None else int(step)
             row_loss = float("nan") if loss is None else float(loss)
-            if self._copied == self.numel and not self._row_broken and self.writer is not None:
+            if self._units:  # FSDP: units that did not arrive become zeros, with a warning
+                complete = self._arrivals.finish(self._pending, row_step)
+            else:
+                complete = self._copied == self.numel
+            if complete and self.writer is not None:
                 row = PendingRow(row_step, row_loss, self._pending, ready)
                 if self._records_sent:
                     row.sent, row.sent_bytes = self._sent_row()
@@ -394,9 +389,7 @@ class GradientCapture:
                 self._release(self._pending)
             self._pending = None
             self._buckets_seen.clear()
-            self._units_seen.clear()
             self._unit_events.clear()
-            self._row_broken = False
         self._iteration += 1
 
     def _sent_row(self) -> tuple[torch.Tensor, float]:
@@ -418,6 +411,7 @@ class GradientCapture:
         if self._closed:
             return
         self._closed = True
+        self._arrivals.close()
         if self.writer is not None:
             self.writer.close()
         failed = torch.tensor([float(self.failed)], device=self._device)

@@ -25,14 +25,15 @@ from gradstat.store.dtypes import check_dtype
 from gradstat.store.schema import Layer, layer_table, new_run_id
 
 
-def check_settings(every: int, start: int, dtype: str, compression: str) -> None:
+def check_settings(every: int, start: int, dtype: str | None, compression: str) -> None:
     """A ``UsageError`` for a recording interval under 1, a negative first step, or an
-    unknown storage dtype or compression."""
+    unknown storage dtype (None: the default) or compression."""
     if every < 1:
         raise UsageError(f"every must be >= 1, got {every}")
     if start < 0:
         raise UsageError(f"start must be >= 0, got {start}")
-    check_dtype(dtype)
+    if dtype is not None:
+        check_dtype(dtype)
     check_compression(compression)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Annotated
 
 import typer
@@ -40,6 +41,7 @@ def info_command(
         summary = cap.describe()
         if checked is not None:
             summary["checked"] = checked
+        summary["missing_steps"] = missing_steps(summary["steps"], cap.meta.get("every"))
         learners = cap.learners_text()
         damage = cap.damage_report() if cap.damage else None
     if csv is not None:  # the layer table, one row per parameter
@@ -99,17 +101,20 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("s" if n != 1 else "")
 
 
-def _steps_text(steps: list[int]) -> str:
-    """``3 recorded: 0..20 every 10``; uneven steps as spans (``0..4, 9, 12..15``)."""
+def _steps_text(summary: dict) -> str:
+    """``3 recorded: 0..20 every 10``; uneven steps as spans (``0..4, 9, 12..15``), or,
+    where the spans are too many to list, the span and how many steps are missing."""
     from gradstat.store.verify import span_text
 
+    steps = summary["steps"]
     if not steps:
         return "0 recorded"
     gaps = {b - a for a, b in itertools.pairwise(steps)}
     if len(gaps) > 1:
         spans = span_text(steps)
         if len(spans) > 40:
-            spans = f"{steps[0]}..{steps[-1]}, unevenly spaced"
+            missing = summary["missing_steps"]["count"]
+            spans = f"{steps[0]}..{steps[-1]}, {missing} missing"
         return f"{len(steps)} recorded: {spans}"
     every = f" every {gaps.pop()}" if gaps and gaps != {1} else ""
     span = f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
@@ -139,6 +144,33 @@ def _status_text(summary: dict) -> str:
     return status
 
 
+#: Missing steps that ``info`` lists before it only counts them.
+SHOWN_MISSING = 10
+
+
+def missing_steps(steps: list[int], every: int | None) -> dict:
+    """Steps absent between the first and the last recorded one (rows the capture did not
+    record, e.g. a step dropped with a warning): ``{"count": N, "first": [...]}``.
+
+    Recorded steps sit on a stride: the greatest common divisor of the capture's
+    ``every`` and the gaps between recorded steps (so step labels that start anywhere
+    work); the first :data:`SHOWN_MISSING` missing steps are listed.
+    """
+    if len(steps) < 2:
+        return {"count": 0, "first": []}
+    stride = math.gcd(int(every or 0), *(b - a for a, b in itertools.pairwise(steps)))
+    if stride == 0:
+        return {"count": 0, "first": []}
+    count = (steps[-1] - steps[0]) // stride + 1 - len(steps)
+    present, first = set(steps), []
+    step = steps[0]
+    while len(first) < min(count, SHOWN_MISSING):
+        if step not in present:
+            first.append(step)
+        step += stride
+    return {"count": count, "first": first}
+
+
 def _compressor_text(summary: dict) -> str:
     """The gradient compressor training ran (``capture --compressor``): its name, ratio
     and settings, and that /sent holds what each learner sent."""
@@ -166,7 +198,6 @@ def _filter_text(compression: str) -> str:
 
 
 def _print_tables(summary: dict, learners: str) -> None:
-    steps = summary["steps"]
     status = _status_text(summary)
     overview = Table(
         title=f"capture {escape(printable(summary['path']))}",
@@ -179,7 +210,7 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("workload", summary["workload"]),
         ("status", status),
         ("learners", f"{learners} ({summary['backend']})"),
-        ("steps", _steps_text(steps)),
+        ("steps", _steps_text(summary)),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
         ("trained with", _compressor_text(summary)),
         ("HDF5 filter", _filter_text(summary["compression"])),
