@@ -122,3 +122,86 @@ def replay_answer(summary: pd.DataFrame) -> list[str]:
         f"Fastest predicted step: {_label(fastest)} ({fastest['seconds'] * 1e3:.3g} ms: "
         f"communication + compression).",
     ]
+
+
+def _samples(value: float) -> str:
+    return "infinite (no measurable signal)" if math.isinf(value) else f"{value:.3g} samples"
+
+
+def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None) -> list[str]:
+    """B_simple against the batch the learners make together, and each compressor's
+    error against the sampling noise (``noise_summary``, ``compressor_summary``)."""
+    lines = []
+    if len(summary) > 1:
+        order = summary.sort_values("b_simple")
+        low, high = order.iloc[0], order.iloc[-1]
+        lines.append(
+            f"B_simple over {len(summary)} scopes ranges from {_samples(low['b_simple'])} "
+            f"({low['scope']}) to {_samples(high['b_simple'])} ({high['scope']})."
+        )
+    else:
+        row = summary.iloc[0]
+        n, b = int(row["learners"]), int(row["batch_size"])
+        text = (
+            f"B_simple = {_samples(row['b_simple'])} (mean tr(Sigma) / mean |G|^2 over "
+            f"{int(row['steps'])} steps; per step median {row['step_median']:.3g}"
+        )
+        if np.isfinite(row["ci_low"]):
+            text += f", intervals {row['ci_low']:.3g} to {row['ci_high']:.3g}"
+        lines.append(text + ").")
+        if np.isfinite(row["b_simple"]) and row["b_simple"] > 0:
+            together = n * b
+            steps = 1 + row["b_simple"] / together  # McCandlish et al.: S / S_min
+            cut = 1 - (1 + row["b_simple"] / (2 * together)) / steps
+            lines.append(
+                f"The {n} learners' all-reduced batch of {together} is "
+                f"{together / row['b_simple']:.2g}x B_simple; the steps to a given loss "
+                f"scale as 1 + B_simple / B (McCandlish et al.), so twice the learners would "
+                f"need {cut:.0%} fewer steps."
+            )
+    for row in (compressors if compressors is not None else pd.DataFrame()).to_dict("records"):
+        ratio = row["noise_ratio"]
+        verdict = "within" if ratio < 1 else "above"
+        lines.append(
+            f"{_label(row)} ({row['scope']}): error {ratio:.3g}x the sampling noise, "
+            f"{verdict} it on average ({row['within_noise']:.0%} of steps within)."
+        )
+    return lines
+
+
+#: The consistency measures as a sentence names them.
+MEASURE_NAMES = {
+    "cosine_mean": "mean cosine",
+    "cosine_min": "lowest cosine",
+    "norm_cv": "gradient-norm CV",
+    "loss_cv": "loss CV",
+    "diversity": "gradient diversity",
+}
+
+
+def consistency_answer(
+    summary: pd.DataFrame, correlations: pd.DataFrame | None = None
+) -> list[str]:
+    """How much the learners agree, how it moved, and what a compressor's error follows
+    (``consistency_summary``, ``ConsistencyResult.correlations``)."""
+    lines = []
+    for row in summary.to_dict("records"):
+        loss = "-" if not np.isfinite(row["loss_cv"]) else f"{row['loss_cv']:.2%}"
+        lines.append(
+            f"{row['scope']}: mean pairwise cosine {row['cosine_mean']:.3g} (lowest "
+            f"{row['cosine_min']:.3g}; {row['cosine_first']:.3g} at the first step, "
+            f"{row['cosine_last']:.3g} at the last); gradient-norm CV "
+            f"{row['norm_cv']:.2%}, loss CV {loss}; diversity {row['diversity']:.3g} "
+            f"(1/n = {1 / row['learners']:.3g} for identical learners, about 1 for "
+            "unrelated ones)."
+        )
+    found = correlations.dropna(subset=["rho"]) if correlations is not None else pd.DataFrame()
+    for _, group in found.groupby(["scope", "compressor", "ratio"], sort=False, dropna=False):
+        row = group.loc[group["rho"].abs().idxmax()].to_dict()
+        strength = "significant at 5%" if row["p_value"] < 0.05 else "not significant at 5%"
+        lines.append(
+            f"{_label(row)}: its error moves most with the {MEASURE_NAMES[row['measure']]} "
+            f"(Spearman rho {row['rho']:.2f} over {int(row['steps'])} steps, p "
+            f"{row['p_value']:.2g}: {strength})."
+        )
+    return lines
