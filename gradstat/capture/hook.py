@@ -106,6 +106,8 @@ class GradientCapture:
             ``gradstat.hooks.compression_hook``: then each learner's contribution after
             compression is recorded too, as the ``sent`` dataset (docs/online.md).
         meta: extra attributes for ``capture.h5`` (workload, command line, ...).
+        batch_size: each learner's batch per optimizer step (micro-batch times
+            accumulation steps), recorded for ``gradstat noise`` (docs/noise.md).
         max_queue: rows that may wait for the writer before training blocks.
     """
 
@@ -127,8 +129,9 @@ class GradientCapture:
         compression: str = "none",
         total_steps: int | None = None,
         max_bytes: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
-        check_settings(every, start, dtype, compression)
+        check_settings(every, start, dtype, compression, batch_size)
         self.every, self.start = every, start
         self.hook, self.hook_state = hook or allreduce_hook, hook_state
         self.process_group, self.out_dir = process_group, Path(out_dir)
@@ -154,7 +157,7 @@ class GradientCapture:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
             kind = "fsdp2" if self._units else "ddp"
             metadata = capture_metadata(
-                kind, process_group, meta, every, start, layers, compression
+                kind, process_group, meta, every, start, layers, compression, batch_size
             )
             ranks = self.recorded_ranks
             write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
