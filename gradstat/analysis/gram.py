@@ -35,7 +35,7 @@ from gradstat.errors import DataError, UsageError
 from gradstat.store import Capture, Scope
 
 #: Columns per float32 matrix product: float32 accumulates this many terms, float64 the rest.
-CHUNK = 1 << 13
+CHUNK = 1 << 11
 #: Most columns read per learner and block: one HDF5 chunk of a float32 row (1 MiB).
 READ_BLOCK = 1 << 18
 #: Fewest columns per block, whatever the memory budget (below this the per-block costs
@@ -134,6 +134,7 @@ def step_grams(
                 pending = reader.submit(_read_block, *later)
             cancel.check()
             _add_block(torch.from_numpy(x).to(device), block, sums, step, learners, what)
+    sums = (sums + sums.transpose(1, 2)) / 2  # float32 products are not quite symmetric
     return list(sums.cpu().numpy())
 
 
