@@ -42,8 +42,9 @@ def compressed(scheme: Scheme, learner: int, row: torch.Tensor, name: str) -> to
     return compressor.decompress(tensors, ctx)
 
 
-def per_learner(spec: CompressorSpec, scheme: Scheme) -> bool:
-    """Whether ``spec`` compresses one learner's row on its own (has ``compress``)."""
+def per_learner(scheme: Scheme) -> bool:
+    """Whether ``scheme``'s compressor compresses one learner's row on its own (has a
+    ``compress`` of its own)."""
     return type(scheme.compressor).compress is not Compressor.compress
 
 
@@ -77,7 +78,7 @@ def plan_configs(
                         raise
                     skipped.append(f"{sc.name}: {exc}")
                     continue
-                if not per_learner(spec, scheme):
+                if not per_learner(scheme):
                     raise UsageError(
                         f"{spec.label} compresses with every learner at once (it has no "
                         "per-learner compress/decompress), so it has no error of one "
@@ -146,3 +147,19 @@ def learner_errors(
         }
         for i, c in enumerate(configs)
     ]
+
+
+def per_learner_names(compressors: str) -> str:
+    """The names of ``compressors`` (comma-separated) that compress one learner's row on
+    their own, comma-separated ("" when none does): what the report sets against the
+    noise, from its list of replayed compressors (each tried on a scope of 64 values)."""
+    kept = []
+    for spec in parse_compressors(compressors):
+        ratio, k = (None, None) if spec.fixed_rate else (0.5, 32)
+        try:
+            scheme = build_scheme(spec, ratio, k, numel=64)
+        except UsageError:
+            continue
+        if per_learner(scheme):
+            kept.append(spec.label)
+    return ",".join(kept)

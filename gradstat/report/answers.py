@@ -147,7 +147,8 @@ def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None)
             f"{int(row['steps'])} steps; per step median {row['step_median']:.3g}"
         )
         if np.isfinite(row["ci_low"]):
-            text += f", intervals {row['ci_low']:.3g} to {row['ci_high']:.3g}"
+            high = f"{row['ci_high']:.3g}" if np.isfinite(row["ci_high"]) else "no upper end"
+            text += f", median interval {row['ci_low']:.3g} to {high}"
         lines.append(text + ").")
         if np.isfinite(row["b_simple"]) and row["b_simple"] > 0:
             together = n * b
@@ -159,12 +160,15 @@ def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None)
                 f"scale as 1 + B_simple / B (McCandlish et al.), so twice the learners would "
                 f"need {cut:.0%} fewer steps."
             )
-    for row in (compressors if compressors is not None else pd.DataFrame()).to_dict("records"):
+    compressors = compressors if compressors is not None else pd.DataFrame()
+    scoped = len(compressors) and compressors["scope"].nunique() > 1
+    for row in compressors.to_dict("records"):
         ratio = row["noise_ratio"]
         verdict = "within" if ratio < 1 else "above"
+        where = f" ({row['scope']})" if scoped else ""
         lines.append(
-            f"{_label(row)} ({row['scope']}): error {ratio:.3g}x the sampling noise, "
-            f"{verdict} it on average ({row['within_noise']:.0%} of steps within)."
+            f"{_label(row)}{where}: error {ratio:.3g}x the sampling noise, {verdict} it "
+            f"on average ({row['within_noise']:.0%} of steps within)."
         )
     return lines
 
@@ -195,7 +199,9 @@ def consistency_answer(
             f"(1/n = {1 / row['learners']:.3g} for identical learners, about 1 for "
             "unrelated ones)."
         )
-    found = correlations.dropna(subset=["rho"]) if correlations is not None else pd.DataFrame()
+    if correlations is None or correlations.empty:
+        return lines
+    found = correlations.dropna(subset=["rho"])
     for _, group in found.groupby(["scope", "compressor", "ratio"], sort=False, dropna=False):
         row = group.loc[group["rho"].abs().idxmax()].to_dict()
         strength = "significant at 5%" if row["p_value"] < 0.05 else "not significant at 5%"
