@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from gradstat.analysis.consistency import ConsistencyParams, consistency
+from gradstat.analysis.selection import Selection
 from gradstat.cli.noise import STEPS_SHOWN
 from gradstat.cli.options import (
     DPI,
-    RATIOS,
-    SEED,
     Capture,
     Csv,
     Detail,
@@ -28,9 +28,14 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show
+from gradstat.defaults import ratios_text
+from gradstat.store import open_capture
 
 #: Learners up to which the cosine matrix is part of the default output.
 MATRIX_SHOWN = 8
+#: The defaults are the analysis's, declared once in its parameters.
+DEFAULT = ConsistencyParams()
+RATIOS = ratios_text(DEFAULT.ratios)
 
 
 def consistency_command(
@@ -40,7 +45,7 @@ def consistency_command(
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
-    seed: Seed = SEED,
+    seed: Seed = DEFAULT.seed,
     as_json: Json = False,
     csv: Csv = None,
     detail: Detail = False,
@@ -60,10 +65,6 @@ def consistency_command(
 
     Example: gradstat consistency captures/lm --compressors topk --plot consistency.png
     """
-    from gradstat.analysis.consistency import ConsistencyParams, consistency
-    from gradstat.analysis.selection import Selection
-    from gradstat.store import open_capture
-
     with open_capture(capture) as cap:
         note_sample(cap)
         result = consistency(

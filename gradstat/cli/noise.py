@@ -8,10 +8,10 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from gradstat.analysis.noise import NoiseParams, noise
+from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     DPI,
-    RATIOS,
-    SEED,
     Capture,
     Csv,
     Detail,
@@ -32,6 +32,8 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show
+from gradstat.defaults import ratios_text
+from gradstat.store import open_capture
 
 Window = Annotated[
     int,
@@ -56,6 +58,9 @@ Confidence = Annotated[
 ]
 #: Steps of a per-step table shown in the summary before it moves to --detail.
 STEPS_SHOWN = 12
+#: The defaults are the analysis's, declared once in its parameters.
+DEFAULT = NoiseParams()
+RATIOS = ratios_text(DEFAULT.ratios)
 
 
 def noise_command(
@@ -66,10 +71,10 @@ def noise_command(
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
-    window: Window = 10,
-    resamples: Resamples = 1000,
-    confidence: Confidence = 0.95,
-    seed: Seed = SEED,
+    window: Window = DEFAULT.window,
+    resamples: Resamples = DEFAULT.resamples,
+    confidence: Confidence = DEFAULT.confidence,
+    seed: Seed = DEFAULT.seed,
     as_json: Json = False,
     csv: Csv = None,
     detail: Detail = False,
@@ -90,10 +95,6 @@ def noise_command(
 
     Example: gradstat noise captures/lm --compressors topk,fp16 --plot noise.png
     """
-    from gradstat.analysis.noise import NoiseParams, noise
-    from gradstat.analysis.selection import Selection
-    from gradstat.store import open_capture
-
     params = NoiseParams(batch_size, compressors, ratios, window, resamples, confidence, seed)
     with open_capture(capture) as cap:
         note_sample(cap)
@@ -139,14 +140,13 @@ def noise_result(steps: pd.DataFrame, compressors: pd.DataFrame) -> Result:
 
 
 def _summary_view(summary: pd.DataFrame) -> View:
+    steps, n, b = (int(summary[c].max()) for c in ("steps", "learners", "batch_size"))
     return View(
-        "noise scale over steps: B_simple = mean tr(Sigma) / mean |G|^2",
+        f"noise scale over {steps} steps ({n} learners x batch {b}): B_simple = mean "
+        "tr(Sigma) / mean |G|^2",
         summary,
         {
             "scope": "scope",
-            "steps": "steps",
-            "learners": "n",
-            "batch_size": "b",
             "g2": "|G|^2",
             "trace": "tr(Sigma)",
             "b_simple": "B_simple",
