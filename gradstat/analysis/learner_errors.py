@@ -133,10 +133,11 @@ def learner_errors(
         for j, learner in enumerate(learners):
             g = torch.from_numpy(read_block(cap, step, learner, sc, 0, sc.numel, row)).to(device)
             require_finite(step, g, [learner], what)
+            norm2 = float(g.double().square().sum())
             for i in mine:
-                difference = compressed(schemes[i], j, g, sc.name).to(g.device) - g
+                difference = compressed(schemes[i], j, g.clone(), sc.name).to(g.device) - g
                 errors[i, j] = float(difference.double().square().sum())
-                norms2[i, j] = float(g.double().square().sum())
+                norms2[i, j] = norm2
     return [
         {
             "scope": scopes[c.scope].name,
