@@ -155,13 +155,19 @@ class GradientCapture:
         if self.rank == 0:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
-            kind = "fsdp2" if self._units else "ddp"
-            metadata = capture_metadata(
-                kind, process_group, meta, every, start, layers, compression, batch_size
-            )
-            ranks = self.recorded_ranks
-            write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
+            settings = (every, start, layers, compression, batch_size)
+            self._write_root(meta, settings, dtype, run_id)
         self.writer = self._start_writer(dtype, max_queue, compression, run_id) if records else None
+
+    def _write_root(
+        self, meta: Mapping[str, Any] | None, settings: tuple, dtype: str, run_id: str
+    ) -> None:
+        """Rank 0's ``capture.h5``: the layer table and the metadata of ``settings``
+        (every, start, layers, compression, batch_size) and ``meta``."""
+        kind = "fsdp2" if self._units else "ddp"
+        metadata = capture_metadata(kind, self.process_group, meta, *settings)
+        ranks = self.recorded_ranks
+        write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
 
     def _start_writer(
         self, dtype: str, max_queue: int, compression: str, run_id: str

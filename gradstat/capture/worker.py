@@ -108,20 +108,26 @@ def train(args: argparse.Namespace) -> None:
         loss_value = loss.item()
         capture.step(first + i, loss_value)
         if reporter:
-            report = {
-                "step": i + 1,
-                "loss": loss_value,
-                "bytes": capture.bytes_written,
-                "rows": capture.rows_written,
-                "elapsed": time.perf_counter() - started,
-            }
-            emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))
+            _report(i + 1, loss_value, capture, time.perf_counter() - started)
     if args.save:
         following = first + args.warmup + args.steps
         checkpoint.save(args.save, workload.model, optimizer, following, run_identity(args, world))
     capture.close()
     dist.destroy_process_group()
     exit_without_teardown()
+
+
+def _report(done: int, loss: float, capture: GradientCapture, elapsed: float) -> None:
+    """The progress line the launcher follows: steps of this run done, the last loss,
+    what the capture wrote so far, seconds since training started."""
+    report = {
+        "step": done,
+        "loss": loss,
+        "bytes": capture.bytes_written,
+        "rows": capture.rows_written,
+        "elapsed": elapsed,
+    }
+    emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))
 
 
 def _parallel_model(

@@ -26,34 +26,43 @@ def plot_consistency(steps: pd.DataFrame, pairs: pd.DataFrame) -> Figure:
     scopes = steps["scope"].nunique()
     where = f"scope {steps['scope'].iloc[0]}" if scopes == 1 else f"mean of {scopes} scopes"
     per_step = steps.groupby("step", sort=True).mean(numeric_only=True).reset_index()
-    _heatmap(heat, pairs)
-    cosine.plot(
-        per_step["step"], per_step["cosine_mean"], marker="o", markersize=3, label="mean over pairs"
-    )
-    cosine.plot(
-        per_step["step"],
-        per_step["cosine_min"],
-        marker="v",
-        markersize=3,
-        linestyle="--",
-        label="lowest pair",
-    )
-    cosine.axhline(0.0, color="0.6", linewidth=0.8)
-    cosine.set_ylabel("cosine of two learners' gradients")
-    cosine.set_title("pairwise cosine per step")
-    cosine.legend(fontsize="small", frameon=False)
-    spread.plot(
-        per_step["step"], per_step["norm_cv"], marker="o", markersize=3, label="gradient norms"
-    )
-    if per_step["loss_cv"].notna().any():
-        spread.plot(per_step["step"], per_step["loss_cv"], marker="s", markersize=3, label="losses")
-    spread.yaxis.set_major_formatter(PercentFormatter(1.0))
-    spread.set_ylim(bottom=0)
-    spread.set_ylabel("coefficient of variation over learners")
-    spread.set_title("dispersion across learners per step")
-    spread.legend(fontsize="small", frameon=False)
     n = int(steps["learners"].iloc[0])
-    diversity.plot(
+    _heatmap(heat, pairs)
+    _cosines(cosine, per_step)
+    _dispersions(spread, per_step)
+    _diversity(diversity, per_step, n)
+    for ax in (cosine, spread, diversity):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("training step")
+        ax.legend(fontsize="small", frameon=False)
+    fig.suptitle(f"learner consistency, {n} learners, {where}", fontsize="medium")
+    return fig
+
+
+def _cosines(ax, per_step: pd.DataFrame) -> None:
+    steps = per_step["step"]
+    ax.plot(steps, per_step["cosine_mean"], marker="o", markersize=3, label="mean over pairs")
+    ax.plot(
+        steps, per_step["cosine_min"], marker="v", markersize=3, linestyle="--", label="lowest pair"
+    )
+    ax.axhline(0.0, color="0.6", linewidth=0.8)
+    ax.set_ylabel("cosine of two learners' gradients")
+    ax.set_title("pairwise cosine per step")
+
+
+def _dispersions(ax, per_step: pd.DataFrame) -> None:
+    steps = per_step["step"]
+    ax.plot(steps, per_step["norm_cv"], marker="o", markersize=3, label="gradient norms")
+    if per_step["loss_cv"].notna().any():
+        ax.plot(steps, per_step["loss_cv"], marker="s", markersize=3, label="losses")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("coefficient of variation over learners")
+    ax.set_title("dispersion across learners per step")
+
+
+def _diversity(ax, per_step: pd.DataFrame, n: int) -> None:
+    ax.plot(
         per_step["step"],
         per_step["diversity"],
         marker="o",
@@ -61,25 +70,12 @@ def plot_consistency(steps: pd.DataFrame, pairs: pd.DataFrame) -> Figure:
         color="C3",
         label="diversity",
     )
-    diversity.axhline(
-        1 / n,
-        color="0.3",
-        linestyle=":",
-        linewidth=1.0,
-        label=f"identical learners (1/n = {1 / n:.3g})",
-    )
-    diversity.axhline(
-        1.0, color="0.3", linestyle="--", linewidth=1.0, label="orthogonal learners (1)"
-    )
-    diversity.set_ylim(bottom=0)
-    diversity.set_ylabel("Σ||g_i||² / ||Σ g_i||²")
-    diversity.set_title("gradient diversity per step")
-    diversity.legend(fontsize="small", frameon=False)
-    for ax in (cosine, spread, diversity):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("training step")
-    fig.suptitle(f"learner consistency, {n} learners, {where}", fontsize="medium")
-    return fig
+    label = f"identical learners (1/n = {1 / n:.3g})"
+    ax.axhline(1 / n, color="0.3", linestyle=":", linewidth=1.0, label=label)
+    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0, label="orthogonal learners (1)")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("Σ||g_i||² / ||Σ g_i||²")
+    ax.set_title("gradient diversity per step")
 
 
 def _heatmap(ax, pairs: pd.DataFrame) -> None:

@@ -49,48 +49,15 @@ def plot_noise(steps: pd.DataFrame, compressors: pd.DataFrame | None = None) -> 
 
 
 def _over_steps(ax, steps: pd.DataFrame) -> None:
-    """B_simple per step with its interval, the moving average and the overall ratio;
-    an interval without an upper end is an arrow to the top, a step whose |G|^2
-    estimate is not positive (B_simple infinite) a cross at the top edge."""
+    """B_simple per step with its interval, the moving average, the overall ratio and
+    the learners' combined batch."""
     summary = noise_summary(steps).iloc[0]
-    finite = steps[np.isfinite(steps["b_simple"]) & (steps["b_simple"] > 0)]
-    bounded = np.isfinite(finite["ci_high"])
-    has_interval = not finite["ci_low"].isna().all()
-    ax.errorbar(
-        finite["step"],
-        finite["b_simple"],
-        yerr=[
-            (finite["b_simple"] - finite["ci_low"]).clip(lower=0),
-            (finite["ci_high"] - finite["b_simple"]).where(bounded, 0).clip(lower=0),
-        ]
-        if has_interval
-        else None,
-        fmt="o",
-        markersize=3.5,
-        capsize=2.5,
-        color="C0",
-        label="B_simple of a step" + (", 95% interval over learners" if has_interval else ""),
-    )
-    for x, y in zip(
-        finite["step"][~bounded & has_interval], finite["b_simple"][~bounded], strict=False
-    ):
-        ax.annotate(
-            "",
-            xy=(x, 1.0),
-            xycoords=("data", "axes fraction"),
-            xytext=(x, y),
-            textcoords="data",
-            arrowprops={"arrowstyle": "->", "color": "C0", "linewidth": 1.0},
-        )
-    if has_interval and not bounded.all():
+    measured = np.isfinite(steps["b_simple"]) & (steps["b_simple"] > 0)
+    _steps_with_intervals(ax, steps[measured])
+    if not measured.all():  # |G|^2 <= 0: a cross at the top edge
         ax.plot(
-            [], [], color="C0", marker="^", linewidth=1.0, label="interval without an upper end"
-        )
-    unmeasured = steps[~steps["step"].isin(finite["step"])]
-    if len(unmeasured):
-        ax.plot(
-            unmeasured["step"],
-            np.full(len(unmeasured), 0.97),
+            steps["step"][~measured],
+            np.full(int((~measured).sum()), 0.97),
             "x",
             color="C3",
             transform=ax.get_xaxis_transform(),
@@ -101,29 +68,50 @@ def _over_steps(ax, steps: pd.DataFrame) -> None:
         average["step"], average["b_simple_avg"], color="C1", linewidth=1.8, label="moving average"
     )
     if np.isfinite(summary["b_simple"]):
-        ax.axhline(
-            summary["b_simple"],
-            color="0.3",
-            linestyle="--",
-            linewidth=1.0,
-            label=f"over all steps: {summary['b_simple']:.3g}",
-        )
-    together = int(summary["learners"]) * int(summary["batch_size"])
-    ax.axhline(
-        together,
-        color="C2",
-        linestyle=":",
-        linewidth=1.4,
-        label=f"all learners' batch n b = {together}",
-    )
+        label = f"over all steps: {summary['b_simple']:.3g}"
+        ax.axhline(summary["b_simple"], color="0.3", linestyle="--", linewidth=1.0, label=label)
+    n, b = int(summary["learners"]), int(summary["batch_size"])
+    label = f"all learners' batch n b = {n * b}"
+    ax.axhline(n * b, color="C2", linestyle=":", linewidth=1.4, label=label)
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
     ax.set_ylabel("B_simple = tr(Σ) / |G|² (samples)")
-    ax.set_title(
-        f"gradient noise scale: {int(summary['learners'])} learners x batch "
-        f"{int(summary['batch_size'])}, scope {steps['scope'].iloc[0]}"
+    ax.set_title(f"gradient noise scale: {n} learners x batch {b}, scope {steps['scope'].iloc[0]}")
+
+
+def _steps_with_intervals(ax, finite: pd.DataFrame) -> None:
+    """The steps' B_simple with their intervals; one without an upper end is an arrow
+    to the top of the axes."""
+    bounded = np.isfinite(finite["ci_high"])
+    has_interval = not finite["ci_low"].isna().all()
+    errors = None
+    if has_interval:
+        low = (finite["b_simple"] - finite["ci_low"]).clip(lower=0)
+        errors = [low, (finite["ci_high"] - finite["b_simple"]).where(bounded, 0).clip(lower=0)]
+    label = "B_simple of a step" + (", 95% interval over learners" if has_interval else "")
+    ax.errorbar(
+        finite["step"],
+        finite["b_simple"],
+        yerr=errors,
+        fmt="o",
+        markersize=3.5,
+        capsize=2.5,
+        color="C0",
+        label=label,
     )
+    if not has_interval or bounded.all():
+        return
+    for x, y in zip(finite["step"][~bounded], finite["b_simple"][~bounded], strict=True):
+        ax.annotate(
+            "",
+            xy=(x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(x, y),
+            textcoords="data",
+            arrowprops={"arrowstyle": "->", "color": "C0", "linewidth": 1.0},
+        )
+    ax.plot([], [], color="C0", marker="^", linewidth=1.0, label="interval without an upper end")
 
 
 def _scope_axis(ax, names: list[str]) -> None:
