@@ -17,10 +17,11 @@ The interval is a bootstrap over learners: resampled learners with multiplicitie
 ``|G|^2*`` = the w-weighted mean of ``g_i . g_j`` over pairs of distinct learners and the
 matching weighted mean of squared norms (``B* >= 0`` always); its percentiles are those
 of Hesterberg's expanded percentile interval (2015, "What teachers should know about the
-bootstrap", section 4.2: levels widened so that ``z = sqrt(n / (n - 1)) t_(n-1)``), which
-held the truth in 93.5-96% of synthetic draws at 8-32 learners where plain percentiles held
-it in 90.5-93.5% (benchmarks/noise_interval.py, docs/noise.md). Under ``MIN_INTERVAL_LEARNERS`` learners there are too few
-distinct resamples and the interval is left out. Over steps, ``b_simple_avg`` is the
+bootstrap", section 4.2: levels widened so that ``z = sqrt(n / (n - 1)) t_(n-1)``),
+which held the truth in 93.5-96% of synthetic draws at 8-32 learners where plain
+percentiles held it in 90.5-93.5% (benchmarks/noise_interval.py, docs/noise.md). Under
+``MIN_INTERVAL_LEARNERS`` learners there are too few distinct resamples and the interval
+is left out. Over steps, ``b_simple_avg`` is the
 paper's ratio of moving averages: the sums of ``trace`` and of ``g2`` over the last
 ``window`` selected steps.
 
