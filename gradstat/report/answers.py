@@ -125,7 +125,7 @@ def replay_answer(summary: pd.DataFrame) -> list[str]:
 
 
 def _samples(value: float) -> str:
-    return "infinite (no measurable signal)" if math.isinf(value) else f"{value:.3g} samples"
+    return "infinite" if math.isinf(value) else f"{value:.3g} samples"
 
 
 def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None) -> list[str]:
@@ -135,13 +135,21 @@ def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None)
     if len(summary) > 1:
         order = summary.sort_values("b_simple")
         low, high = order.iloc[0], order.iloc[-1]
+        unmeasured = int(np.isinf(summary["b_simple"]).sum())
         lines.append(
             f"B_simple over {len(summary)} scopes ranges from {_samples(low['b_simple'])} "
-            f"({low['scope']}) to {_samples(high['b_simple'])} ({high['scope']})."
+            f"({low['scope']}) to {_samples(high['b_simple'])} ({high['scope']})"
+            + (f"; {unmeasured} scope(s) measured no signal (|G|^2 <= 0)." if unmeasured else ".")
         )
     else:
         row = summary.iloc[0]
         n, b = int(row["learners"]), int(row["batch_size"])
+        if np.isinf(row["b_simple"]):
+            return [
+                f"B_simple is infinite: the mean |G|^2 over {int(row['steps'])} steps is not "
+                f"positive, so {n} learners measure no signal in the noise.",
+                *_noise_lines(compressors),
+            ]
         text = (
             f"B_simple = {_samples(row['b_simple'])} (mean tr(Sigma) / mean |G|^2 over "
             f"{int(row['steps'])} steps; per step median {row['step_median']:.3g}"
@@ -160,15 +168,37 @@ def noise_answer(summary: pd.DataFrame, compressors: pd.DataFrame | None = None)
                 f"scale as 1 + B_simple / B (McCandlish et al.), so twice the learners would "
                 f"need {cut:.0%} fewer steps."
             )
+    return lines + _noise_lines(compressors)
+
+
+def _noise_lines(compressors: pd.DataFrame | None) -> list[str]:
+    """Each compressor's error against the noise: one line per compressor and ratio."""
+    lines: list[str] = []
     compressors = compressors if compressors is not None else pd.DataFrame()
-    scoped = len(compressors) and compressors["scope"].nunique() > 1
+    if len(compressors) and compressors["scope"].nunique() > 1:
+        return _noise_per_scope(compressors)
     for row in compressors.to_dict("records"):
         ratio = row["noise_ratio"]
         verdict = "within" if ratio < 1 else "above"
-        where = f" ({row['scope']})" if scoped else ""
         lines.append(
-            f"{_label(row)}{where}: error {ratio:.3g}x the sampling noise, {verdict} it "
-            f"on average ({row['within_noise']:.0%} of steps within)."
+            f"{_label(row)}: error {ratio:.3g}x the sampling noise, {verdict} it on "
+            f"average ({row['within_noise']:.0%} of steps within)."
+        )
+    return lines
+
+
+def _noise_per_scope(compressors: pd.DataFrame) -> list[str]:
+    """One line per compressor and ratio over several scopes: in how many its error is
+    within the noise on average, and the range of its noise ratios."""
+    lines = []
+    keys = ["compressor", "ratio"]
+    for _, group in compressors.groupby(keys, sort=False, dropna=False):
+        row = group.iloc[0].to_dict()
+        within = int((group["noise_ratio"] < 1).sum())
+        low, high = group["noise_ratio"].min(), group["noise_ratio"].max()
+        lines.append(
+            f"{_label(row)}: error within the sampling noise on average in {within} of "
+            f"{len(group)} scopes (error / noise {low:.3g} to {high:.3g})."
         )
     return lines
 
