@@ -7,15 +7,16 @@ of it (docs/methods.md 8): the learners' squared norms (its diagonal), their cos
 ``||mean_i g_i||^2 = 1^T G 1 / n^2``, and the same of any resample of the learners with
 weights w: ``w^T G w / n^2``.
 
-One pass over the rows: the scopes' columns are cut into blocks of at most
-:func:`block_width` columns; for each block every learner's columns are read (checked
+One pass over the rows: the scopes' columns are cut into blocks at the multiples of
+:func:`block_width` columns (a multiple of the capture's checksum block, so each read
+checks each value once); for each block every learner's columns are read (checked
 against their CRC-32C) into one ``[n, width]`` float32 buffer while a reading thread
 fills a second buffer with the next block. A block's Gram is the sum of float32 matrix
-products over ``CHUNK`` columns, each added to a float64 sum on the compute device: the
-products of float32 values are exact in float64, so the only rounding is float32's over
-``CHUNK`` terms (relative error about 1e-7 of ``sum |g_a g_b|``; docs/noise.md,
-Precision), and the float64 matmul this replaces cost 3x the read (measured: docs/noise.md).
-Memory: two ``[n, width]`` float32 buffers, whatever the row length.
+products over ``CHUNK`` columns (one batched product per block piece), each added in
+float64 on the compute device: the products of float32 values are exact in float64, so
+the only rounding is float32's over ``CHUNK`` terms (relative error about 5e-9 of
+``sum |g_a g_b|``; docs/noise.md, Precision). Memory: two ``[n, width]`` float32
+buffers, whatever the row length.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from gradstat.store import Capture, Scope
 
 #: Columns per float32 matrix product: float32 accumulates this many terms, float64 the rest.
 CHUNK = 1 << 11
-#: Most columns read per learner and block: one HDF5 chunk of a float32 row (1 MiB).
-READ_BLOCK = 1 << 18
+#: Columns read per learner and block, about (rounded to the capture's checksum block):
+#: 4 MiB of float32, so that a step's reads are few and the first, which nothing
+#: overlaps, is a small part of them.
+READ_BLOCK = 1 << 20
 #: Fewest columns per block, whatever the memory budget (below this the per-block costs
 #: dominate).
 MIN_BLOCK = 1 << 12
@@ -62,17 +65,23 @@ def require_learners(selection: Selection, what: str) -> None:
         )
 
 
-def block_width(learners: int, compute: Compute) -> int:
-    """Columns per block: ``READ_BLOCK``, or fewer where two ``[learners, width]`` float32
-    buffers would exceed the compute's memory budget (at least ``MIN_BLOCK``)."""
-    fits = compute.memory_bytes() // (2 * 4 * learners)
-    return int(max(MIN_BLOCK, min(READ_BLOCK, fits)))
+def block_width(cap: Capture, learners: int, compute: Compute) -> int:
+    """Columns per block: about ``READ_BLOCK``, a multiple of ``cap.check_columns``;
+    fewer where two ``[learners, width]`` float32 buffers would exceed the compute's
+    memory budget (then a multiple of the checksum block if one fits, at least
+    ``MIN_BLOCK``)."""
+    unit = cap.check_columns
+    wanted = max(unit, READ_BLOCK // unit * unit)
+    fits = max(MIN_BLOCK, compute.memory_bytes() // (2 * 4 * learners))
+    if wanted <= fits:
+        return wanted
+    return fits // unit * unit if fits >= unit else fits
 
 
 def plan_blocks(scopes: Sequence[Scope], width: int) -> list[Block]:
-    """The blocks of at most ``width`` contiguous columns that cover every scope's
-    slices once, in file order (scopes of one selection never overlap); a gap between
-    slices (a regex scope) is never read."""
+    """The blocks that cover every scope's slices once, in file order, cut at the
+    multiples of ``width`` flat columns and where the slices leave a gap (a regex scope:
+    the gap is never read); scopes of one selection never overlap."""
     pieces = sorted(
         (offset, offset + numel, k) for k, sc in enumerate(scopes) for offset, numel in sc.slices
     )
@@ -87,10 +96,9 @@ def plan_blocks(scopes: Sequence[Scope], width: int) -> list[Block]:
 
     for lo, hi, k in pieces:
         while lo < hi:
-            if current and (current[-1][1] != lo or lo - current[0][0] >= width):
+            if current and (current[-1][1] != lo or lo % width == 0):
                 close()
-            start = current[0][0] if current else lo
-            cut = min(hi, start + width)
+            cut = min(hi, (lo // width + 1) * width)
             current.append((lo, cut, k))
             lo = cut
     if current:
@@ -121,7 +129,7 @@ def step_grams(
     the analysis, for the message)."""
     n = len(learners)
     device = compute.torch_device()
-    blocks = plan_blocks(scopes, block_width(n, compute))
+    blocks = plan_blocks(scopes, block_width(cap, n, compute))
     sums = torch.zeros(len(scopes), n, n, dtype=torch.float64, device=device)
     width = max(b.stop - b.start for b in blocks)
     buffers = [np.empty((n, width), dtype=np.float32) for _ in range(2)]
@@ -146,15 +154,28 @@ def _add_block(
     learners: Sequence[int],
     what: str,
 ) -> None:
-    """Add the Gram of each piece of ``x [n, width]`` to its scope's float64 sum, in
-    float32 products of at most ``CHUNK`` columns."""
+    """Add the Gram of each piece of ``x [n, width]`` to its scope's float64 sum."""
     for k, lo, hi in block.pieces:
-        for start in range(lo, hi, CHUNK):
-            part = x[:, start : min(hi, start + CHUNK)]
-            product = part @ part.T
-            if not bool(torch.isfinite(product.diagonal()).all()):
-                _refuse(part, step, learners, what)
-            sums[k] += product.double()
+        part = x[:, lo:hi]
+        products = chunk_products(part)
+        if not bool(torch.isfinite(products.diagonal(dim1=1, dim2=2)).all()):
+            _refuse(part, step, learners, what)
+        sums[k] += products.double().sum(dim=0)
+
+
+def chunk_products(x: torch.Tensor) -> torch.Tensor:
+    """``[chunks, n, n]`` float32: the Gram of each run of ``CHUNK`` columns of ``x
+    [n, w]`` (the last run shorter), one batched product over a strided view (no copy)."""
+    w = x.shape[1]
+    whole = w - w % CHUNK
+    products = []
+    if whole:
+        runs = x[:, :whole].unflatten(1, (whole // CHUNK, CHUNK)).transpose(0, 1)
+        products.append(torch.bmm(runs, runs.transpose(1, 2)))
+    if whole < w:
+        rest = x[:, whole:]
+        products.append((rest @ rest.T)[None])
+    return products[0] if len(products) == 1 else torch.cat(products)
 
 
 def _refuse(part: torch.Tensor, step: int, learners: Sequence[int], what: str) -> None:

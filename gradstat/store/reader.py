@@ -259,6 +259,20 @@ class Capture:
             raise DataError(f"{self.root_path}: batch_size {value!r} is not a positive integer")
         return int(value)
 
+    @property
+    def check_columns(self) -> int:
+        """Columns each checksum of a row covers (schema 3: one HDF5 chunk; schema 2: the
+        whole row; schema 1, unchecked: the chunk). Reads of column ranges whose ends
+        are multiples of it check each value once; a range cut inside a checked block
+        reads that block whole (gradstat/store/rows.py)."""
+        if not self.recorded_ranks:
+            return self.numel
+        source = self._source(0, "grad")
+        if self.schema >= 2:
+            return source.block
+        chunks = source.dataset.chunks
+        return int(chunks[1]) if chunks else self.numel
+
     def scopes(self, spec: str = "model") -> list[Scope]:
         return resolve_scopes(self.layers, spec)
 
