@@ -12,8 +12,9 @@
 #   bash scripts/findings.sh --trained  # trained states (docs/findings.md, "At trained
 #                                       # states"): charlm and digits trained in chunks of
 #                                       # CHUNK steps (--save / --resume) until a chunk's
-#                                       # mean loss improves by less than FLAT (2%), or for
-#                                       # BUDGET seconds; then every analysis and noise and
+#                                       # mean loss improves by less than FLAT (2%) of the
+#                                       # first chunk's, or for BUDGET seconds; then every
+#                                       # analysis and noise and
 #                                       # consistency on 20 recorded steps there, and on 20
 #                                       # steps from initialisation beside them
 #   WORKLOADS="resnet50 gpt2 lstm" BUDGET=3600 bash scripts/findings.sh --trained
@@ -131,7 +132,7 @@ mean_loss() {
 
 # train: chunks of CHUNK steps with --save/--resume until the loss flattens or BUDGET runs out
 train() {
-  local ckpt=$DIR/state.pt chunk=0 trained=0 before="" start=$SECONDS loss every
+  local ckpt=$DIR/state.pt chunk=0 trained=0 before="" first="" start=$SECONDS loss every
   every=$((CHUNK / ROWS))
   printf 'chunk\tsteps trained\tmean loss of its %s recorded steps\tseconds\n' "$ROWS" \
     > "$DIR/training.txt"
@@ -148,8 +149,11 @@ train() {
     loss=$(mean_loss "$part")
     printf '%s\t%s\t%s\t%s\n' $chunk $trained "$loss" $((SECONDS - start)) | tee -a "$DIR/training.txt"
     rm -rf "$part"
-    if [[ -n "$before" ]] && "$PYTHON" -c "import sys; sys.exit(0 if (float('$before') - float('$loss')) / float('$before') < $FLAT else 1)"; then
-      echo "loss flat: $before -> $loss over the last $CHUNK steps" | tee -a "$DIR/training.txt"
+    # flat: the last chunk gained less than FLAT of the first chunk's loss (a relative
+    # rule would never stop a loss that falls towards 0 by halves)
+    if [[ -n "$before" ]] && "$PYTHON" -c "import sys; sys.exit(0 if float('$before') - float('$loss') < $FLAT * float('$first') else 1)"; then
+      echo "loss flat: $before -> $loss over the last $CHUNK steps (first chunk: $first)" \
+        | tee -a "$DIR/training.txt"
       break
     fi
     if ((SECONDS - start >= BUDGET)); then
@@ -157,6 +161,7 @@ train() {
       break
     fi
     before=$loss
+    first=${first:-$loss}
   done
 }
 
