@@ -210,3 +210,24 @@ def test_non_finite_gradients_are_an_error_naming_step_and_learner(tmp_path, cap
         )
         assert_clean_error(result, 1)
         assert "step 1, learner 2: 1 NaN/Inf" in result.stderr
+
+
+def test_a_layer_without_gradient_has_no_noise_scale_and_no_numpy_warning(tmp_path):
+    """A frozen or unused layer (every learner's gradient 0): NaN, not inf, not a warning."""
+    rng = np.random.default_rng(6)
+    grads = rng.standard_normal((4, 2, 30)).astype(np.float32)
+    grads[:, :, 20:] = 0
+    layers = layer_table([("used", (20,)), ("unused", (10,))])
+    path = write_capture(tmp_path / "zero", grads, layers, meta={"batch_size": 4})
+    import warnings
+
+    from gradstat.analysis.consistency import consistency
+
+    with open_capture(path) as cap, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        steps = noise(cap, Selection.of(cap, scope="layers")).steps
+        agree = consistency(cap, Selection.of(cap, scope="layers")).steps
+    unused = steps[steps["scope"] == "unused"]
+    assert unused[["b_simple", "ci_low", "ci_high"]].isna().all().all()
+    assert agree[agree["scope"] == "unused"][["cosine_mean", "diversity"]].isna().all().all()
+    assert steps[steps["scope"] == "used"]["b_simple"].notna().all()

@@ -154,7 +154,9 @@ def agreement(gram: np.ndarray, losses: np.ndarray) -> dict:
     n = len(gram)
     upper = cosines(gram)[np.triu_indices(n, k=1)]
     norms = np.sqrt(np.diag(gram))
-    total = float(gram.sum())
+    total, squares = float(gram.sum()), float(np.trace(gram))
+    # learners whose gradients cancel: infinite; all zero: undefined
+    diversity = squares / total if total > 0 else (math.inf if squares > 0 else math.nan)
     return {
         "learners": n,
         "cosine_mean": float(upper.mean()),
@@ -163,7 +165,7 @@ def agreement(gram: np.ndarray, losses: np.ndarray) -> dict:
         "norm_cv": _cv(norms),
         "loss_mean": float(np.mean(losses)),
         "loss_cv": _cv(losses),
-        "diversity": float(np.trace(gram)) / total if total > 0 else math.inf,
+        "diversity": diversity,
     }
 
 

@@ -10,7 +10,7 @@ learners of per-learner batch b, ``|G_small|^2 = mean_i ||g_i||^2`` (batch b) an
   unbiased ``E ||g_i - G||^2``, the sampling noise of one learner's gradient (``noise`` =
   ``trace / b``);
 * ``B_simple = tr(Sigma) / |G|^2`` (``b_simple``; infinite where ``|G|^2 <= 0``: the
-  signal is below what n learners can measure).
+  signal is below what n learners can measure; NaN where every gradient is zero).
 
 All from each step's Gram matrix of the learners' rows (:mod:`gradstat.analysis.gram`).
 The interval is a bootstrap over learners: resampled learners with multiplicities w give
@@ -211,7 +211,7 @@ def noise_scale(gram: np.ndarray, b: int) -> dict:
         "g2": g2,
         "trace": b * noise,
         "noise": noise,
-        "b_simple": b * noise / g2 if g2 > 0 else math.inf,
+        "b_simple": b * noise / g2 if g2 > 0 else (math.inf if small > 0 else math.nan),
     }
 
 
@@ -221,14 +221,14 @@ def interval(
     """The expanded percentile bootstrap interval of B_simple over learners (module
     docstring); NaNs under ``MIN_INTERVAL_LEARNERS`` learners."""
     n = len(gram)
-    if n < MIN_INTERVAL_LEARNERS:
+    if n < MIN_INTERVAL_LEARNERS or not np.trace(gram) > 0:
         return math.nan, math.nan
     counts = rng.multinomial(n, np.full(n, 1.0 / n), size=params.resamples).astype(np.float64)
     diag = np.diag(gram)
     pairs = n * n - (counts**2).sum(axis=1)  # weight of pairs of distinct learners
     cross = ((counts @ gram) * counts).sum(axis=1) - (counts**2) @ diag
     norms = (counts * (n - counts)) @ diag  # the squared norms, weighted alike
-    kept = pairs > 0
+    kept = (pairs > 0) & (norms > 0)  # pairs of distinct learners, not all zero
     share = cross[kept] / norms[kept]  # |G|^2* / mean ||g_i||^2*, at most 1
     z = math.sqrt(n / (n - 1)) * stats.t.ppf((1 + params.confidence) / 2, n - 1)
     tail = float(stats.norm.sf(z))
