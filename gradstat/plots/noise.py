@@ -63,10 +63,8 @@ def _over_steps(ax, steps: pd.DataFrame) -> None:
             transform=ax.get_xaxis_transform(),
             label="|G|² estimate ≤ 0 (B_simple infinite)",
         )
-    average = steps[np.isfinite(steps["b_simple_avg"])]
-    ax.plot(
-        average["step"], average["b_simple_avg"], color="C1", linewidth=1.8, label="moving average"
-    )
+    average = steps["b_simple_avg"].where(np.isfinite(steps["b_simple_avg"]))  # inf: a gap
+    ax.plot(steps["step"], average, color="C1", linewidth=1.8, label="moving average")
     if np.isfinite(summary["b_simple"]):
         label = f"over all steps: {summary['b_simple']:.3g}"
         ax.axhline(summary["b_simple"], color="0.3", linestyle="--", linewidth=1.0, label=label)
