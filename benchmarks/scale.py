@@ -8,6 +8,8 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 * ``read``: every selected row once (``Capture.read_row`` into one buffer): the floor;
 * ``similarity`` (ratio 0.001), ``buildup`` (0.001) and ``overlap`` (0.001, lag 1) over
   every step and learner;
+* ``noise`` (batch size 32) and ``consistency`` over every step and learner: one pass
+  over the rows each (the learners' Gram matrix per step; target <= 1.5x the read);
 * ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at every step,
   against the read of those rows (time per row);
 * ``replay-topk`` and ``replay-dgc``: a replay of that compressor at ratio 0.001 with
@@ -150,7 +152,7 @@ if what == "touch":  # a replay's error-feedback memories: first touch in a fres
     memories.fill(0.0)
     print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": 0}))
     sys.exit(0)
-if what not in ("read", "read-one", "fit"):  # those never load numba
+if what not in ("read", "read-one", "fit", "noise", "consistency"):  # never load numba
     load_row_loops()  # numba's one-off start (~0.7 s a process), like the imports
 compute = Compute(device="cpu", jobs=1)
 with open_capture(path) as cap:
@@ -168,6 +170,12 @@ with open_capture(path) as cap:
         buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
     elif what == "overlap":
         temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
+    elif what == "noise":  # imported here: a --base tree may not have them
+        from gradstat.analysis.noise import NoiseParams, noise
+        noise(cap, Selection.of(cap), NoiseParams(batch_size=32), compute=compute)
+    elif what == "consistency":
+        from gradstat.analysis.consistency import consistency
+        consistency(cap, Selection.of(cap), compute=compute)
     elif what == "fit":
         selection = Selection.of(cap, steps, cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
@@ -369,7 +377,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-scale"))
     parser.add_argument(
         "--analyses",
-        default="similarity,buildup,overlap,fit,replay-topk,replay-dgc",
+        default="similarity,buildup,overlap,noise,consistency,fit,replay-topk,replay-dgc",
         help="comma-separated",
     )
     parser.add_argument("--busy", action="store_true", help="also time each with a CPU hog")

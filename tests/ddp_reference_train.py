@@ -67,6 +67,7 @@ def train(args: argparse.Namespace) -> None:
             hook=hook,
             hook_state=state,
             meta={"workload": "test"},
+            batch_size=16 * args.accumulate,  # what each learner's step averages over
             record_ranks=args.record_ranks,
             dtype=args.dtype,
         )

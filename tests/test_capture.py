@@ -67,6 +67,12 @@ def test_mean_of_recorded_gradients_is_the_allreduced_gradient(runs, workload):
         assert int(np.prod(layer["shape"])) == layer["numel"]
 
 
+def test_the_capture_records_the_batch_size_the_script_gave(runs):
+    for name, batch in (("digits", 16), ("accumulate", 48)):
+        with open_capture(runs / name) as cap:
+            assert cap.batch_size == batch and cap.describe()["batch_size"] == batch
+
+
 def test_fp16_hook_inside_capture_sees_the_uncompressed_local_gradient(runs):
     # .grad is the fp16 all-reduce: equal to our fp32 mean to fp16 precision only
     _check_mean_equals_allreduced(runs / "fp16", rtol=2e-3, atol=1e-4)

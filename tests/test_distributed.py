@@ -35,6 +35,8 @@ COMMANDS = {
     "similarity": ["--ratio", "0.05"],
     "buildup": ["--ratios", "0.05,0.1"],
     "overlap": ["--ratio", "0.05", "--lag", "2"],
+    "noise": ["--batch-size", "8", "--compressors", "topk", "--ratios", "0.05"],
+    "consistency": ["--compressors", "topk", "--ratios", "0.05"],
     "replay": ["--compressors", "topk,clt-k,gtopk,dgc,powersgd,fp16", "--ratios", "0.05"],
     # only fp16 fits the budget: the ranking does not hang on measured times; a built-in
     # target, since cpu-here's rates are measured (at each process's thread count)
@@ -135,7 +137,7 @@ def test_torchrun_m_gradstat_every_command(capsys, capture, command):
 
 #: --jobs 2 in make test: one command per kind of unit (rows, step pairs, configurations,
 #: overlap's lags in test_parallel.py); the others, whose units are those, in the slow set
-JOBS_SLOW = {"overlap", "recommend"}
+JOBS_SLOW = {"overlap", "recommend", "noise", "consistency"}
 
 
 @pytest.mark.parametrize(

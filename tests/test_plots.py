@@ -18,6 +18,8 @@ CASES = {
     "buildup": (["buildup", "--ratios", "0.05,0.01"], 1),
     "overlap": (["overlap", "--ratio", "0.05"], 1),
     "replay": (["replay", "--compressors", "topk,clt-k", "--ratios", "0.05"], 3),
+    "noise": (["noise", "--batch-size", "8", "--compressors", "topk", "--ratios", "0.05"], 2),
+    "consistency": (["consistency"], 5),  # the heatmap's colour bar counts
 }
 
 

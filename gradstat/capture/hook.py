@@ -109,6 +109,8 @@ class GradientCapture:
             ``gradstat.hooks.compression_hook``: then each learner's contribution after
             compression is recorded too, as the ``sent`` dataset (docs/online.md).
         meta: extra attributes for ``capture.h5`` (workload, command line, ...).
+        batch_size: each learner's batch per optimizer step (micro-batch times
+            accumulation steps), recorded for ``gradstat noise`` (docs/noise.md).
         max_queue: rows that may wait for the writer before training blocks.
     """
 
@@ -130,8 +132,9 @@ class GradientCapture:
         compression: str = "none",
         total_steps: int | None = None,
         max_bytes: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
-        check_settings(every, start, dtype, compression)
+        check_settings(every, start, dtype, compression, batch_size)
         self.every, self.start = every, start
         self.hook, self.hook_state = hook or allreduce_hook, hook_state
         self.process_group, self.out_dir = process_group, Path(out_dir)
@@ -155,13 +158,18 @@ class GradientCapture:
         if self.rank == 0:
             if total_steps is not None:
                 self._warn_over_budget(total_steps, dtype, max_bytes)
-            meta = {**self._units_meta, **(meta or {})}
-            metadata = capture_metadata(
-                self._kind, process_group, meta, every, start, layers, compression
-            )
-            ranks = self.recorded_ranks
-            write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
+            settings = (every, start, layers, compression, batch_size)
+            self._write_root({**self._units_meta, **(meta or {})}, settings, dtype, run_id)
         self.writer = self._start_writer(dtype, max_queue, compression, run_id) if records else None
+
+    def _write_root(
+        self, meta: Mapping[str, Any] | None, settings: tuple, dtype: str, run_id: str
+    ) -> None:
+        """Rank 0's ``capture.h5``: the layer table and the metadata of ``settings``
+        (every, start, layers, compression, batch_size) and ``meta``."""
+        metadata = capture_metadata(self._kind, self.process_group, meta, *settings)
+        ranks = self.recorded_ranks
+        write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
 
     def _start_writer(
         self, dtype: str, max_queue: int, compression: str, run_id: str

@@ -22,12 +22,19 @@ from gradstat.capture import fsdp
 from gradstat.errors import UsageError
 from gradstat.store.compression import check_compression
 from gradstat.store.dtypes import check_dtype
-from gradstat.store.schema import Layer, layer_table, new_run_id
+from gradstat.store.schema import BATCH_SIZE_ATTR, Layer, layer_table, new_run_id
 
 
-def check_settings(every: int, start: int, dtype: str | None, compression: str) -> None:
-    """A ``UsageError`` for a recording interval under 1, a negative first step, or an
-    unknown storage dtype (None: the default) or compression."""
+def check_settings(
+    every: int, start: int, dtype: str | None, compression: str, batch_size: int | None = None
+) -> None:
+    """A ``UsageError`` for a recording interval under 1, a negative first step, an
+    unknown storage dtype (None: the default) or compression, or a batch size that is not
+    a positive integer."""
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
+        raise UsageError(f"batch_size must be a positive integer, got {batch_size!r}")
     if every < 1:
         raise UsageError(f"every must be >= 1, got {every}")
     if start < 0:
@@ -132,10 +139,16 @@ def capture_metadata(
     start: int,
     layers: str | None,
     compression: str,
+    batch_size: int | None = None,
 ) -> dict:
     """The attributes of ``capture.h5``: how the run was recorded (``data_parallel``
     ``ddp`` or ``fsdp2``, the backend, ``every``, ``start``, the ``layers`` regex,
-    ``compression``), where and by what, then the caller's ``meta``, which wins."""
+    ``compression``, the per-learner ``batch_size`` when given), where and by what, then
+    the caller's ``meta``, which wins (a ``batch_size`` there must agree)."""
+    if batch_size is not None and (meta or {}).get(BATCH_SIZE_ATTR, batch_size) != batch_size:
+        raise UsageError(
+            f"batch_size={batch_size} but meta has batch_size={meta[BATCH_SIZE_ATTR]!r}"
+        )
     versions = {
         "torch": torch.__version__,
         "gradstat": __version__,
@@ -149,6 +162,7 @@ def capture_metadata(
         "start": start,
         "layers_regex": layers or "",
         "compression": compression,
+        **({} if batch_size is None else {BATCH_SIZE_ATTR: batch_size}),
         "hostname": socket.gethostname(),
         "command": " ".join(sys.argv),
         "versions": json.dumps(versions),

@@ -27,6 +27,7 @@ import torch
 
 from gradstat.atomic import free_text
 from gradstat.cancel import stopped_text
+from gradstat.capture import checkpoint
 from gradstat.capture.budget import CapturePlan, budget_problem, free_bytes
 from gradstat.capture.follow import CaptureLog, Follower, stop
 from gradstat.capture.hook_setup import select_named_parameters
@@ -81,6 +82,9 @@ class CaptureOptions:
     compression: str = "none"
     max_bytes: int | None = None
     fsdp: bool = False  # FSDP2 (fully_shard per block) instead of DDP
+    warmup_steps: int = 0  # steps trained unrecorded before the --steps recorded ones
+    save: Path | None = None  # a checkpoint written at the end (capture/checkpoint.py)
+    resume: Path | None = None  # a checkpoint to continue from
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     command: str = field(default_factory=lambda: " ".join(["gradstat", *sys.argv[1:]]))
 
@@ -120,6 +124,32 @@ class CaptureOptions:
                 raise UsageError(f"--layers {self.layers!r} is not a valid regex: {exc}") from None
         parse_ranks(self.record_ranks, self.world_size)
         dataset_filters(self.compression)  # a known name, with its plugin installed
+        self._check_checkpoints()
+
+    def _check_checkpoints(self) -> None:
+        """``--save`` and ``--resume``: DDP runs only (FSDP2 shards the state), no
+        compressor's memory to lose, a writable file, a checkpoint of this very run."""
+        if self.save is None and self.resume is None:
+            return
+        if self.fsdp:
+            raise UsageError("--save and --resume keep DDP runs' state; drop --fsdp")
+        if self.save is not None:
+            if self.compressor is not None:
+                raise UsageError(
+                    "--save keeps no compressor's error-feedback memory; train the "
+                    "checkpoint without --compressor (a resumed run may use one)"
+                )
+            checkpoint.check_save(self.save)
+        if self.resume is not None:
+            checkpoint.check_resume(self.resume, self.identity())
+
+    def identity(self) -> dict:
+        """What a checkpoint of this run shares with the run that resumes it."""
+        data = str(Path(self.data).resolve()) if self.data is not None else None
+        size = resolve_size(self.workload, self.size)
+        return checkpoint.run_identity(
+            self.workload, size, data, self.seed, self.batch_size, self.world_size
+        )
 
     def _check_counts(self) -> None:
         """The numbers: counts at least 1, a first step that is recorded, a node rank
@@ -146,6 +176,8 @@ class CaptureOptions:
             )
         if self.start < 0:
             raise UsageError(f"--start must be at least 0, got {self.start}")
+        if self.warmup_steps < 0:
+            raise UsageError(f"--warmup-steps must be at least 0, got {self.warmup_steps}")
         if self.start >= self.steps:
             raise UsageError(
                 f"--start {self.start} is past the last step ({self.steps - 1}): "
@@ -289,6 +321,9 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "record_ranks": options.record_ranks,
         "compression": options.compression,
         "fsdp": options.fsdp,
+        "warmup": options.warmup_steps,
+        "save": str(Path(options.save).resolve()) if options.save is not None else None,
+        "resume": str(Path(options.resume).resolve()) if options.resume is not None else None,
         "command": options.command,
     }
     argv += ["-m", "gradstat.capture.worker", "--config", json.dumps(config)]

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradstat.capture import checkpoint
 from gradstat.capture.hook import GradientCapture
-from gradstat.capture.workloads import build_workload, fully_shard_workload
+from gradstat.capture.workloads import build_workload, fully_shard_workload, resolve_size
 from gradstat.errors import GradstatError
 
 PROGRESS_PREFIX = "gradstat-progress "
@@ -89,10 +90,14 @@ def train(args: argparse.Namespace) -> None:
     workload = build_workload(args.workload, args.size, args.data)
     ddp = _parallel_model(args, workload.model.to(device), device, local_rank, world)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
-    capture = _capture(args, ddp, workload)
+    first = 0  # the training step this run starts at (a checkpoint's, with --resume)
+    if args.resume:
+        first = checkpoint.restore(args.resume, workload.model, optimizer, args.lr)
     batches = workload.batches(rank, world, args.batch_size, args.seed)
+    checkpoint.advance(batches, first)
+    capture = _capture(args, ddp, workload, first)
     started = time.perf_counter()
-    for step in range(args.steps):
+    for i in range(args.warmup + args.steps):
         inputs, targets = next(batches)
         loss = workload.loss(
             ddp(inputs.to(device, non_blocking=True)), targets.to(device, non_blocking=True)
@@ -101,19 +106,28 @@ def train(args: argparse.Namespace) -> None:
         loss.backward()
         optimizer.step()
         loss_value = loss.item()
-        capture.step(step, loss_value)
+        capture.step(first + i, loss_value)
         if reporter:
-            report = {
-                "step": step + 1,
-                "loss": loss_value,
-                "bytes": capture.bytes_written,
-                "rows": capture.rows_written,
-                "elapsed": time.perf_counter() - started,
-            }
-            emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))
+            _report(i + 1, loss_value, capture, time.perf_counter() - started)
+    if args.save:
+        following = first + args.warmup + args.steps
+        checkpoint.save(args.save, workload.model, optimizer, following, run_identity(args, world))
     capture.close()
     dist.destroy_process_group()
     exit_without_teardown()
+
+
+def _report(done: int, loss: float, capture: GradientCapture, elapsed: float) -> None:
+    """The progress line the launcher follows: steps of this run done, the last loss,
+    what the capture wrote so far, seconds since training started."""
+    report = {
+        "step": done,
+        "loss": loss,
+        "bytes": capture.bytes_written,
+        "rows": capture.rows_written,
+        "elapsed": elapsed,
+    }
+    emit_line(sys.stdout, PROGRESS_PREFIX + json.dumps(report))
 
 
 def _parallel_model(
@@ -134,9 +148,20 @@ def _parallel_model(
     return DistributedDataParallel(model, device_ids=ids)
 
 
-def _capture(args: argparse.Namespace, ddp: torch.nn.Module, workload) -> GradientCapture:
+def run_identity(args: argparse.Namespace, world: int) -> dict:
+    """What a checkpoint of this run and a run resuming it share (checkpoint.py)."""
+    data = str(args.data) if args.data is not None else None
+    size = resolve_size(args.workload, args.size)
+    return checkpoint.run_identity(args.workload, size, data, args.seed, args.batch_size, world)
+
+
+def _capture(
+    args: argparse.Namespace, ddp: torch.nn.Module, workload, first: int
+) -> GradientCapture:
     """The ``GradientCapture`` of the run: the hook asked for (``--comm-hook``, or the
-    ``--compressor`` trained with), the options and the workload's metadata."""
+    ``--compressor`` trained with), the options and the workload's metadata. It records
+    from the ``--start``-th step after the warm-up; ``first``: the training step the run
+    starts at (a resumed checkpoint's)."""
     fsdp = getattr(args, "fsdp", False)
     hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
     if getattr(args, "compressor", None):
@@ -145,10 +170,12 @@ def _capture(args: argparse.Namespace, ddp: torch.nn.Module, workload) -> Gradie
         "workload": args.workload,
         "workload_description": workload.description,
         "size": workload.size,
-        "batch_size": args.batch_size,
         "lr": args.lr,
         "seed": args.seed,
         "steps_requested": args.steps,
+        "warmup_steps": args.warmup,
+        "resumed_at": first,
+        "resumed_from": args.resume or "",
         "comm_hook": "fsdp2-reduce-scatter" if fsdp else args.comm_hook,
         "command": args.command or " ".join(sys.argv),
     }
@@ -156,7 +183,8 @@ def _capture(args: argparse.Namespace, ddp: torch.nn.Module, workload) -> Gradie
         ddp,
         args.out,
         every=args.every,
-        start=args.start,
+        start=args.warmup + args.start,
+        batch_size=args.batch_size,
         layers=args.layers,
         dtype=args.dtype,
         hook=hook,

@@ -32,10 +32,13 @@ from gradstat.cli.capture_options import (
     NprocPerNode,
     Ratio,
     RecordRanks,
+    Resume,
+    Save,
     Size,
     Start,
     TrainingSeed,
     TrainingSteps,
+    WarmupSteps,
     Workload,
 )
 from gradstat.cli.output import console, err_console, warn
@@ -50,6 +53,7 @@ def capture_command(
     workload: Workload = "charlm",
     list_workloads: ListWorkloads = False,
     steps: TrainingSteps = 100,
+    warmup_steps: WarmupSteps = 0,
     every: Every = 1,
     start: Start = 0,
     layers: Layers = None,
@@ -74,6 +78,8 @@ def capture_command(
     compressor: Compressor = None,
     ratio: Ratio = None,
     fsdp: Fsdp = False,
+    save: Save = None,
+    resume: Resume = None,
 ) -> None:
     """Train with DistributedDataParallel (or FSDP2) and record each learner's local
     gradient.
@@ -84,6 +90,9 @@ def capture_command(
     plus capture.h5 (see docs/format.md).
 
     Example: gradstat capture --workload digits --nproc-per-node 4 --steps 100 --every 5
+
+    Trained states: --warmup-steps 3000 trains first and records after; --save FILE
+    and --resume FILE continue a run across captures (docs/capture.md).
     """
     options = _capture_options(locals())  # first: locals() holds only the options
     options.check()
@@ -121,7 +130,8 @@ def _run(options: CaptureOptions) -> Path:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err_console, disable=not err_console.is_terminal) as bar:
-        task = bar.add_task("capture", total=options.steps, loss="-", mb=0.0, rate=0.0)
+        total = options.warmup_steps + options.steps
+        task = bar.add_task("capture", total=total, loss="-", mb=0.0, rate=0.0)
         plan_of_run: list[CapturePlan] = []
 
         def on_plan(plan: CapturePlan, free: int) -> None:
@@ -131,7 +141,8 @@ def _run(options: CaptureOptions) -> Path:
             )
 
         def on_progress(report: dict) -> None:
-            rows = recorded_rows(report["step"], options.every, options.start)
+            trained = max(0, report["step"] - options.warmup_steps)  # recorded phase
+            rows = recorded_rows(trained, options.every, options.start)
             bar.update(
                 task,
                 completed=report["step"],

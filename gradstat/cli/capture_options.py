@@ -53,8 +53,38 @@ ListWorkloads = Annotated[
         help="List the workloads with their parameter counts and data, and exit.",
     ),
 ]
-TrainingSteps = Annotated[int, typer.Option("--steps", help="Training steps to run.")]
+TrainingSteps = Annotated[
+    int,
+    typer.Option("--steps", help="Training steps to run and record from (after --warmup-steps)."),
+]
 Every = Annotated[int, typer.Option("--every", help="Record every N-th step.")]
+WarmupSteps = Annotated[
+    int,
+    typer.Option(
+        "--warmup-steps",
+        metavar="N",
+        help="Train N steps unrecorded first, then the --steps recorded ones (statistics of "
+        "a trained model, not of its initialisation).",
+    ),
+]
+Save = Annotated[
+    Path | None,
+    typer.Option(
+        "--save",
+        metavar="CHECKPOINT",
+        help="At the end, save model, optimizer, data position and RNG to this file "
+        "(DDP runs; docs/capture.md).",
+    ),
+]
+Resume = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        metavar="CHECKPOINT",
+        help="Continue the run a --save file stopped at: training steps go on from its "
+        "step (same workload, size, data, seed, batch size and learners).",
+    ),
+]
 Start = Annotated[int, typer.Option("--start", help="First step to record.")]
 Layers = Annotated[
     str | None, typer.Option("--layers", help="Regex of parameter names to record (default: all).")

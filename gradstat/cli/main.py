@@ -33,6 +33,8 @@ COMMANDS = {
     "similarity": "gradstat.cli.similarity:similarity_command",
     "buildup": "gradstat.cli.similarity:buildup_command",
     "overlap": "gradstat.cli.similarity:overlap_command",
+    "noise": "gradstat.cli.noise:noise_command",
+    "consistency": "gradstat.cli.consistency:consistency_command",
     "replay": "gradstat.cli.replay:replay_command",
     "recommend": "gradstat.cli.replay:recommend_command",
     "compare": "gradstat.cli.compare:compare_command",

@@ -154,6 +154,16 @@ OnVectors = Annotated[
     ),
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of every sampling step.")]
+LearnerBatch = Annotated[
+    int | None,
+    typer.Option(
+        "--batch-size",
+        metavar="B",
+        callback=between(1),
+        help="Each learner's batch size b (default: the one the capture recorded).",
+        show_default=False,
+    ),
+]
 
 # How SIDCo fits (fit)
 Zeros = Annotated[
@@ -308,6 +318,18 @@ Compressors = Annotated[
         callback=list_compressors,
         is_eager=True,
         help=f"Comma-separated compressors: {COMPRESSOR_NAMES}",
+    ),
+]
+MaybeCompressors = Annotated[
+    str | None,
+    typer.Option(
+        "--compressors",
+        metavar="LIST",
+        callback=list_compressors,
+        is_eager=True,
+        help="Also measure these compressors' error on each learner's gradient, "
+        f"comma-separated (default: none): {COMPRESSOR_NAMES}",
+        show_default=False,
     ),
 ]
 ErrorBudget = Annotated[

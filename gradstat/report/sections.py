@@ -21,6 +21,7 @@ from gradstat.plots.replay import plot_replay
 from gradstat.plots.similarity import plot_buildup, plot_overlap, plot_similarity
 from gradstat.report import answers
 from gradstat.report.context import Part, ReportContext, SectionSpec
+from gradstat.report.learner_sections import consistency_section, noise_section
 
 
 def _overview(ctx: ReportContext) -> Part:
@@ -374,6 +375,8 @@ SECTIONS: tuple[SectionSpec, ...] = (
     SectionSpec("similarity", "Top-k similarity across learners", _similarity),
     SectionSpec("buildup", "Gradient build-up", _buildup),
     SectionSpec("overlap", "Temporal overlap", _overlap),
+    SectionSpec("noise", "Gradient noise scale", noise_section),
+    SectionSpec("consistency", "Learner consistency", consistency_section),
     SectionSpec("replay", "Compressor replay", _replay),
     SectionSpec("recommend", "Recommendation", _recommend),
 )

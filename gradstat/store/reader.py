@@ -31,6 +31,7 @@ from gradstat.store.picking import LearnersSpec, StepsSpec, select_learners, sel
 from gradstat.store.ranks import format_ranks
 from gradstat.store.rows import RowSource
 from gradstat.store.schema import (
+    BATCH_SIZE_ATTR,
     BLOCK_ATTR,
     GRAD_CRC,
     ROOT_FILE,
@@ -252,6 +253,33 @@ class Capture:
         files = [self.root_path] + [self.path / rank_file_name(r) for r in self.learners]
         return sum(p.stat().st_size for p in files if p.exists())
 
+    @property
+    def batch_size(self) -> int | None:
+        """The per-learner batch size the run recorded (root attribute ``batch_size``),
+        or None where the capture does not say; a ``DataError`` for a value that is not
+        a positive integer."""
+        value = self.meta.get(BATCH_SIZE_ATTR)
+        if value is None:
+            return None
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and np.isfinite(value) and value >= 1 and value == int(value)):
+            raise DataError(f"{self.root_path}: batch_size {value!r} is not a positive integer")
+        return int(value)
+
+    @property
+    def check_columns(self) -> int:
+        """Columns each checksum of a row covers (schema 3: one HDF5 chunk; schema 2: the
+        whole row; schema 1, unchecked: the chunk). Reads of column ranges whose ends
+        are multiples of it check each value once; a range cut inside a checked block
+        reads that block whole (gradstat/store/rows.py)."""
+        if not self.recorded_ranks:
+            return self.numel
+        source = self._source(0, "grad")
+        if self.schema >= 2:
+            return source.block
+        chunks = source.dataset.chunks
+        return int(chunks[1]) if chunks else self.numel
+
     def scopes(self, spec: str = "model") -> list[Scope]:
         return resolve_scopes(self.layers, spec)
 
@@ -268,6 +296,7 @@ class Capture:
             "backend": self.meta.get("backend"),
             "data_parallel": self.meta.get("data_parallel", "ddp"),  # or fsdp2
             "dtype": self.dtype,
+            "batch_size": self.meta.get(BATCH_SIZE_ATTR),
             "compression": self.meta.get("compression", "none"),
             "numel": self.numel,
             "steps": [int(s) for s in self.steps],

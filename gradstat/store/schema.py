@@ -28,6 +28,8 @@ RECORDED_RANKS_ATTR = "recorded_ranks"
 RUN_ID_ATTR = "run_id"
 #: Root attribute: CRC-32C of the capture's identity and layer table (schema 3).
 CHECKSUM_ATTR = "checksum"
+#: Root attribute: the per-learner batch size of the run (optional; docs/format.md).
+BATCH_SIZE_ATTR = "batch_size"
 #: Schema 3: CRC-32C of each block of ``columns`` values of each /grad and /sent row.
 GRAD_CRC = "grad_crc32c"
 SENT_CRC = "sent_crc32c"
