@@ -9,6 +9,7 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats import mle
+from gradstat.stats.distribution_base import mean_var
 from gradstat.stats.distributions import (
     DISTRIBUTIONS,
     Exponential,
@@ -16,7 +17,6 @@ from gradstat.stats.distributions import (
     Gamma,
     GenPareto,
     Normal,
-    _mean_var,
     get_distribution,
     split_values,
 )
@@ -241,7 +241,7 @@ def test_moments_merged_over_chunks_equal_float64_moments():
     rng = np.random.default_rng(8)
     for offset in (0.0, 1e4):
         x = (offset + rng.standard_normal(3 * (1 << 18) + 12_345)).astype(np.float32)
-        mean, var = _mean_var(torch.from_numpy(x))
+        mean, var = mean_var(torch.from_numpy(x))
         wide = x.astype(np.float64)
         assert mean == pytest.approx(wide.mean(), rel=1e-14)
         assert var == pytest.approx(((wide - wide.mean()) ** 2).mean(), rel=1e-12)

@@ -15,7 +15,7 @@ import pytest
 from gradstat import cancel, threads
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.overlap import OverlapParams, temporal_overlap
-from gradstat.capture.launch import CaptureOptions, _worker_env
+from gradstat.capture.launch import CaptureOptions, worker_env
 from gradstat.compressors.cost import Link
 from gradstat.errors import DataError, GradstatWarning, Interrupted, UsageError
 from gradstat.parallel import Task, run_units
@@ -121,11 +121,11 @@ def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_pat
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
     monkeypatch.delenv("GRADSTAT_THREADS", raising=False)
     options = CaptureOptions(workload="digits", nproc_per_node=2, out=tmp_path / "c")
-    env = _worker_env(options)
+    env = worker_env(options)
     expected = str(max(1, threads.available_cpus() // 2))
     assert env["OMP_NUM_THREADS"] == env["GRADSTAT_THREADS"] == expected
     monkeypatch.setenv("GRADSTAT_THREADS", "3")
-    assert _worker_env(options)["OMP_NUM_THREADS"] == "3"
+    assert worker_env(options)["OMP_NUM_THREADS"] == "3"
 
 
 def test_many_quick_units_in_two_workers_finish(tmp_path):

@@ -16,11 +16,11 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.row_workspace import release_workspace
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
 from gradstat.parallel import Task, run_units
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.topk_sets import (
     buildup_curve,
     random_union,

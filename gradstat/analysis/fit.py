@@ -29,7 +29,6 @@ import torch
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit_row import COLUMNS, _Fitter
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import (
     LearnersSpec,
     Selection,
@@ -39,6 +38,7 @@ from gradstat.analysis.selection import (
 )
 from gradstat.errors import DataError, UsageError
 from gradstat.parallel import Task, run_units
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.distributions import DISTRIBUTIONS, METHODS, get_distribution, split_values
 from gradstat.stats.goodness import subsample
 from gradstat.stats.sidco import check_choices

@@ -24,12 +24,12 @@ import torch
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.ef_vectors import ef_vectors
 from gradstat.analysis.finite import require_finite
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.row_workspace import release_workspace
 from gradstat.analysis.selection import Selection, k_for, parse_ratios, require_one_kept
 from gradstat.analysis.topk_stream import StepSets, stream_step_sets
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Task, run_units
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.topk_sets import (
     TopkSetMetrics,
     energy_captured,

@@ -281,7 +281,7 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
     return argv
 
 
-def _worker_env(options: CaptureOptions) -> dict[str, str]:
+def worker_env(options: CaptureOptions) -> dict[str, str]:
     # never oversubscribed: each learner gets its share of the CPUs this process may use
     # (GRADSTAT_THREADS overrides); OMP_NUM_THREADS also silences torchrun's warning
     # the learners end when this launcher is gone (killed too)
@@ -289,7 +289,7 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
     return {**worker_environment(max(1, int(threads))), LAUNCHER_PID_ENV: str(os.getpid())}
 
 
-def _failure_reason(lines: deque[str]) -> str:
+def failure_reason(lines: deque[str]) -> str:
     """A learner killed by a signal (torchrun's summary: the others then only report the
     lost connection), else the worker's own ``Error:`` line, else the last exception line
     a learner printed."""
@@ -388,7 +388,7 @@ def run_capture(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_worker_env(options),
+            env=worker_env(options),
         )
         callbacks = (on_progress, on_warning, on_wait)
         follower = Follower(process, log, run_dir, options, *callbacks)
@@ -401,7 +401,7 @@ def run_capture(
             stop(process)
             raise
     if code != 0:
-        raise DataError(f"capture failed: {_failure_reason(follower.tail)} (full log: {log_path})")
+        raise DataError(f"capture failed: {failure_reason(follower.tail)} (full log: {log_path})")
     _check_recorded(run_dir)
     return run_dir
 

@@ -70,7 +70,7 @@ def _status_text(summary: dict) -> str:
     return status
 
 
-def _compressor_text(summary: dict) -> str:
+def compressor_text(summary: dict) -> str:
     """The gradient compressor training ran (``capture --compressor``): its name, ratio
     and settings, and that /sent holds what each learner sent."""
     compressor = summary.get("compressor")
@@ -89,7 +89,7 @@ def _compressor_text(summary: dict) -> str:
     return text
 
 
-def _filter_text(compression: str) -> str:
+def filter_text(compression: str) -> str:
     """HDF5's storage compression of the rows (lossless; not gradient compression)."""
     if compression in (None, "none"):
         return "none (rows stored uncompressed)"
@@ -110,8 +110,8 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("learners", f"{learners} ({summary['backend']})"),
         ("steps", f"{len(steps)} recorded" + (f": {steps[0]}..{steps[-1]}" if steps else "")),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
-        ("trained with", _compressor_text(summary)),
-        ("HDF5 filter", _filter_text(summary["compression"])),
+        ("trained with", compressor_text(summary)),
+        ("HDF5 filter", filter_text(summary["compression"])),
         ("layers", str(len(summary["layers"]))),
         ("size", format_bytes(summary["bytes"])),
         ("verified", summary["verification"]),

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from gradstat import cancel
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.parallel import distributed
 from gradstat.parallel.pool import run_pool
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.parallel.units import Outcome, Task, finish, run_unit
 from gradstat.store import open_capture
 from gradstat.threads import local_processes, torch_threads, unit_threads

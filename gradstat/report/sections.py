@@ -96,7 +96,7 @@ def _fit(ctx: ReportContext) -> Part:
         sample=200_000,
     )
     records = analysis.run(ctx.progress("fit"))
-    ranking, quality = rank_distributions(records), _distinct(quality_summary(records))
+    ranking, quality = rank_distributions(records), distinct_quality(quality_summary(records))
     stages = _stages_text(quality, "sidco-gpd")
     reading = (
         f"Distributions fitted to |g| of the whole model ({len(analysis.steps)} steps x "
@@ -122,7 +122,7 @@ def _fit(ctx: ReportContext) -> Part:
     )
 
 
-def _distinct(quality: pd.DataFrame) -> pd.DataFrame:
+def distinct_quality(quality: pd.DataFrame) -> pd.DataFrame:
     """The estimator table without the rows of a fitted distribution's own quantile
     (``fit:exp``) that repeat an estimator's row (SIDCo-E with one stage is that very
     quantile): one row per distinct answer."""

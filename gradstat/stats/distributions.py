@@ -51,9 +51,9 @@ from gradstat.stats.distribution_base import (
     Distribution,
     Folded,
     Tails,
-    _check_spread,
-    _f64,
-    _mean_var,
+    check_spread,
+    f64,
+    mean_var,
 )
 from gradstat.stats.passes import compress, compress_in_place, drop_zeros_in_place
 
@@ -162,15 +162,15 @@ class Gamma(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(a=mean * mean / var, loc=0.0, scale=var / mean)
 
     @classmethod
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a gamma MLE needs positive values")
-        mean, var = _mean_var(x)
-        _check_spread(var, cls.name)
+        mean, var = mean_var(x)
+        check_spread(var, cls.name)
         mean_log = float(torch.sum(x.log(), dtype=torch.float64)) / x.numel()
         # SIDCo's closed form starts Newton on ln a - digamma(a) = ln(mean) - mean_log
         start = cls.from_log_moments(mean, mean_log).params["a"]
@@ -179,7 +179,7 @@ class Gamma(Distribution):
 
     @property
     def _a(self) -> torch.Tensor:
-        return _f64(self.params["a"])
+        return f64(self.params["a"])
 
     def _logpdf(self, z):
         a = self.params["a"]
@@ -192,10 +192,10 @@ class Gamma(Distribution):
         return torch.special.gammaincc(self._a, z)
 
     def _ppf(self, q):
-        return _f64(special.gammaincinv(self.params["a"], q.numpy()))
+        return f64(special.gammaincinv(self.params["a"], q.numpy()))
 
     def _isf(self, q):
-        return _f64(special.gammainccinv(self.params["a"], q.numpy()))
+        return f64(special.gammainccinv(self.params["a"], q.numpy()))
 
 
 class GenPareto(Distribution):
@@ -204,7 +204,7 @@ class GenPareto(Distribution):
     @classmethod
     def from_moments(cls, mean: float, var: float) -> GenPareto:
         """Moments fit (docs/methods.md 1): c = (1 - m^2/v)/2, scale = m (m^2/v + 1)/2."""
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         ratio = mean * mean / var
         return cls(c=(1.0 - ratio) / 2.0, loc=0.0, scale=mean * (ratio + 1.0) / 2.0)
 
@@ -269,7 +269,7 @@ class Normal(_GaussianTails, Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var))
 
     def _gauss(self, z):
@@ -291,7 +291,7 @@ class Laplace(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var / 2.0))
 
     @classmethod
@@ -299,7 +299,7 @@ class Laplace(Distribution):
         x = x.double()
         loc = float(np.median(x.numpy()))
         scale = float((x - loc).abs().mean())
-        _check_spread(scale, cls.name)
+        check_spread(scale, cls.name)
         return cls(loc=loc, scale=scale)
 
     def _logpdf(self, z):
@@ -329,7 +329,7 @@ class LogNormal(_GaussianTails, Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         s2 = math.log1p(var / (mean * mean))
         return cls(s=math.sqrt(s2), loc=0.0, scale=mean * math.exp(-s2 / 2.0))
 
@@ -337,8 +337,8 @@ class LogNormal(_GaussianTails, Distribution):
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a log-normal fit needs positive values")
-        mu, s2 = _mean_var(x.double().log())
-        _check_spread(s2, cls.name)
+        mu, s2 = mean_var(x.double().log())
+        check_spread(s2, cls.name)
         return cls(s=math.sqrt(s2), loc=0.0, scale=math.exp(mu))
 
     def _gauss(self, z):
@@ -365,7 +365,7 @@ class Weibull(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         cv2 = var / (mean * mean)
         c = mle.expand_root(lambda c: cv2 - _weibull_cv2(c), 0.1, 10.0)
         return cls(c=c, loc=0.0, scale=mean / math.exp(special.gammaln(1.0 + 1.0 / c)))
@@ -374,7 +374,7 @@ class Weibull(Distribution):
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a Weibull MLE needs positive values")
-        _check_spread(_mean_var(x)[1], cls.name)
+        check_spread(mean_var(x)[1], cls.name)
         c, scale = mle.weibull(x.double().numpy())
         return cls(c=c, loc=0.0, scale=scale)
 
