@@ -116,7 +116,11 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams
+try:  # the analysis's name since issue 41; an older tree (--base) calls it temporal_overlap
+    from gradstat.analysis.overlap import overlap
+except ImportError:
+    from gradstat.analysis.overlap import temporal_overlap as overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
@@ -167,7 +171,7 @@ with open_capture(path) as cap:
     elif what == "buildup":
         buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
     elif what == "overlap":
-        temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
+        overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
     elif what == "fit":
         selection = Selection.of(cap, steps, cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)

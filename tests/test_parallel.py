@@ -14,7 +14,7 @@ import pytest
 
 from gradstat import cancel, threads
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.capture.launch import CaptureOptions, worker_env
 from gradstat.compressors.cost import Link
 from gradstat.errors import DataError, GradstatWarning, Interrupted, UsageError
@@ -133,11 +133,11 @@ def test_many_quick_units_in_two_workers_finish(tmp_path):
     # thread: a hang fails the test instead of stopping the suite)
     grads = np.random.default_rng(0).normal(size=(2, 401, 50)).astype(np.float32)
     cap = open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (50,))])))
-    params = OverlapParams(ratio=0.1)
+    params = OverlapParams(ratios=0.1)
     results = {}
 
     def run(jobs: int) -> None:
-        results[jobs] = temporal_overlap(cap, params=params, compute=Compute(jobs=jobs))
+        results[jobs] = overlap(cap, params=params, compute=Compute(jobs=jobs))
 
     for jobs in (2, 1):
         thread = threading.Thread(target=run, args=(jobs,), daemon=True)

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from gradstat.stats._row_loops import PIECE
 from gradstat.stats.row_kernels import (
     ROOM,
     MeanOf,
@@ -17,6 +16,7 @@ from gradstat.stats.row_kernels import (
     count_at_least,
     error_sums,
     indices_at_least,
+    loops,
     magnitude_sums,
     magnitudes_at_least,
     mean_row,
@@ -26,6 +26,9 @@ from gradstat.stats.row_kernels import (
     squared_norm,
 )
 from gradstat.stats.row_plain import compensated_add
+
+#: Values per piece of the compiled loops: rows that cross pieces.
+PIECE = loops().PIECE
 
 
 def _kahan(s: np.ndarray, c: np.ndarray, x: np.ndarray) -> None:

@@ -10,10 +10,11 @@ import pytest
 
 from gradstat.stats import row_kernels as fast
 from gradstat.stats import row_plain as plain
-from gradstat.stats._row_loops import BLOCK, PIECE
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow to Inf
 
+#: The compiled loops' piece and block: rows that cross both.
+BLOCK, PIECE = fast.loops().BLOCK, fast.loops().PIECE
 TIE = np.float32(1.5)
 TINY = np.float32(1e-40)  # subnormal
 NUMEL = PIECE + 3 * BLOCK + 5  # crosses a piece and leaves a tail of a block
@@ -164,13 +165,13 @@ def test_compensated_add_is_kahans_update_on_numpy_and_torch():
 def test_the_running_sums_torch_form_equals_the_compiled_loops():
     import torch
 
-    from gradstat.analysis.row_workspace import CompensatedSum
+    from gradstat.stats.rows import CompensatedSum
 
     sums = CompensatedSum(NUMEL, torch.device("cpu"))
     total, error = np.empty(NUMEL, np.float32), np.empty(NUMEL, np.float32)
     for i in range(3):
         x = _row(20 + i)
-        sums.add(0, torch.from_numpy(x), first=i == 0)
+        sums.add(torch.from_numpy(x), first=i == 0)
         fast.scan_row(x, None, fast.Room(1), total, error, first=i == 0)
     assert sums.total.numpy().tobytes() == total.tobytes()
     assert sums.error.numpy().tobytes() == error.tobytes()

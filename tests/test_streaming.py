@@ -13,11 +13,11 @@ import torch
 
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.compute import MIN_BLOCK, ROWS_ALIVE, Compute
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.analysis.row_workspace import Workspace, scope_pieces
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
-from gradstat.analysis.topk_stream import _pair_mean, stream_step_sets
+from gradstat.analysis.topk_stream import pair_mean, stream_step_sets
 from gradstat.errors import DataError
 from gradstat.stats.row_kernels import MeanOf, Room, scan_row_pair
 from gradstat.stats.topk_sets import energy_captured, topk_indices
@@ -123,7 +123,7 @@ def test_analyses_in_blocks_equal_whole_rows(long_capture, scope):
             name: (
                 similarity(cap, selection, SimilarityParams(0.01), compute=compute),
                 buildup(cap, selection, BuildupParams("0.01,0.001"), compute=compute),
-                temporal_overlap(cap, selection, OverlapParams(0.001), compute=compute),
+                overlap(cap, selection, OverlapParams(0.001), compute=compute),
             )
             for name, compute in (("blocks", SMALL), ("whole", WHOLE))
         }
@@ -152,28 +152,25 @@ def test_read_ahead_serves_the_next_step_and_is_dropped_when_not_asked_for(long_
         ks, learners = [k_for(0.001, sc.numel)], [0, 1, 2, 3]
         options = {"with_mean": True, "device": torch.device("cpu"), "block": sc.numel}
         fresh = {s: stream_step_sets(cap, s, learners, sc, ks, **options) for s in (0, 1, 2)}
-        space = Workspace()
-        try:  # (0, 2) reads step 2 ahead; (2, None) comes after it
+        with Workspace() as space:  # (0, 2) reads step 2 ahead; (2, None) comes after it
             for step, then in ((0, 1), (1, 2), (0, 2), (2, None), (1, None)):
                 got = stream_step_sets(
                     cap, step, learners, sc, ks, **options, workspace=space, then=then
                 )
                 assert torch.equal(got[0].indices, fresh[step][0].indices), (step, then)
                 assert torch.equal(got[0].energy, fresh[step][0].energy), (step, then)
-        finally:
-            space.release()
 
 
 @pytest.mark.parametrize("first", [True, False])
 def test_the_last_pairs_mean_sample_is_the_mean_it_makes(first):
     """The mean's pre-filter sample is computed before the pass that makes the mean
-    (``_pair_mean`` at the sample's positions): it must be those very values, bit for bit,
+    (``pair_mean`` at the sample's positions): it must be those very values, bit for bit,
     or the sampled threshold would be off."""
     rng = np.random.default_rng(3)
     a, b, s = (rng.standard_normal((3, 70_001)) * 1e3).astype(np.float32)
     c = (rng.standard_normal(70_001) * 1e-4).astype(np.float32)
     at = slice(None, None, 7)
-    sample = _pair_mean(*(torch.from_numpy(x[at]) for x in (a, b, s, c)), first, 5)
+    sample = pair_mean(*(torch.from_numpy(x[at]) for x in (a, b, s, c)), first, 5)
     rooms = Room(1), Room(1)
     scan_row_pair((a, b), (None, None), rooms, s, c, first, MeanOf(5, None, Room(1)))
     assert sample.numpy().tobytes() == s[at].tobytes()
@@ -191,9 +188,8 @@ def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_c
 
     with open_capture(path) as cap:
         (sc,) = cap.scopes("model")
-        space = Workspace()
-        space.ensure(sc.numel, torch.device("cpu"), with_mean=False)
-        try:
+        with Workspace() as space:
+            space.ensure(sc.numel, torch.device("cpu"), with_mean=False)
             got = list(space.rows(cap, 2, [3, 1, 0], sc, 0, sc.numel, after=after))
             np.testing.assert_array_equal(got[-1][0], grads[0, 2])  # earlier buffers reused
             expected = [float(grads[i, 2].sum(dtype=np.float64)) for i in (3, 1, 0)]
@@ -207,10 +203,7 @@ def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_c
                 float(grads[i, 1].sum(dtype=np.float64)) for i in (3, 1, 0)
             ]
             time.sleep(0.3)  # the read ahead has landed
-            assert len(seen) == 6 and space._ahead is not None  # read, after() not run
+            assert len(seen) == 6  # read, after() not run
             second = list(space.rows(cap, 2, [3, 1, 0], sc, 0, sc.numel, after=after))
             assert [total for _, total in second] == expected
-            assert space._ahead is None  # taken
             assert len(seen) == 9 and all(name.startswith("gradstat-read") for name in seen)
-        finally:
-            space.release()

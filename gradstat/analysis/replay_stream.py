@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from gradstat.analysis.ef_store import MemoryRows
-from gradstat.analysis.finite import require_finite
 from gradstat.analysis.row_workspace import Workspace
 from gradstat.compressors.exchange import SparseRow, StepOutcome, Stream
 from gradstat.compressors.registry import Scheme
 from gradstat.stats.row_kernels import add_checked
+from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
 __all__ = ["SchemeStep", "SparseRow", "StepOutcome", "memory_bytes_needed", "replay_streamed"]

@@ -1,19 +1,19 @@
-"""The reused buffers of a walk over a step's rows: rows read ahead, a running sum.
+"""Reading rows: a scope's block of one learner's row, and a reader per unit of work.
 
-:class:`Workspace` holds the row (or column block) buffers of one process, a reading
-thread that checks or reads the next learner's row while the rows before it are
-scanned (the compiled loops leave the GIL), and the compensated running sum of the mean
-gradient (:class:`CompensatedSum`). Rows are read into the buffers (checked against
-their CRC-32C), never mapped: a file cut while it is read is an error, not SIGBUS. The
-buffers are kept from
-unit to unit and freed by :func:`release_workspace` at the end of an analysis (figures:
-docs/large.md). Used by the top-k stream (:mod:`gradstat.analysis.topk_stream`) and
-replay (:mod:`gradstat.analysis.replay_stream`).
+:func:`read_block` is the one way an analysis reads a scope's columns of a row (checked
+against their CRC-32C, into a buffer; never mapped: a file cut while it is read is an
+error, not SIGBUS). :class:`Workspace` is what a unit of work reads with: its row (or
+column block) buffers, a reading thread that reads the next learner's row while the
+rows before it are scanned (the compiled loops leave the GIL), the step's compensated
+running sum (:class:`~gradstat.stats.rows.CompensatedSum`) and the scans' candidate
+rooms. A unit opens one (``with Workspace() as space:``), keeps it from step to step
+(a fresh row costs its page faults: docs/large.md) and frees it when it ends. Used by
+the top-k stream (:mod:`gradstat.analysis.topk_stream`) and replay
+(:mod:`gradstat.analysis.replay_stream`).
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -23,13 +23,9 @@ import numpy as np
 import torch
 
 from gradstat.stats.row_kernels import Room
-from gradstat.stats.row_plain import compensated_add
+from gradstat.stats.rows import CompensatedSum
 from gradstat.stats.topk_sets import candidates_room
 from gradstat.store import Capture, Scope
-
-#: Elements per chunk of a pass over a row with torch's ops (on a GPU): 1 MiB of
-#: float32, so that the temporaries stay in cache.
-CHUNK = 1 << 18
 
 
 def column_blocks(numel: int, block: int) -> Iterator[tuple[int, int]]:
@@ -69,52 +65,28 @@ def _then(
     return row, after(row)
 
 
-class CompensatedSum:
-    """A running sum of float32 rows in float32 with Kahan's compensation
-    (:func:`~gradstat.stats.row_plain.compensated_add`): its error stays about 2 eps
-    sum |x_i| whatever the number of rows, as a float64 sum would, at float32's memory
-    and speed. The sum is s - c. Kept for the steps of a unit: the first row of a step
-    is copied in, not added to zeros."""
-
-    def __init__(self, width: int, device: torch.device) -> None:
-        self.total = torch.empty(width, dtype=torch.float32, device=device)
-        self.error = torch.empty(width, dtype=torch.float32, device=device)
-
-    def add(self, start: int, x: torch.Tensor, first: bool) -> None:
-        """Add ``x`` (at most ``CHUNK`` values) to columns ``start:start + len(x)``;
-        ``first``: the step's first row (the sum becomes ``x``). On a GPU; on the CPU the
-        fused loop of :func:`~gradstat.stats.row_kernels.scan_row` adds rows."""
-        s = self.total[start : start + x.numel()]
-        c = self.error[start : start + x.numel()]
-        if first:
-            s.copy_(x)
-            c.zero_()
-            return
-        t, compensation = compensated_add(s, c, x)
-        s.copy_(t)
-        c.copy_(compensation)
-
-    def mean(self, n: int, *, out: torch.Tensor) -> torch.Tensor:
-        """(s - c) / n of the first ``len(out)`` columns into ``out``."""
-        width = out.numel()
-        torch.sub(self.total[:width], self.error[:width], out=out)
-        return out.div_(n)
-
-
 class Workspace:
-    """The buffers of a walk over steps, allocated once: the row (or column block)
-    buffers, the running mean's sum and the candidate pass's temporaries; and a reading
+    """The buffers of a unit's walk over steps, allocated once: the row (or column
+    block) buffers, the running mean's sum and the scans' candidate rooms; and a reading
     thread that reads the next learner's row into a buffer (:func:`read_block`) while
     the rows before it are scanned (CRC-32C checks and reads overlap the scan; the
     compiled loops leave the GIL). Two buffers, or four where rows are scanned in pairs
     (``pairs``: on the CPU with a running sum; two rows scanned, two read). Reused while
-    the width and device stay the same."""
+    the width and device stay the same; a context manager that frees them all (and
+    stops the thread) when it closes."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
-        self._spare: np.ndarray | None = None
+        self.buffers: tuple[np.ndarray, ...] = ()
+        self.sums: CompensatedSum | None = None
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
         key = (width, str(device), with_mean)
@@ -122,23 +94,14 @@ class Workspace:
             return
         self._drop_ahead()
         self._key = None  # free the old buffers before allocating new ones
-        self.buffers = self.sums = None
+        self.buffers, self.sums = (), None
         self.pairs = with_mean and device.type == "cpu"
         # rows a caller may hold at once, and as many reads in flight behind them
         self.depth = 2 if self.pairs else 1
         self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
         self.sums = CompensatedSum(width, device) if with_mean else None
         self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
-        self._spare = None
         self._key = key
-
-    def spare(self) -> np.ndarray:
-        """A row buffer no read uses (allocated when first asked for): where the mean of
-        an odd number of rows goes on the CPU when the last row is a view of the file,
-        which must not be written to (copy-on-write pages)."""
-        if self._spare is None:
-            self._spare = np.empty_like(self.buffers[0])
-        return self._spare
 
     def candidate_room(self, which: int, d: int, k: int) -> Room:
         """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
@@ -232,33 +195,7 @@ class Workspace:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
         self._key = None
-        self.buffers = self.sums = self._spare = None
+        self.buffers, self.sums = (), None
         if self._reader is not None:
             self._reader.shutdown()
             self._reader = None
-
-
-#: This process's buffers, kept from unit to unit: a fresh row costs its page faults
-#: (docs/large.md). The analyses release them when they finish.
-_process_workspace = Workspace()
-
-
-def _forget_reader() -> None:
-    """In a forked child: the parent's reading thread (and any read it had in flight) is
-    not there; a new thread starts when needed."""
-    _process_workspace._reader = None
-    _process_workspace._ahead = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_reader)
-
-
-def process_workspace() -> Workspace:
-    """This process's workspace, kept from unit to unit."""
-    return _process_workspace
-
-
-def release_workspace() -> None:
-    """Free this process's top-k stream buffers (the end of an analysis)."""
-    _process_workspace.release()

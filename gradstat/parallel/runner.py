@@ -37,6 +37,15 @@ def planned_workers(cap: Any, selection: Any, jobs: int | None) -> int:
     return distributed.world_size() * (jobs or 1)
 
 
+def runs(items: Sequence[Any], workers: int) -> list[tuple]:
+    """``items`` in at most ``workers`` contiguous runs of nearly equal length, in order:
+    the units of an analysis that keeps state from item to item (its buffers, a row read
+    ahead, the last steps' sets), one run per process (:func:`planned_workers`)."""
+    workers = max(1, min(workers, len(items)))
+    bounds = itertools.pairwise(len(items) * w // workers for w in range(workers + 1))
+    return [tuple(items[a:b]) for a, b in bounds]
+
+
 def run_units(
     cap: Any, task: Task, units: Sequence[Any], compute: Any, progress: Progress = no_progress
 ) -> list[dict]:

@@ -4,8 +4,8 @@ The sparsity-inducing distributions model magnitudes x = |g| with the location f
 0: exponential, gamma and generalized Pareto (GPD), as in SIDCo (Abdelmoniem et al.
 2021, arXiv 2101.10761); log-normal and Weibull are there for comparison. Normal and
 Laplace model the signed values g; :class:`Folded` turns them into distributions of |g|.
-Exact zeros are excluded (and counted) before any fit; NaN and Inf are counted and
-excluded (see :func:`split_values`).
+Exact zeros, NaN and Inf are excluded (and counted) before any fit
+(:func:`gradstat.analysis.fit.row_records`).
 
 Built as scipy.stats' ``rv_continuous``: the public methods standardise
 ``z = (x - loc) / scale`` once (``q`` for the quantile functions) and call the
@@ -55,64 +55,6 @@ from gradstat.stats.distribution_base import (
     f64,
     mean_var,
 )
-from gradstat.stats.passes import compress, compress_in_place, drop_zeros_in_place
-
-
-class SplitValues:
-    """A vector split for fitting: the magnitudes of its finite non-zero values, the
-    counts of what was left out, and those values themselves, signed (:attr:`signed`).
-
-    Only the signed distributions (normal, Laplace) need the signed values, so they are
-    compacted when first asked for: a magnitude fit of a row that holds a zero keeps two
-    rows (the row and its non-zero magnitudes) instead of three (512 MB less at 128M
-    values)."""
-
-    def __init__(
-        self, source: torch.Tensor, magnitudes: torch.Tensor, zeros: int, nonfinite: int
-    ) -> None:
-        self.source = source.reshape(-1)
-        self.magnitudes = magnitudes
-        self.zeros = zeros
-        self.nonfinite = nonfinite
-        self._signed: torch.Tensor | None = None
-
-    @property
-    def count(self) -> int:
-        """How many finite non-zero values the vector holds."""
-        return self.magnitudes.numel()
-
-    @property
-    def signed(self) -> torch.Tensor:
-        """The finite non-zero values, signed, in the vector's order."""
-        if self._signed is None:
-            if self.zeros or self.nonfinite:
-                keep = torch.isfinite(self.source) & (self.source != 0)
-                self._signed = compress(self.source, keep)
-            else:
-                self._signed = self.source
-        return self._signed
-
-
-def split_values(values: torch.Tensor, out: torch.Tensor | None = None) -> SplitValues:
-    """Drop NaN/Inf and exact zeros from a flat vector, counting both. (A finite sum
-    means every value is finite, and a non-zero minimum |x| that none is zero: the
-    usual gradient costs a sum, an abs and a minimum.) ``out``: a flat buffer of at least
-    ``values.numel()`` elements on the same device for the magnitudes, reused from row to
-    row (a fresh 128 MB vector that the allocator had handed back to the kernel cost 0.17
-    s of page faults, the abs itself 0.02 s)."""
-    flat = values.reshape(-1)
-    # compacted in place below: a fresh vector, or the caller's buffer
-    magnitudes = flat.abs() if out is None else torch.abs(flat, out=out[: flat.numel()])
-    nonfinite = 0
-    if not bool(torch.isfinite(flat.sum())):
-        finite = torch.isfinite(magnitudes)
-        nonfinite = flat.numel() - int(torch.count_nonzero(finite))
-        if nonfinite:
-            magnitudes = compress_in_place(magnitudes, finite)
-    zeros = 0
-    if magnitudes.numel() and not float(magnitudes.amin()) > 0:
-        magnitudes, zeros = drop_zeros_in_place(magnitudes)
-    return SplitValues(flat, magnitudes, zeros, nonfinite)
 
 
 class Exponential(Distribution):
@@ -424,9 +366,7 @@ __all__ = [
     "Laplace",
     "LogNormal",
     "Normal",
-    "SplitValues",
     "Tails",
     "Weibull",
     "get_distribution",
-    "split_values",
 ]
