@@ -273,9 +273,7 @@ def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -
     each product and sum rounded as written), which take three passes. Returns the new
     ``v``'s zeros and float64 sum of squares, taken while each piece is in cache: what
     DGC's threshold and the memory's norm would otherwise read the row again for."""
-    zeros, squares = loops().momentum_add_stats(
-        u, v, np.ascontiguousarray(g), np.float32(momentum)
-    )
+    zeros, squares = loops().momentum_add_stats(u, v, np.ascontiguousarray(g), np.float32(momentum))
     return int(zeros), float(squares)
 
 
