@@ -20,8 +20,8 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   about 1.8 s a GB (docs/large.md). Replay rows also print time / (read + touch).
 
 ``--plain NAME,...`` also times each analysis without each named fast path (one at a
-time, :data:`PLAIN`: the compiled row loops by their numpy twins, paired scans, the
-reading thread, RowPasses' kept sets and the top-k pre-filter), the audit of
+time, :data:`PLAIN`: the compiled row loops by their numpy twins, the replay's reading
+thread, RowPasses' kept sets and the top-k pre-filter), the audit of
 docs/large.md ("Fast paths"). ``--base TREE`` runs each analysis from another source
 tree too, on a capture its own writer made. Each tree (and each fast path left out)
 first runs every analysis once on a small capture, untimed, so that no timed run pays
@@ -77,22 +77,12 @@ for name in [n for n in vars(slow) if not n.startswith("_") and callable(getattr
     if getattr(fast, name) is not getattr(slow, name) and callable(getattr(slow, name)):
         swap(getattr(fast, name), getattr(slow, name))
 """,
-    # the rows of a top-k set analysis scanned one at a time, not in pairs
-    "pairs": """
-import gradstat.analysis.row_workspace as rw
-ensure = rw.Workspace.ensure
-def single(self, *args, **kwargs):
-    ensure(self, *args, **kwargs)
-    self.pairs, self.depth = False, 1
-rw.Workspace.ensure = single
-""",
-    # no reading thread: each row read when it is asked for, into as few buffers as can be
+    # no reading thread (the replay's): each row read when it is asked for, in one buffer
     "ahead": """
 import gradstat.analysis.row_workspace as rw
 def rows(self, cap, step, learners, scope, start, stop, then=None, after=None):
-    for i, learner in enumerate(learners):
-        buffer = self.buffers[i % self.depth]  # as many as the caller holds
-        row = rw.read_block(cap, step, learner, scope, start, stop, buffer)
+    for learner in learners:
+        row = rw.read_block(cap, step, learner, scope, start, stop, self.buffers[0])
         yield row if after is None else (row, after(row))
 rw.Workspace.rows = rows
 """,

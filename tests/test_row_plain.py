@@ -58,32 +58,6 @@ def test_scan_row_equals_its_plain_twin(bad, threshold, first):
     assert ft.tobytes() == pt.tobytes() and fe.tobytes() == pe.tobytes()
 
 
-@pytest.mark.parametrize("last", [False, True])
-@pytest.mark.parametrize("first", [True, False])
-def test_scan_row_pair_and_mean_row_equal_their_plain_twins(last, first):
-    a, b = _row(3), _row(4, math.inf)
-    outs = []
-    for module in (fast, plain):
-        total, error = _row(5), np.full(NUMEL, -TINY, np.float32)
-        mean = fast.MeanOf(4, float(TIE), fast.Room(8)) if last else None
-        rooms = fast.Room(8), fast.Room(8)
-        found = module.scan_row_pair((a, b), (float(TIE), 0.0), rooms, total, error, first, mean)
-        outs.append((found, total, error))
-    (f, ft, fe), (p, pt, pe) = outs
-    for one, other in ((f.a, p.a), (f.b, p.b)):
-        np.testing.assert_array_equal(one.indices, other.indices)
-        np.testing.assert_array_equal(one.magnitudes, other.magnitudes)
-        assert one.finite == other.finite
-    assert not f.b.finite
-    assert ft.tobytes() == pt.tobytes()
-    if last:
-        np.testing.assert_array_equal(f.mean[0], p.mean[0])
-        np.testing.assert_array_equal(f.mean[1], p.mean[1])
-        assert _same_sum(f.mean[2], p.mean[2])
-    else:
-        assert fe.tobytes() == pe.tobytes() and f.mean is None is p.mean
-
-
 @pytest.mark.parametrize("threshold", THRESHOLDS)
 def test_mean_row_equals_its_plain_twin(threshold):
     total, error = _row(6), _row(7) * np.float32(1e-7)

@@ -17,7 +17,6 @@ import torch
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.row_workspace import Workspace
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
 from gradstat.parallel import Progress, Task, no_progress, run_units
@@ -84,22 +83,13 @@ def buildup_unit(
     """Records of ``steps``: one per (step, scope, ratio, m)."""
     n = len(selection.learners)
     rows = []
-    with Workspace() as space:
-        walk = step_sets(
-            cap,
-            selection,
-            params.ratios,
-            params.on,
-            steps,
-            compute,
-            space,
-            with_mean=False,
-            tick=tick,
-        )
-        for step, sc, ratio, sets in walk:
+    walk = step_sets(cap, selection, params.ratios, params.on, steps, compute, with_mean=False)
+    for step, found in walk:
+        for sc, ratio, sets in found:
             _, histogram = set_overlaps(sets.indices, n)
             union = buildup_curve(histogram, n)
             rows.extend(buildup_records(step, sc.name, ratio, sets.k, sc.numel, union))
+        tick()
     return rows
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import pandas as pd
 import torch
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.row_workspace import Workspace
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import by_ratio, check_on, plan_sets, step_sets
 from gradstat.errors import UsageError
@@ -86,10 +84,6 @@ def overlap(
     return pd.DataFrame(by_ratio(run_units(cap, task, units, compute, progress), params.ratios))
 
 
-#: The sets of one step: {(scope name, ratio): (scope, k, indices [n + 1, k])}.
-StepSets = dict[tuple[str, float], tuple[Scope, int, torch.Tensor]]
-
-
 def overlap_unit(
     cap: Capture,
     selection: Selection,
@@ -102,42 +96,31 @@ def overlap_unit(
     """Records of a unit: a run of pairs (step, step ``lag`` on), or (``on="ef"``) every
     step."""
     rows: list[dict] = []
-    with Workspace() as space:
-        if params.on == "ef":
-            history: dict[tuple[str, float], deque] = {}
-            walk = step_sets(cap, selection, params.ratios, "ef", unit, compute, space, tick=tick)
-            for step, sc, ratio, found in walk:
+    if params.on == "ef":
+        history: dict[tuple[str, float], deque] = {}
+        for step, found in step_sets(cap, selection, params.ratios, "ef", unit, compute):
+            for sc, ratio, sets in found:
                 past = history.setdefault((sc.name, ratio), deque(maxlen=params.lag + 1))
-                past.append((step, found.indices))
+                past.append((step, sets.indices))
                 if len(past) > params.lag:
                     (first_step, first), last = past[0], past[-1][1]
                     rows += _pair_records(
-                        selection, sc, ratio, found.k, first_step, first, step, last
+                        selection, sc, ratio, sets.k, first_step, first, step, last
                     )
-            return rows
-        order = list(dict.fromkeys(step for pair in unit for step in pair))  # reads, in order
-        then = dict(pairwise(order))
-        recent: dict[int, StepSets] = {}
-        for first_step, step in unit:
-            for at in (first_step, step):
-                if at not in recent:
-                    recent[at] = {
-                        (sc.name, ratio): (sc, found.k, found.indices)
-                        for _, sc, ratio, found in step_sets(
-                            cap,
-                            selection,
-                            params.ratios,
-                            "raw",
-                            [at],
-                            compute,
-                            space,
-                            then=then.get,
-                        )
-                    }
-            for key, (sc, k, indices) in recent[step].items():
-                before = recent[first_step][key][2]
-                rows += _pair_records(selection, sc, key[1], k, first_step, before, step, indices)
-            del recent[first_step]  # the pairs after this one start later
+            tick()
+        return rows
+    order = list(dict.fromkeys(step for pair in unit for step in pair))  # reads, in order
+    pairs = deque(unit)
+    recent: dict[int, list] = {}  # the sets of steps read whose pairs are to come
+    for step, found in step_sets(cap, selection, params.ratios, "raw", order, compute):
+        recent[step] = found
+        while pairs and pairs[0][0] in recent and pairs[0][1] in recent:
+            first_step, second = pairs.popleft()
+            before = recent.pop(first_step)  # later pairs start later
+            for (sc, ratio, first), (_, _, sets) in zip(before, recent[second], strict=True):
+                rows += _pair_records(
+                    selection, sc, ratio, sets.k, first_step, first.indices, second, sets.indices
+                )
             tick()
     return rows
 

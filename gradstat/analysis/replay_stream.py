@@ -85,7 +85,7 @@ def replay_streamed(
     before asking for the next step.
     """
     space = Workspace()  # the next learner's row is read while this one is replayed
-    space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
+    space.ensure(cap.numel)
     next_step = dict(itertools.pairwise(steps))
     try:
         with MemoryRows(scratch) as rows:

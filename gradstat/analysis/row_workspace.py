@@ -1,15 +1,14 @@
-"""Reading rows: a scope's block of one learner's row, and a reader per unit of work.
+"""Reading rows: a scope's block of one learner's row, and a reader that reads ahead.
 
 :func:`read_block` is the one way an analysis reads a scope's columns of a row (checked
 against their CRC-32C, into a buffer; never mapped: a file cut while it is read is an
-error, not SIGBUS). :class:`Workspace` is what a unit of work reads with: its row (or
-column block) buffers, a reading thread that reads the next learner's row while the
-rows before it are scanned (the compiled loops leave the GIL), the step's compensated
-running sum (:class:`~gradstat.stats.rows.CompensatedSum`) and the scans' candidate
-rooms. A unit opens one (``with Workspace() as space:``), keeps it from step to step
-(a fresh row costs its page faults: docs/large.md) and frees it when it ends. Used by
-the top-k stream (:mod:`gradstat.analysis.topk_stream`) and replay
-(:mod:`gradstat.analysis.replay_stream`).
+error, not SIGBUS). :class:`Workspace` is a unit's reader with a reading thread that
+reads the next learner's row while the row before it is processed (the compiled loops
+leave the GIL): the replay's (:mod:`gradstat.analysis.replay_stream`), where it saves
+29-46%; a set analysis reads each row when it needs it (on this 2-core machine the
+thread cost it 13-20%: docs/large.md, "Fast paths"). A unit opens one (``with
+Workspace() as space:``), keeps it from step to step (a fresh row costs its page faults)
+and frees it when it ends.
 """
 
 from __future__ import annotations
@@ -20,11 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
-import torch
 
-from gradstat.stats.row_kernels import Room
-from gradstat.stats.rows import CompensatedSum
-from gradstat.stats.topk_sets import candidates_room
 from gradstat.store import Capture, Scope
 
 
@@ -66,21 +61,17 @@ def _then(
 
 
 class Workspace:
-    """The buffers of a unit's walk over steps, allocated once: the row (or column
-    block) buffers, the running mean's sum and the scans' candidate rooms; and a reading
-    thread that reads the next learner's row into a buffer (:func:`read_block`) while
-    the rows before it are scanned (CRC-32C checks and reads overlap the scan; the
-    compiled loops leave the GIL). Two buffers, or four where rows are scanned in pairs
-    (``pairs``: on the CPU with a running sum; two rows scanned, two read). Reused while
-    the width and device stay the same; a context manager that frees them all (and
-    stops the thread) when it closes."""
+    """A unit's row (or column block) buffers, allocated once, and a reading thread that
+    reads the next learner's row into a free buffer (:func:`read_block`) while the
+    caller works on the one before (CRC-32C checks and reads overlap the work). Reused
+    while the width stays the same; a context manager that frees the buffers (and stops
+    the thread) when it closes."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._width: int | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
         self.buffers: tuple[np.ndarray, ...] = ()
-        self.sums: CompensatedSum | None = None
 
     def __enter__(self) -> Workspace:
         return self
@@ -88,27 +79,14 @@ class Workspace:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
-        key = (width, str(device), with_mean)
-        if key == self._key:
+    def ensure(self, width: int) -> None:
+        """Buffers of ``width`` values: the row handed out and the one read behind it."""
+        if width == self._width:
             return
         self._drop_ahead()
-        self._key = None  # free the old buffers before allocating new ones
-        self.buffers, self.sums = (), None
-        self.pairs = with_mean and device.type == "cpu"
-        # rows a caller may hold at once, and as many reads in flight behind them
-        self.depth = 2 if self.pairs else 1
-        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
-        self.sums = CompensatedSum(width, device) if with_mean else None
-        self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
-        self._key = key
-
-    def candidate_room(self, which: int, d: int, k: int) -> Room:
-        """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
-        for a row of ``d``'s top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
-        if self.rooms[which].size < candidates_room(d, k):
-            self.rooms[which] = Room(candidates_room(d, k))
-        return self.rooms[which]
+        self.buffers = ()  # free the old buffers before allocating new ones
+        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2))
+        self._width = width
 
     def rows(
         self,
@@ -121,14 +99,14 @@ class Workspace:
         then: tuple[int, int, int] | None = None,
         after: Callable[[np.ndarray], Any] | None = None,
     ) -> Iterator[Any]:
-        """Each learner's columns ``[start, stop)`` in turn, read in the background ahead
-        of the caller (``depth`` rows ahead); a row handed out stays valid until ``depth``
-        more are. ``then``: ``(step, start, stop)`` of the first learner's read likely
-        asked for next (the next block or step), read ahead into a free buffer once this
-        call's last row is queued; a later call for exactly that read takes it. ``after``:
-        work the reading thread does on each row read; rows then come as (row, after(row))."""
+        """Each learner's columns ``[start, stop)`` in turn, read in the background one row
+        ahead of the caller; a row handed out stays valid until the next one is.
+        ``then``: ``(step, start, stop)`` of the first learner's read likely asked for next
+        (the next block or step), read ahead into a free buffer once this call's last row
+        is queued; a later call for exactly that read takes it. ``after``: work the
+        reading thread does on each row read; rows then come as (row, after(row))."""
         self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
-        depth = self.depth  # reads in flight, and rows handed out that stay valid
+        depth = 1  # reads in flight, and rows handed out that stay valid
         queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
         handed: list[int] = []  # the buffers of the rows handed out, in order
 
@@ -194,8 +172,8 @@ class Workspace:
     def release(self) -> None:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
-        self._key = None
-        self.buffers, self.sums = (), None
+        self._width = None
+        self.buffers = ()
         if self._reader is not None:
             self._reader.shutdown()
             self._reader = None

@@ -9,8 +9,7 @@ contraction check with each learner as the CLT-k leader, and the random baseline
 of raw gradients streamed learner by learner (``topk_stream``), or of
 error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``), at every ratio from
 one read of each step; ``plan_sets`` checks a top-k set analysis once and cuts it into
-units: runs of steps, one per process, each reading with its own
-:class:`~gradstat.analysis.row_workspace.Workspace`.
+units: runs of steps, one per process, each reading into buffers of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import pandas as pd
 import torch
@@ -26,9 +24,8 @@ import torch
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.ef_vectors import ef_vectors
-from gradstat.analysis.row_workspace import Workspace
 from gradstat.analysis.selection import Selection, parse_ratios, require_one_kept
-from gradstat.analysis.topk_stream import StepSets, stream_step_sets
+from gradstat.analysis.topk_stream import SetBuffers, StepSets, stream_step_sets
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Progress, Task, no_progress, planned_workers, run_units, runs
 from gradstat.stats.density import k_for
@@ -115,56 +112,36 @@ def step_sets(
     on: str,
     steps: Sequence[int],
     compute: Compute,
-    space: Workspace,
     *,
     with_mean: bool = True,
-    tick: Callable[[], None] = lambda: None,
-    then: Callable[[int], int | None] | None = None,
-) -> Iterator[tuple[int, Scope, float, StepSets]]:
-    """Yield ``(step, scope, ratio, sets)``: the top-k sets of every selected learner (and
-    of the mean gradient when ``with_mean``) at ``steps``, every ratio from one read of
-    each step; ``tick()`` after each step.
+) -> Iterator[tuple[int, list[tuple[Scope, float, StepSets]]]]:
+    """Yield ``(step, [(scope, ratio, sets), ...])`` at each of ``steps``: the top-k sets
+    of every selected learner (and of the mean gradient when ``with_mean``) in each scope
+    at every ratio, from one read of the step.
 
     ``on="raw"``: the recorded gradients, streamed one learner's row (or column block) at
-    a time through the unit's reader ``space`` (``topk_stream``; ``then(step)``: the step
-    read next, whose first row is read ahead; default: the next of ``steps``);
-    ``on="ef"``: g + m from a top-k residual error-feedback replay at that ratio
-    (``ef_vectors``; ``steps`` must then be a run's steps in order). Warns once per
-    scope and ratio when a vector has fewer than k non-zeros (the set is then partly
-    arbitrary ties).
+    a time into buffers this walk owns (``topk_stream``; freed when it ends); ``on="ef"``:
+    g + m from a top-k residual error-feedback replay at that ratio (``ef_vectors``;
+    ``steps`` must then be a run's steps in order). Warns once per scope and ratio when
+    a vector has fewer than k non-zeros (the set is then partly arbitrary ties).
     """
     learners = list(selection.learners)
     scopes = usable_scopes(selection.scopes(cap), ratios, warn=False)
     device = compute.torch_device()
     warned: set[tuple[str, float]] = set()
     if on == "ef":
-        found = _ef_step_sets(cap, steps, learners, scopes, ratios, device, with_mean)
-        for step, sc, ratio, sets in found:
-            yield _warn_sparse(warned, step, sc, ratio, sets)
-            if sc is scopes[-1] and ratio == ratios[-1]:
-                tick()
+        for step, found in _ef_step_sets(cap, steps, learners, scopes, ratios, device, with_mean):
+            yield step, [_warn_sparse(warned, step, *one) for one in found]
         return
-    following = dict(pairwise(steps)) if then is None else None
-    for step in steps:
-        ahead = (following.get(step) if then is None else then(step)) if len(scopes) == 1 else None
-        for sc in scopes:
-            ks = [k_for(ratio, sc.numel) for ratio in ratios]
-            block = compute.block_numel(sc.numel)
-            found = stream_step_sets(
-                cap,
-                step,
-                learners,
-                sc,
-                ks,
-                with_mean=with_mean,
-                device=device,
-                block=block,
-                workspace=space,
-                then=ahead,
-            )
-            for ratio, sets in zip(ratios, found, strict=True):
-                yield _warn_sparse(warned, step, sc, ratio, sets)
-        tick()
+    blocks = {sc.name: min(sc.numel, compute.block_numel(sc.numel)) for sc in scopes}
+    with SetBuffers(max(blocks.values()), device, with_mean) as buffers:
+        for step in steps:
+            found = []
+            for sc in scopes:
+                ks = [k_for(ratio, sc.numel) for ratio in ratios]
+                sets = stream_step_sets(cap, step, learners, sc, ks, buffers, blocks[sc.name])
+                found += [(sc, ratio, one) for ratio, one in zip(ratios, sets, strict=True)]
+            yield step, [_warn_sparse(warned, step, *one) for one in found]
 
 
 def _ef_step_sets(
@@ -175,20 +152,22 @@ def _ef_step_sets(
     ratios: Sequence[float],
     device: torch.device,
     with_mean: bool,
-) -> Iterator[tuple[int, Scope, float, StepSets]]:
+) -> Iterator[tuple[int, list[tuple[Scope, float, StepSets]]]]:
     """``step_sets`` of ``on="ef"``: the sets of g + m from a top-k residual replay."""
     for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
+        found = []
         for sc in scopes:
             for ratio in ratios:
                 x = vectors[sc.name, ratio].to(device)
                 require_finite(step, x, learners, "a top-k set analysis")
-                yield step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
+                found.append((sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)))
+        yield step, found
 
 
 def _warn_sparse(
     warned: set[tuple[str, float]], step: int, sc: Scope, ratio: float, sets: StepSets
-) -> tuple[int, Scope, float, StepSets]:
-    """``(step, sc, ratio, sets)``, after a warning, once per scope and ratio of a unit
+) -> tuple[Scope, float, StepSets]:
+    """``(sc, ratio, sets)``, after a warning, once per scope and ratio of a walk
     (``warned``), when some vector has fewer than k non-zeros."""
     key = (sc.name, ratio)
     if sets.sparse and key not in warned:
@@ -199,7 +178,7 @@ def _warn_sparse(
             GradstatWarning,
             stacklevel=3,
         )
-    return step, sc, ratio, sets
+    return sc, ratio, sets
 
 
 def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
@@ -289,14 +268,14 @@ def similarity_unit(
     ``"pairs"``."""
     n = len(selection.learners)
     records = []
-    with Workspace() as space:
-        walk = step_sets(cap, selection, params.ratios, params.on, steps, compute, space, tick=tick)
-        for step, sc, ratio, sets in walk:
+    for step, found in step_sets(cap, selection, params.ratios, params.on, steps, compute):
+        for sc, ratio, sets in found:
             intersections, histogram = set_overlaps(sets.indices, n)
             metrics = TopkSetMetrics(
                 sets.k, sets.d, sets.indices, intersections, histogram, sets.energy
             )
             records.append(_similarity_record(step, sc.name, ratio, selection.learners, metrics))
+        tick()
     return records
 
 

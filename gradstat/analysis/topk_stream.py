@@ -2,15 +2,13 @@
 
 Contract: :func:`stream_step_sets` returns, for one step and scope, each learner's top-k
 index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md
-3) without stacking the step's learners. Each row is read (and checked) through the
-unit's :class:`~gradstat.analysis.row_workspace.Workspace`, moved to the compute device
-and scanned once (:func:`gradstat.stats.rows.scan`): checked for NaN/Inf (a
-``DataError`` naming step and learner), added to a compensated float32 running sum for
-the mean, and cut to its top-k candidates (:func:`gradstat.stats.topk_sets.top_of`). On
-the CPU two rows are scanned in one pass (:func:`~gradstat.stats.row_kernels.
-scan_row_pair`: the sum read and written once for both, the same numbers), and a step's
-last pair makes the mean. Memory: a few rows, the sum and O(learners x k) for the sets,
-whatever the number of learners.
+3) without stacking the step's learners. Each row is read (and checked) into the unit's
+:class:`SetBuffers`, moved to the compute device and scanned once
+(:func:`gradstat.stats.rows.scan`): checked for NaN/Inf (a ``DataError`` naming step and
+learner), added to a compensated float32 running sum for the mean, and cut to its top-k
+candidates (:func:`gradstat.stats.topk_sets.top_of`). The mean is made in the last
+row's buffer, with its candidates and sum of squares, in one more pass. Memory: a row,
+the sum and O(learners x k) for the sets, whatever the number of learners.
 
 When a row is longer than the memory budget allows (``Compute.block_numel``), the scope
 is processed in column blocks. Top-k over blocks is exact: each block keeps its own
@@ -21,21 +19,51 @@ candidate is taken while its block's mean is at hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from gradstat.analysis.row_workspace import Workspace, column_blocks
-from gradstat.stats.row_kernels import MeanOf, scan_row_pair
-from gradstat.stats.row_plain import compensated_add
-from gradstat.stats.rows import Found, require_finite, scan, scan_mean
-from gradstat.stats.topk_sets import prefilter_threshold, prefilters, sample_positions, top_of
+from gradstat.analysis.row_workspace import column_blocks, read_block
+from gradstat.stats.row_kernels import Room
+from gradstat.stats.rows import CompensatedSum, Found, require_finite, scan, scan_mean
+from gradstat.stats.topk_sets import (
+    candidates_room,
+    prefilter_threshold,
+    prefilters,
+    sample_positions,
+    top_of,
+)
 from gradstat.store import Capture, Scope
 
 TOPK = "a top-k set analysis"
+
+
+class SetBuffers:
+    """What a unit reads its steps' rows into: a row (or column block) buffer of
+    ``width`` values, the step's compensated sum on ``device`` (``with_mean``) and the
+    scans' candidate rooms, kept from step to step (a fresh row costs its page faults:
+    docs/large.md); a context manager that frees them when the unit ends."""
+
+    def __init__(self, width: int, device: torch.device, with_mean: bool) -> None:
+        self.device = device
+        self.row = np.empty(width, dtype=np.float32)
+        self.sums = CompensatedSum(width, device) if with_mean else None
+        self.rooms = [Room(0), Room(0)]  # a learner's row, the mean
+
+    def room(self, which: int, d: int, k: int) -> Room:
+        """The ``which``-th candidate room, large enough for a row of ``d``'s top-k
+        (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
+        if self.rooms[which].size < candidates_room(d, k):
+            self.rooms[which] = Room(candidates_room(d, k))
+        return self.rooms[which]
+
+    def __enter__(self) -> SetBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.row, self.sums, self.rooms = np.empty(0, np.float32), None, []
 
 
 @dataclass
@@ -110,12 +138,6 @@ class StepSets:
     sparse: bool
 
 
-def _threshold(x: torch.Tensor, k: int, floor: float | None) -> float | None:
-    """A block's candidate threshold: the row's floor (:class:`_RowCandidates`), else
-    one sampled from the block (``prefilter_threshold``; None: no pre-filter)."""
-    return floor if floor is not None else prefilter_threshold(x, k)
-
-
 def _top(
     x: torch.Tensor, k: int, start: int, threshold: float | None, found: Found, floor: float | None
 ) -> _Running:
@@ -132,9 +154,9 @@ def _scan_row(
     x: torch.Tensor,
     k: int,
     start: int,
-    space: Workspace,
+    buffers: SetBuffers,
     row: tuple[int, int, bool],
-    floor: float | None = None,
+    floor: float | None,
 ) -> _Running:
     """One pass over a learner's block (:func:`~gradstat.stats.rows.scan`):
     finiteness, the running sum and the top-k candidates (|x| >= the row's ``floor``,
@@ -143,75 +165,14 @@ def _scan_row(
     step)."""
     d = x.numel()
     k = min(k, d)
-    threshold = _threshold(x, k, floor)
-    room = space.candidate_room(0, d, k)
-    found = scan(x, threshold, room, space.sums, first=row[2])
+    threshold = floor if floor is not None else prefilter_threshold(x, k)
+    found = scan(x, threshold, buffers.room(0, d, k), buffers.sums, first=row[2])
     require_finite(row[0], x, [row[1]], TOPK, found.finite)
     return _top(x, k, start, threshold, found, floor)
 
 
-def _scan_pair(
-    rows: tuple[tuple[torch.Tensor, tuple[int, int, bool]], ...],
-    k: int,
-    start: int,
-    space: Workspace,
-    mean_of: int | None = None,
-    floors: tuple[float | None, float | None, float | None] = (None, None, None),
-) -> tuple[list[_Running], tuple[_Running, float] | None]:
-    """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
-    (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
-    written once for both (made by them when the first is the step's first); the same
-    sum and candidates as two scans. ``mean_of``: the step's learner count when these are
-    its last two rows; the pass then leaves the mean in the sum's row
-    (:class:`~gradstat.stats.row_kernels.MeanOf`) and also returns its top-k and its sum
-    of squares."""
-    (a, a_row), (b, b_row) = rows
-    d = a.numel()
-    k = min(k, d)
-    thresholds = _threshold(a, k, floors[0]), _threshold(b, k, floors[1])
-    rooms = space.candidate_room(0, d, k), space.candidate_room(1, d, k)
-    total, error = space.sums.parts(d)
-    first = a_row[2]
-    mean = None
-    if mean_of is not None:
-        threshold = floors[2]
-        if threshold is None and prefilters(d, k):  # the mean's sample, from the pass's ops
-            at = sample_positions(d)
-            sample = pair_mean(a[at], b[at], total[at], error[at], first, mean_of).abs()
-            threshold = prefilter_threshold(total, k, sample=sample)
-        mean = MeanOf(mean_of, threshold, space.candidate_room(2, d, k))
-    arrays = (a.numpy(), b.numpy())
-    found = scan_row_pair(arrays, thresholds, rooms, total.numpy(), error.numpy(), first, mean)
-    made = None
-    if mean is not None and found.mean is not None:
-        indices, magnitudes, squares = found.mean
-        candidates = Found(torch.from_numpy(indices), torch.from_numpy(magnitudes), True)
-        made = _top(total, k, start, mean.threshold, candidates, floors[2]), squares
-    tops = []
-    for x, row, threshold, one, floor in zip(
-        (a, b), (a_row, b_row), thresholds, (found.a, found.b), floors[:2], strict=True
-    ):
-        require_finite(row[0], x, [row[1]], TOPK, one.finite)
-        candidates = Found(torch.from_numpy(one.indices), torch.from_numpy(one.magnitudes), True)
-        tops.append(_top(x, k, start, threshold, candidates, floor))
-    return tops, made
-
-
-def pair_mean(
-    a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, c: torch.Tensor, first: bool, n: int
-) -> torch.Tensor:
-    """The mean a step's last pair leaves (:func:`~gradstat.stats.row_kernels.scan_row_pair`)
-    at a few positions: a then b added to the compensated sum ``s``, ``c`` (or making it,
-    when ``first``; :func:`~gradstat.stats.row_plain.compensated_add`), then
-    ``(s - c) / n``; float32, the same operations in the same order, so the same bits:
-    the mean's pre-filter sample, taken before the pass that makes the mean."""
-    s, c = (a, torch.zeros_like(a)) if first else compensated_add(s, c, a)
-    s, c = compensated_add(s, c, b)
-    return (s - c).div_(n)
-
-
 def _mean_top(
-    k: int, start: int, n: int, mean: torch.Tensor, space: Workspace, floor: float | None = None
+    k: int, start: int, n: int, mean: torch.Tensor, buffers: SetBuffers, floor: float | None
 ) -> tuple[_Running, float]:
     """The mean of the step's ``n`` rows in this block, from the running sum, into
     ``mean``; its top-k as :func:`_scan_row`'s; and its sum of squares (float64). One
@@ -219,12 +180,12 @@ def _mean_top(
     the sum first, the very values the mean will have there."""
     d = mean.numel()
     k = min(k, d)
-    total, error = space.sums.parts(d)
+    total, error = buffers.sums.parts(d)
     threshold = floor
     if threshold is None and prefilters(d, k):
         at = sample_positions(d)
         threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
-    found, squares = scan_mean(space.sums, n, mean, threshold, space.candidate_room(0, d, k))
+    found, squares = scan_mean(buffers.sums, n, mean, threshold, buffers.room(1, d, k))
     return _top(mean, k, start, threshold, found, floor), squares
 
 
@@ -234,104 +195,36 @@ def stream_step_sets(
     learners: Sequence[int],
     scope: Scope,
     ks: Sequence[int],
-    *,
-    with_mean: bool,
-    device: torch.device,
+    buffers: SetBuffers,
     block: int,
-    workspace: Workspace | None = None,
-    then: int | None = None,
 ) -> list[StepSets]:
-    """Top-k sets of every learner (and of the mean when ``with_mean``) for each k in ``ks``.
-
-    Reads each learner's row once (in column blocks of ``block`` when shorter than the
-    scope); exact, module docstring. ``workspace``: the caller's unit's buffers, kept
-    from call to call (default: buffers of this call alone); ``then``: the step likely
-    asked for next, whose first row (first block) is read ahead; the first learner's
-    next block is read ahead the same way.
-    """
-    if workspace is None:
-        with Workspace() as space:
-            return stream_step_sets(
-                cap,
-                step,
-                learners,
-                scope,
-                ks,
-                with_mean=with_mean,
-                device=device,
-                block=block,
-                workspace=space,
-            )
+    """Top-k sets of every learner (and of the mean when ``buffers`` keep a sum) for each
+    k in ``ks``: each learner's row read once into ``buffers`` (in column blocks of
+    ``block`` when shorter than the scope); exact, module docstring."""
     d, n, kmax = scope.numel, len(learners), max(ks)
-    block = min(block, d)
-    space = workspace
-    space.ensure(block, device, with_mean)
+    with_mean = buffers.sums is not None
     running = [_RowCandidates(kmax) for _ in range(n + 1)]
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    blocks = list(column_blocks(d, block))
-    for b, (start, stop) in enumerate(blocks):
-        if b + 1 < len(blocks):
-            ahead = (step, *blocks[b + 1])
-        else:
-            ahead = None if then is None else (then, *blocks[0])
-        rows = space.rows(cap, step, learners, scope, start, stop, ahead)
-        candidates, last, made = _scan_block(
-            rows, step, learners, start, kmax, space, running, with_mean, device
-        )
+    total = torch.zeros((), dtype=torch.float64, device=buffers.device)
+    for start, stop in column_blocks(d, min(block, d)):
+        candidates, x = [], None
+        for i, learner in enumerate(learners):
+            view = read_block(cap, step, learner, scope, start, stop, buffers.row)
+            x = torch.from_numpy(view).to(buffers.device)
+            row = (step, learner, i == 0)
+            candidates.append(_scan_row(x, kmax, start, buffers, row, running[i].floor))
         if with_mean:  # the mean goes where the last row was (no longer needed)
-            if made is None:
-                made = _mean_top(kmax, start, n, last, space, running[n].floor)
-                mean = last
-            else:
-                mean = space.sums.total[: stop - start]
-            top, squares = made
+            top, squares = _mean_top(kmax, start, n, x, buffers, running[n].floor)
             total += squares
             candidates.append(top)
             for c in candidates:
-                c.mean_values = mean[c.indices - start].double()
+                c.mean_values = x[c.indices - start].double()
         for i, c in enumerate(candidates):
             running[i].add(c)
     return _step_sets(running, ks, n, d, total if with_mean else None)
 
 
-def _scan_block(
-    rows: Iterator[np.ndarray],
-    step: int,
-    learners: Sequence[int],
-    start: int,
-    kmax: int,
-    space: Workspace,
-    running: list[_RowCandidates],
-    with_mean: bool,
-    device: torch.device,
-) -> tuple[list[_Running], torch.Tensor, Any]:
-    """Each learner's top-k candidates of one block (scanned in pairs where
-    ``space.pairs``), the last row as a tensor, and the mean's ``(top, squares)`` when
-    the step's last pair made it (else None)."""
-    n = len(learners)
-    candidates: list[_Running] = []
-    held = made = x = None  # held: a pair's first row, until its second comes
-    for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
-        x = torch.from_numpy(view).to(device)
-        row = (step, learner, i == 0)
-        if not space.pairs:
-            candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
-        elif held is None:
-            held = (x, row)
-        else:
-            mean_of = n if with_mean and i == n - 1 else None
-            floors = (running[i - 1].floor, running[i].floor, running[n].floor)
-            tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
-            candidates.extend(tops)
-            held = None
-    if held is not None:
-        floor = running[n - 1].floor
-        candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
-    return candidates, x, made
-
-
 def _step_sets(
-    running: list[_RowCandidates], ks: Sequence[int], n: int, d: int, total: Any
+    running: list[_RowCandidates], ks: Sequence[int], n: int, d: int, total: torch.Tensor | None
 ) -> list[StepSets]:
     """The :class:`StepSets` of each k from the rows' joined candidates (the mean's
     last, with the energies, where ``total`` is its sum of squares)."""

@@ -24,11 +24,6 @@ waits on memory).
 Each function has a plain numpy twin of the same name and contract in
 :mod:`gradstat.stats.row_plain`, which the tests compare it with and
 ``benchmarks/scale.py --plain loops`` runs in its place (docs/large.md, "Fast paths").
-
-Two rows can be added in one pass (:func:`scan_row_pair`): the compensated sum is then
-read and written once for both, the two Kahan updates in learner order as before, so the
-same bits. A top-k set analysis pairs its learners' rows this way; a step's last pair
-also makes the mean, in the sum's row (:class:`MeanOf`).
 """
 
 from __future__ import annotations
@@ -150,62 +145,6 @@ def scan_row(
     limit = float32_limit(threshold)
     count, flags = compiled.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
     return Found(*_found(compiled, x, limit, room, count), _finite(flags))
-
-
-class MeanOf(NamedTuple):
-    """A step's last pair makes the mean of its ``n`` rows (:func:`scan_row_pair`), with
-    its candidates ``|mean| >= threshold`` in ``room``."""
-
-    n: int
-    threshold: float | None
-    room: Room
-
-
-class PairFound(NamedTuple):
-    """What :func:`scan_row_pair` found: each row's :class:`Found`, and for a last pair the
-    mean's candidates (indices, magnitudes) and sum of squares, as :func:`mean_row`'s."""
-
-    a: Found
-    b: Found
-    mean: tuple[np.ndarray, np.ndarray, float] | None = None
-
-
-def scan_row_pair(
-    rows: tuple[np.ndarray, np.ndarray],
-    thresholds: tuple[float | None, float | None],
-    rooms: tuple[Room, Room],
-    total: np.ndarray,
-    error: np.ndarray,
-    first: bool = False,
-    mean: MeanOf | None = None,
-) -> PairFound:
-    """:func:`scan_row` of two rows in turn, each added to the compensated sum (the first
-    one making it, when ``first``), in one pass: the sum is read and written once for
-    both. The same results as two calls.
-
-    ``mean``: these are a step's last two rows of ``mean.n``; the pass leaves the mean
-    in ``total`` instead of the sum, :func:`mean_row`'s ``(total - error) / n`` bit for
-    bit, with its candidates and sum of squares, and does not write ``error``: one pass
-    where a last pair and :func:`mean_row` would read and write the sum twice."""
-    compiled = loops()
-    a, b = rows
-    limits = float32_limit(thresholds[0]), float32_limit(thresholds[1])
-    n, mean_limit = (
-        (0, float32_limit(None)) if mean is None else (mean.n, float32_limit(mean.threshold))
-    )
-    room = rooms[1] if mean is None else mean.room  # n = 0: never written
-    outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
-    mean_outs = room.indices, room.magnitudes
-    a_count, b_count, mean_count, a_flags, b_flags, squares = compiled.scan_pair(
-        a, b, total, error, first, *limits, *outs, np.float32(n), mean_limit, *mean_outs
-    )
-    return PairFound(
-        Found(*_found(compiled, a, limits[0], rooms[0], a_count), _finite(a_flags)),
-        Found(*_found(compiled, b, limits[1], rooms[1], b_count), _finite(b_flags)),
-        None
-        if mean is None
-        else (*_found(compiled, total, mean_limit, room, mean_count), float(squares)),
-    )
 
 
 def mean_row(
