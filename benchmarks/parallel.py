@@ -41,10 +41,10 @@ from gradstat.stats.row_kernels import load
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.overlap import OverlapParams
-try:  # the analysis's name since issue 41; an older tree (--base) calls it temporal_overlap
-    from gradstat.analysis.overlap import overlap
-except ImportError:
+try:  # an older tree (--base): the analysis was temporal_overlap (overlap a set metric)
     from gradstat.analysis.overlap import temporal_overlap as overlap
+except ImportError:
+    from gradstat.analysis.overlap import overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link

@@ -64,6 +64,8 @@ import numpy as np
 from gradstat.store import RankFileWriter, finalize_root, layer_table, write_root
 
 SIZES = {"8M": 8 << 20, "32M": 32 << 20, "128M": 128 << 20}
+#: This checkout: what the children import when no other tree is named.
+ROOT = str(Path(__file__).resolve().parent.parent)
 RATIO = 0.001
 LAYERS = 8
 
@@ -107,10 +109,10 @@ from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.overlap import OverlapParams
-try:  # the analysis's name since issue 41; an older tree (--base) calls it temporal_overlap
-    from gradstat.analysis.overlap import overlap
-except ImportError:
+try:  # an older tree (--base): the analysis was temporal_overlap (overlap a set metric)
     from gradstat.analysis.overlap import temporal_overlap as overlap
+except ImportError:
+    from gradstat.analysis.overlap import overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
@@ -228,13 +230,14 @@ def run_child(
             spinner.kill()
             spinner.wait()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        env = {**os.environ, "PYTHONPATH": tree or ROOT}
         code = f"PLAIN = {PLAIN!r}\n{CHILD}"
-        child = subprocess.Popen(
+        child = subprocess.Popen(  # not in a checkout: ``-c`` puts the folder first on the path
             [sys.executable, "-c", code, str(path), what, str(RATIO), plain],
             stdout=out,
             stderr=err,
             env=env,
+            cwd=tempfile.gettempdir(),
         )
         child.wait()
         out.seek(0)
@@ -295,7 +298,8 @@ def write_with(tree: str | None, folder: Path, numel: int, learners: int, steps:
         "from pathlib import Path; from scale import write_synthetic; "
         f"write_synthetic(Path({str(folder)!r}), {numel}, {learners}, {steps})"
     )
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": tree}, check=True)
+    env = {**os.environ, "PYTHONPATH": tree}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tempfile.gettempdir())
 
 
 def warm_up(args: argparse.Namespace) -> None:

@@ -65,6 +65,7 @@ from gradstat.stats.thresholds import (
     DEFAULT_ESTIMATORS,
     ESTIMATORS,
     ThresholdResult,
+    dgc_threshold,
     estimate_threshold,
     get_estimator,
 )
@@ -312,6 +313,15 @@ class _Row:
         self.params, self.base, self.values, self.stats = params, base, values, stats
         self.adaptive = adaptive
         self.ks = {ratio: k_for(ratio, values.numel()) for ratio in params.ratios}
+        # DGC's 1% samples, drawn once for the sketch and the records (random reads are
+        # its slow part), in the order DGC runs: each ratio, from a generator seeded by
+        # the step, the same in every run
+        generator = torch.Generator().manual_seed(params.seed + int(base["step"]))
+        self.sampled = {
+            ratio: dgc_threshold(values, k, generator)
+            for ratio, k in self.ks.items()
+            if "dgc" in params.estimators
+        }
         if isinstance(stats, RowHistogram):
             self.fits: _BinnedFits | _SampledFits = _BinnedFits(stats)
         else:
@@ -412,8 +422,7 @@ class _Row:
     ) -> Iterator[tuple[dict, ThresholdResult | GradstatError]]:
         """Every estimator at every ratio and stage count (the adaptive rule's current
         one), on ``stats``: its record's base and its result, or the error that stopped
-        it. DGC draws from a generator seeded by the step, the same in every run."""
-        generator = torch.Generator().manual_seed(self.params.seed + int(self.base["step"]))
+        it."""
         for estimator in self.params.estimators:
             staged = ESTIMATORS[estimator].staged
             for ratio in self.params.ratios:
@@ -433,9 +442,7 @@ class _Row:
                         "adaptive": adaptive,
                     }
                     try:
-                        result = self._estimate(
-                            stats, ratio, estimator, stages, generator, empirical
-                        )
+                        result = self._estimate(stats, ratio, estimator, stages, empirical)
                     except GradstatError as exc:
                         yield row_base, exc
                     else:
@@ -447,7 +454,6 @@ class _Row:
         ratio: float,
         estimator: str,
         stages: int,
-        generator: torch.Generator,
         empirical: dict,
     ) -> ThresholdResult:
         """One estimator's threshold; ``topk`` is the empirical quantile already found."""
@@ -460,10 +466,10 @@ class _Row:
             estimator,
             stages=stages,
             threshold=self.params.hard_threshold,
-            generator=generator,
             zeros=self.params.zeros,
             stage_fit=self.params.stage_fit,
             shared=stats,
+            sampled=self.sampled.get(ratio) if estimator == "dgc" else None,
         )
 
 

@@ -77,8 +77,10 @@ class _Running:
     def top(self, k: int) -> _Running:
         """The top-k of these candidates (k at most their number)."""
         keep = torch.topk(self.magnitudes, k, sorted=False).indices
-        mean_values = None if self.mean_values is None else self.mean_values[keep]
-        return _Running(self.magnitudes[keep], self.indices[keep], mean_values)
+        mean_values = None if self.mean_values is None else self.mean_values.index_select(0, keep)
+        return _Running(
+            self.magnitudes.index_select(0, keep), self.indices.index_select(0, keep), mean_values
+        )
 
 
 class _RowCandidates:
@@ -217,7 +219,7 @@ def stream_step_sets(
             total += squares
             candidates.append(top)
             for c in candidates:
-                c.mean_values = x[c.indices - start].double()
+                c.mean_values = x.index_select(0, c.indices - start).double()
         for i, c in enumerate(candidates):
             running[i].add(c)
     return _step_sets(running, ks, n, d, total if with_mean else None)

@@ -462,16 +462,15 @@ class RowHistogram:
         each value itself in the bins of :meth:`rough_bins` (subnormal bins are wide
         relative to their values; a log-density is -inf past the end of a bounded
         support)."""
-        subnormal, rough = self.rough_bins(function)
-        exact = self._exact_sum(function, subnormal)
-        if rough.size:
-            exact += self._exact_sum(function, rough)
         bins = self.occupied()
-        bins = bins[bins >= (NORMAL_BITS >> SHIFT)]
-        smooth, (c, h, left, mid, right) = self._smooth(function, bins)
-        if bins.size == 0 or not smooth.any():
+        normal = bins[bins >= (NORMAL_BITS >> SHIFT)]
+        smooth, (c, h, left, mid, right) = self._smooth(function, normal)
+        exact = self._exact_sum(function, bins[bins < (NORMAL_BITS >> SHIFT)])
+        if not smooth.all():
+            exact += self._exact_sum(function, normal[~smooth])
+        if not smooth.any():
             return exact
-        bins, c, h = bins[smooth], c[smooth], h[smooth]
+        bins, c, h = normal[smooth], c[smooth], h[smooth]
         left, mid, right = left[smooth], mid[smooth], right[smooth]
         m = self.bins.counts[bins].astype(np.float64)
         s1 = self.bins.sums[bins] - m * c  # sum of (x - c)

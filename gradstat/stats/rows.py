@@ -136,7 +136,7 @@ def scan(
         indices = torch.empty(0, dtype=torch.int64, device=x.device)
     else:
         indices = indices_above(x, threshold)
-    return Found(indices, x[indices].abs(), finite)
+    return Found(indices, x.index_select(0, indices).abs(), finite)
 
 
 def scan_mean(
