@@ -144,3 +144,27 @@ def test_compute_validates_and_sizes_blocks():
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
     with pytest.raises(UsageError, match="--memory 'lots'"):
         parse_bytes("lots", "--memory")
+
+
+@pytest.mark.parametrize("jobs", [None, 2])
+def test_progress_moves_once_a_step_whatever_the_units(synthetic_capture, jobs):
+    """A unit is a run of steps (one per process); progress still counts each step once,
+    in this process and in workers alike."""
+    path, _ = synthetic_capture
+    seen: list[int] = []
+
+    def progress(parts):
+        seen.append(len(parts))
+        return parts
+
+    with open_capture(path) as cap:
+        selection = Selection.of(cap, steps=[0, 1, 2, 3, 4])
+        params, compute = BuildupParams(0.1), Compute(device="cpu", jobs=jobs)
+        records = buildup(cap, selection, params, compute=compute, progress=progress)
+        fitted = fit(cap, selection, FitParams(ratios=0.1), compute=compute, progress=progress)
+    assert seen == [5, 5]
+    assert (
+        list(dict.fromkeys(records["step"]))
+        == list(dict.fromkeys(fitted["step"]))
+        == [0, 1, 2, 3, 4]
+    )

@@ -67,7 +67,7 @@ def buildup(
     params = params or BuildupParams()
     compute = compute or Compute()
     units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up", compute)
-    task = Task(buildup_unit, str(cap.path), selection, params, parts=max(map(len, units)))
+    task = Task(buildup_unit, str(cap.path), selection, params, parts=None)
     return pd.DataFrame(run_units(cap, task, units, compute, progress))
 
 

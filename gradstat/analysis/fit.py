@@ -226,7 +226,7 @@ def fit(
     steps = selection.steps
     workers = 1 if params.stages is None else planned_workers(cap, selection, compute.jobs)
     units = runs(steps, workers)
-    task = Task(fit_unit, str(cap.path), selection, params, parts=max(map(len, units)))
+    task = Task(fit_unit, str(cap.path), selection, params, parts=None)
     records = pd.DataFrame(run_units(cap, task, units, compute, progress), columns=list(COLUMNS))
     counts = ("n_fit", "stages", "k", "selected")
     records = records.astype(dict.fromkeys(counts, "Int64"))

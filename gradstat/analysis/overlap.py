@@ -80,7 +80,7 @@ def overlap(
     else:
         pairs = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
         units = runs(pairs, planned_workers(cap, selection, compute.jobs))
-    task = Task(overlap_unit, str(cap.path), selection, params, parts=max(map(len, units)))
+    task = Task(overlap_unit, str(cap.path), selection, params, parts=None)
     return pd.DataFrame(by_ratio(run_units(cap, task, units, compute, progress), params.ratios))
 
 

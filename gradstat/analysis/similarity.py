@@ -242,7 +242,7 @@ def similarity(
     params = params or SimilarityParams()
     compute = compute or Compute()
     units = plan_sets(cap, selection, params.ratios, params.on, 2, "similarity", compute)
-    task = Task(similarity_unit, str(cap.path), selection, params, parts=max(map(len, units)))
+    task = Task(similarity_unit, str(cap.path), selection, params, parts=None)
     step_records = by_ratio(run_units(cap, task, units, compute, progress), params.ratios)
     pairs = [pair for record in step_records for pair in record.pop("pairs")]
     return SimilarityResult(pd.DataFrame(pairs), pd.DataFrame(step_records))
