@@ -91,8 +91,12 @@ def _write(path: Path, numel: int, steps: int) -> None:
 
 def _run(tree: Path, capture: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(capture)], env=env, capture_output=True, text=True
+    out = subprocess.run(  # not in a checkout: ``-c`` puts the folder first on the path
+        [sys.executable, "-c", CHILD, str(capture)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
     )
     if out.returncode:
         raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1]}")

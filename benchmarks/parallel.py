@@ -40,7 +40,11 @@ from gradstat.store import open_capture
 from gradstat.stats.row_kernels import load
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams
+try:  # an older tree (--base): the analysis was temporal_overlap (overlap a set metric)
+    from gradstat.analysis.overlap import temporal_overlap as overlap
+except ImportError:
+    from gradstat.analysis.overlap import overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
@@ -57,7 +61,7 @@ with open_capture(path) as cap:
     elif what == "buildup":
         buildup(cap, selection, BuildupParams([0.001]), compute=compute)
     elif what == "overlap":
-        temporal_overlap(cap, selection, OverlapParams(0.001), compute=compute)
+        overlap(cap, selection, OverlapParams(0.001), compute=compute)
     elif what == "fit":
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
     elif what == "replay":

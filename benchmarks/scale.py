@@ -22,8 +22,8 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
   about 1.8 s a GB (docs/large.md). Replay rows also print time / (read + touch).
 
 ``--plain NAME,...`` also times each analysis without each named fast path (one at a
-time, :data:`PLAIN`: the compiled row loops by their numpy twins, paired scans, the
-reading thread, RowPasses' kept sets and the top-k pre-filter), the audit of
+time, :data:`PLAIN`: the compiled row loops by their numpy twins, the replay's reading
+thread, RowPasses' kept sets and the top-k pre-filter), the audit of
 docs/large.md ("Fast paths"). ``--base TREE`` runs each analysis from another source
 tree too, on a capture its own writer made. Each tree (and each fast path left out)
 first runs every analysis once on a small capture, untimed, so that no timed run pays
@@ -66,6 +66,8 @@ import numpy as np
 from gradstat.store import RankFileWriter, finalize_root, layer_table, write_root
 
 SIZES = {"8M": 8 << 20, "32M": 32 << 20, "128M": 128 << 20}
+#: This checkout: what the children import when no other tree is named.
+ROOT = str(Path(__file__).resolve().parent.parent)
 RATIO = 0.001
 LAYERS = 8
 
@@ -79,22 +81,12 @@ for name in [n for n in vars(slow) if not n.startswith("_") and callable(getattr
     if getattr(fast, name) is not getattr(slow, name) and callable(getattr(slow, name)):
         swap(getattr(fast, name), getattr(slow, name))
 """,
-    # the rows of a top-k set analysis scanned one at a time, not in pairs
-    "pairs": """
-import gradstat.analysis.row_workspace as rw
-ensure = rw.Workspace.ensure
-def single(self, *args, **kwargs):
-    ensure(self, *args, **kwargs)
-    self.pairs, self.depth = False, 1
-rw.Workspace.ensure = single
-""",
-    # no reading thread: each row read when it is asked for, into as few buffers as can be
+    # no reading thread (the replay's): each row read when it is asked for, in one buffer
     "ahead": """
 import gradstat.analysis.row_workspace as rw
 def rows(self, cap, step, learners, scope, start, stop, then=None, after=None):
-    for i, learner in enumerate(learners):
-        buffer = self.buffers[i % self.depth]  # as many as the caller holds
-        row = rw.read_block(cap, step, learner, scope, start, stop, buffer)
+    for learner in learners:
+        row = rw.read_block(cap, step, learner, scope, start, stop, self.buffers[0])
         yield row if after is None else (row, after(row))
 rw.Workspace.rows = rows
 """,
@@ -118,7 +110,11 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
 from gradstat.analysis.buildup import BuildupParams, buildup
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams
+try:  # an older tree (--base): the analysis was temporal_overlap (overlap a set metric)
+    from gradstat.analysis.overlap import temporal_overlap as overlap
+except ImportError:
+    from gradstat.analysis.overlap import overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.compressors.cost import Link
@@ -169,7 +165,7 @@ with open_capture(path) as cap:
     elif what == "buildup":
         buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
     elif what == "overlap":
-        temporal_overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
+        overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
     elif what == "noise":  # imported here: a --base tree may not have them
         from gradstat.analysis.noise import NoiseParams, noise
         noise(cap, Selection.of(cap), NoiseParams(batch_size=32), compute=compute)
@@ -242,13 +238,14 @@ def run_child(
             spinner.kill()
             spinner.wait()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        env = {**os.environ, "PYTHONPATH": tree or ROOT}
         code = f"PLAIN = {PLAIN!r}\n{CHILD}"
-        child = subprocess.Popen(
+        child = subprocess.Popen(  # not in a checkout: ``-c`` puts the folder first on the path
             [sys.executable, "-c", code, str(path), what, str(RATIO), plain],
             stdout=out,
             stderr=err,
             env=env,
+            cwd=tempfile.gettempdir(),
         )
         child.wait()
         out.seek(0)
@@ -309,7 +306,8 @@ def write_with(tree: str | None, folder: Path, numel: int, learners: int, steps:
         "from pathlib import Path; from scale import write_synthetic; "
         f"write_synthetic(Path({str(folder)!r}), {numel}, {learners}, {steps})"
     )
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": tree}, check=True)
+    env = {**os.environ, "PYTHONPATH": tree}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tempfile.gettempdir())
 
 
 def warm_up(args: argparse.Namespace) -> None:

@@ -1,8 +1,10 @@
-"""Defaults shared by the command line and the report, declared once.
+"""Defaults shared by the analyses' parameters, the command line and the report,
+declared once.
 
-The command-line options (``gradstat.cli.options``) and :class:`ReportSettings` take
-their defaults from here, so ``gradstat replay`` and the report's replay section start
-from the same ratios, link and figure resolution.
+The analyses' parameters (``FitParams``, ``SimilarityParams``, ...), the command-line
+options (``gradstat.cli.options``) and :class:`ReportSettings` take their defaults from
+here (a module without torch, which ``--help`` reads), so ``gradstat fit``,
+``gradstat.fit`` and the report's fit section start from the same values.
 """
 
 from __future__ import annotations
@@ -11,6 +13,19 @@ from __future__ import annotations
 RATIOS = (0.01, 0.001)
 #: Densities of similarity and overlap (one top-k set per learner, step and ratio).
 SET_RATIOS = (0.001,)
+#: ``overlap`` compares each selected step with the one this many selected steps on.
+LAG = 1
+#: The vectors whose top-k sets similarity, build-up and overlap take: the recorded
+#: gradients (``raw``) or the error-feedback-corrected ones (``ef``).
+ON = "raw"
+#: ``fit``: the distributions, their method, SIDCo's stage counts, the subsample of MLE
+#: fits and their scores, and how SIDCo and Gaussian-k treat exact zeros and later stages.
+FIT_DISTS = ("gpd",)
+FIT_METHOD = "moments"
+FIT_STAGES = (1, 2, 3)
+FIT_SAMPLE = 1_000_000
+ZEROS = "exclude"
+STAGE_FIT = "moments"
 BANDWIDTH = "10Gbit/s"
 LATENCY = "5us"
 #: Resolution of ``--plot`` figures and of the report's embedded figures.

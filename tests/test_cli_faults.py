@@ -103,10 +103,10 @@ def test_a_ctrl_c_lost_in_a_callback_still_stops_the_command(monkeypatch):
     import weakref
 
     from gradstat import cancel
-    from gradstat.cli.main import _unraisable
+    from gradstat.cli.main import unraisable_hook
     from gradstat.errors import Interrupted
 
-    monkeypatch.setattr(sys, "unraisablehook", _unraisable)
+    monkeypatch.setattr(sys, "unraisablehook", unraisable_hook)
     previous = signal.getsignal(signal.SIGINT)
     cancel.install()
 
@@ -268,7 +268,7 @@ def test_a_learner_killed_by_a_signal_is_named():
     closed by peer" of the learners that survived it."""
     from collections import deque
 
-    from gradstat.capture.launch import _failure_reason
+    from gradstat.capture.launch import failure_reason
 
     tail = deque(
         [
@@ -280,8 +280,8 @@ def test_a_learner_killed_by_a_signal_is_named():
             "  traceback : Signal 9 (SIGKILL) received by PID 4242",
         ]
     )
-    assert _failure_reason(tail) == "learner 1 died (signal 9, SIGKILL)"
-    assert _failure_reason(deque(["[rank1]: ValueError: bad batch"])) == "ValueError: bad batch"
+    assert failure_reason(tail) == "learner 1 died (signal 9, SIGKILL)"
+    assert failure_reason(deque(["[rank1]: ValueError: bad batch"])) == "ValueError: bad batch"
 
 
 def test_bad_inputs_are_refused(capsys, synthetic_capture):

@@ -10,7 +10,7 @@ import torch
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.fit import FitParams, fit
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
@@ -35,7 +35,7 @@ def _records(cap, device: str) -> dict[str, pd.DataFrame]:
         "pairs": result.pairs,
         "steps": result.steps,
         "buildup": buildup(cap, everything, BuildupParams("0.05,0.2"), compute=compute),
-        "overlap": temporal_overlap(cap, everything, OverlapParams(0.05), compute=compute),
+        "overlap": overlap(cap, everything, OverlapParams(0.05), compute=compute),
         "fit": fit(
             cap,
             Selection.of(cap, steps=[0, 1]),

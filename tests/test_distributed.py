@@ -162,26 +162,28 @@ def test_replay_errors_in_a_worker_are_one_error_line(capsys, tmp_path):
 
 
 def test_replay_with_scratch_memories_equals_replay_in_memory(tmp_path, monkeypatch):
-    """Memories over the budget go to a scratch file; the records stay bit for bit."""
-    scratch_rows = []
-    original = ef_store.ScratchRows.__init__
-
-    def counted(self, *args, **kwargs):
-        scratch_rows.append(args)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(ef_store.ScratchRows, "__init__", counted)
+    """Memories over the budget go to a scratch file under ``$GRADSTAT_SCRATCH`` (where
+    none can be made, only the replay over the budget fails), removed when the replay
+    ends; the records stay bit for bit."""
     rng = np.random.default_rng(2)
     layers = layer_table([("w", (300, 300)), ("b", (300,))])
     d = layers[-1].stop
     grads = (rng.laplace(size=(1, 3, d)) + rng.laplace(size=(3, 3, d))).astype(np.float32)
     path = write_capture(tmp_path / "cap", grads, layers)
     params = ReplayParams("topk,dgc,clt-k,gtopk,powersgd", (0.01,), parse_link("10Gbit/s", "5us"))
+    scratch = tmp_path / "scratch"
     with open_capture(path) as cap:
         selection = Selection.of(cap)
-        runs = {}
-        for memory in (None, 1 << 20):  # 3 x 90,300 x 4 bytes per memory > 1 MiB
+
+        def run(memory):  # 3 x 90,300 x 4 bytes per memory > 1 MiB
             replay = Replay(cap, selection, params, compute=Compute("cpu", 1, memory))
-            runs[memory] = replay.run().drop(columns=["compress_seconds"])
-            assert len(scratch_rows) == (0 if memory is None else 6)  # dgc keeps two rows
-    pd.testing.assert_frame_equal(runs[None], runs[1 << 20])
+            return replay.run().drop(columns=["compress_seconds"])
+
+        monkeypatch.setenv(ef_store.SCRATCH_ENV, str(scratch))  # not made yet
+        in_memory = run(None)
+        with pytest.raises(OSError):
+            run(1 << 20)
+        scratch.mkdir()
+        in_scratch = run(1 << 20)
+    assert list(scratch.iterdir()) == []
+    pd.testing.assert_frame_equal(in_memory, in_scratch)

@@ -9,6 +9,7 @@ from scipy import stats
 
 from gradstat.errors import DataError, UsageError
 from gradstat.stats import mle
+from gradstat.stats.distribution_base import mean_var
 from gradstat.stats.distributions import (
     DISTRIBUTIONS,
     Exponential,
@@ -16,9 +17,7 @@ from gradstat.stats.distributions import (
     Gamma,
     GenPareto,
     Normal,
-    _mean_var,
     get_distribution,
-    split_values,
 )
 from gradstat.stats.goodness import subsample
 
@@ -186,37 +185,15 @@ def test_gpd_mle_warm_start_finds_the_same_root():
         assert mle.gpd(values, start) == pytest.approx(cold, rel=1e-8)
 
 
-def test_split_values_counts_zeros_and_nonfinite():
-    values = torch.tensor([0.0, -1.0, 2.0, float("nan"), 0.0, float("inf"), -3.0, float("-inf")])
-    split = split_values(values)
-    assert split.zeros == 2
-    assert split.nonfinite == 3
-    assert split.signed.tolist() == [-1.0, 2.0, -3.0]
-    assert split.magnitudes.tolist() == [1.0, 2.0, 3.0]
-    # the shortcuts: a finite sum (no NaN/Inf) and a non-zero minimum (no zeros) keep
-    # everything; a sum that overflows on finite values must not count them as NaN/Inf
-    plain = split_values(torch.tensor([-1.0, 2.0]))
-    assert (plain.zeros, plain.nonfinite, plain.signed.tolist()) == (0, 0, [-1.0, 2.0])
-    huge = split_values(torch.tensor([3e38, 3e38, 0.0]))
-    assert (huge.zeros, huge.nonfinite, huge.magnitudes.numel()) == (1, 0, 2)
-
-
-def test_signed_values_are_compacted_only_when_asked_for():
-    """A magnitude fit keeps the row and its magnitudes; the signed non-zeros appear on
-    first use, equal to numpy's selection, and a sample of the magnitudes is |x| of the
-    signed sample at the same positions."""
+def test_a_sample_of_the_magnitudes_is_the_sample_of_the_signed_values():
+    """``fit`` fits signed models to a subsample of the signed non-zeros and scores them
+    on a subsample of the magnitudes: the same positions (``subsample`` draws them from
+    the count and the seed alone), so one is |x| of the other."""
     rng = np.random.default_rng(4)
-    values = rng.standard_normal(50_000).astype(np.float32)
-    values[rng.choice(values.size, 700, replace=False)] = 0.0
-    values[[5, 17]] = [np.nan, -np.inf]
-    split = split_values(torch.from_numpy(values))
-    assert split._signed is None and split.count == 50_000 - 702
-    want = values[np.isfinite(values) & (values != 0)]
-    assert np.array_equal(split.signed.numpy(), want)
-    assert np.array_equal(split.magnitudes.numpy(), np.abs(want))
+    signed = torch.from_numpy(rng.standard_normal(50_000).astype(np.float32))
     for size in (1000, 20_000):  # the Bernoulli draw and the exact draw of ``subsample``
-        signed = subsample(split.signed, size, seed=3)
-        assert torch.equal(subsample(split.magnitudes, size, seed=3), signed.abs())
+        sample = subsample(signed, size, seed=3)
+        assert torch.equal(subsample(signed.abs(), size, seed=3), sample.abs())
 
 
 def test_bad_input():
@@ -241,7 +218,7 @@ def test_moments_merged_over_chunks_equal_float64_moments():
     rng = np.random.default_rng(8)
     for offset in (0.0, 1e4):
         x = (offset + rng.standard_normal(3 * (1 << 18) + 12_345)).astype(np.float32)
-        mean, var = _mean_var(torch.from_numpy(x))
+        mean, var = mean_var(torch.from_numpy(x))
         wide = x.astype(np.float64)
         assert mean == pytest.approx(wide.mean(), rel=1e-14)
         assert var == pytest.approx(((wide - wide.mean()) ** 2).mean(), rel=1e-12)

@@ -12,7 +12,8 @@ import pytest
 import torch
 from scipy import stats
 
-from gradstat.analysis.fit import Fit
+from gradstat.analysis.fit import FitParams, fit
+from gradstat.analysis.selection import Selection
 from gradstat.stats.thresholds import estimate_threshold
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import assert_clean_error, run_cli
@@ -33,6 +34,11 @@ REQUIRED = (
     "k",
     "quality",
 )
+
+
+def run_fit(cap, *, steps=None, learners=None, scope="model", **params) -> pd.DataFrame:
+    """``fit`` of a selection given as on the command line, ``params`` as FitParams'."""
+    return fit(cap, Selection.of(cap, steps, learners, scope), FitParams(**params))
 
 
 def _records(capsys, *args) -> pd.DataFrame:
@@ -120,7 +126,7 @@ def test_tables_csv_and_plot(synthetic_capture, capsys, tmp_path):
 def test_layers_scope_and_mle(synthetic_capture):
     path, grads = synthetic_capture
     with open_capture(path) as cap:
-        records = Fit(
+        records = run_fit(
             cap,
             dists="gpd",
             method="mle",
@@ -129,7 +135,7 @@ def test_layers_scope_and_mle(synthetic_capture):
             learners="0",
             ratios=(0.1,),
             estimators=(),
-        ).run()
+        )
     assert list(records["scope"]) == ["conv.weight", "conv.bias", "fc.weight"]
     fc = np.abs(grads[0, 0, 80:].astype(np.float64))
     row = records.set_index("scope").loc["fc.weight"]
@@ -160,9 +166,8 @@ def test_zeros_and_stage_fit_reach_the_estimators(synthetic_capture, capsys):
         expected = estimate_threshold(
             values, 0.01, row.estimator, stages=3, zeros="include", stage_fit="mle"
         )
-        # fit sums the row's magnitudes it already has, a lone call the row's |x|: the same
-        # float32 sums in another order
-        assert row.threshold == pytest.approx(expected.threshold, rel=1e-6)
+        # the same exact passes over the row (stage fit by MLE): the same numbers
+        assert row.threshold == expected.threshold
         assert row.selected == expected.selected
     assert set(records["estimator"].dropna()) == {"sidco-gpd", "gaussiank", "redsync-sidco"}
 
@@ -171,8 +176,8 @@ def test_mle_is_at_least_as_likely_as_moments(synthetic_capture):
     path, _ = synthetic_capture
     options = {"dists": "all", "steps": "4", "ratios": (0.01,), "estimators": (), "sample": None}
     with open_capture(path) as cap:
-        moments = Fit(cap, method="moments", **options).run()
-        mle = Fit(cap, method="mle", **options).run()
+        moments = run_fit(cap, method="moments", **options)
+        mle = run_fit(cap, method="mle", **options)
     assert moments["error"].isna().all() and mle["error"].isna().all()
     keys = ["learner", "dist", "loglik"]
     both = moments[keys].merge(mle[keys], on=["learner", "dist"], suffixes=("", "_mle"))
@@ -212,9 +217,9 @@ def test_records_do_not_depend_on_the_rows_fitted_before(awkward_capture):
     # fitted alone, with fresh buffers, must give the same records
     def run(steps, learners):
         with open_capture(awkward_capture) as cap:
-            return Fit(
+            return run_fit(
                 cap, scope="layers", steps=steps, learners=learners, dists="gpd,exp", ratios=(0.1,)
-            ).run()
+            )
 
     with pytest.warns(Warning):
         together = run(None, None)
@@ -279,9 +284,9 @@ def test_real_capture_sidco_p_three_stages(real_capture):
     stays between 0.5 and 1.2 (measured: 0.63 to 0.95, median ~0.77), far better than
     one exponential stage (q ~ 5)."""
     with open_capture(real_capture) as cap:
-        records = Fit(
+        records = run_fit(
             cap, dists="gpd", ratios=(0.001,), stages=(1, 3), estimators=("sidco-gpd", "sidco-exp")
-        ).run()
+        )
         steps, learners = list(cap.steps), cap.learners
     one_exp = records[(records["estimator"] == "sidco-exp") & (records["stages"] == 1)]
     assert one_exp["quality"].median() > 2.0
@@ -302,35 +307,3 @@ def test_import_gradstat_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_one_cut_of_the_row_serves_every_sidco_variant(synthetic_capture, monkeypatch):
-    # fit takes the SIDCo variants' stage-1 exceedances lowest level first, so that the
-    # row is cut once and the other sets come from that cut: the records must equal a run
-    # without it, which cuts the row for each variant and the top-k candidates (the
-    # passes' path: MLE fits; moment fits take every set from the row's bins)
-    from gradstat.analysis import fit_row as fit_module
-    from gradstat.stats.passes import RowPasses
-
-    path, _ = synthetic_capture
-    cuts: list[int] = []
-    scan = RowPasses._scan
-
-    def counting(self, pool, threshold, inclusive, keep):
-        whole = pool is None or pool.numel() == self.nonzeros
-        cuts.append(int(keep and whole))
-        return scan(self, pool, threshold, inclusive, keep)
-
-    monkeypatch.setattr(RowPasses, "_scan", counting)
-
-    def run() -> pd.DataFrame:
-        cuts.clear()
-        with open_capture(path) as cap:
-            return Fit(cap, steps="0", learners=[0], ratios=(0.1, 0.01), method="mle").run()
-
-    shared = run()
-    assert sum(cuts) == 1
-    monkeypatch.setattr(fit_module._Fitter, "_share_first_stages", lambda *args: None)
-    separate = run()
-    assert sum(cuts) > 1
-    pd.testing.assert_frame_equal(shared, separate)

@@ -10,9 +10,8 @@ import pytest
 import torch
 from scipy import stats
 
-from gradstat.analysis.fit import FitParams
-from gradstat.analysis.fit_row import _Fitter
-from gradstat.stats import histogram, passes
+from gradstat.analysis.fit import FitParams, row_records
+from gradstat.stats import histogram
 from gradstat.stats.distributions import get_distribution
 from gradstat.stats.histogram import (
     RowHistogram,
@@ -26,7 +25,6 @@ from gradstat.stats.histogram import (
 from gradstat.stats.histogram_fit import anderson_darling, fit_moments, ks, loglik
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
-from gradstat.store.scope import Scope
 
 
 def _row(n: int = 60_000, seed: int = 0) -> np.ndarray:
@@ -126,24 +124,21 @@ def test_one_bin_holding_the_whole_long_row(fill):
     assert compiled.signed_total == row.astype(np.float64).sum()
 
 
-MODES = ["compiled", "numpy", "torch", "passes", "passes-numpy", "passes-magnitudes"]
+MODES = ["compiled", "numpy", "torch", "passes", "passes-torch"]
 
 
 @pytest.mark.filterwarnings("error")  # e.g. numpy's overflow casting 1e39 to float32
 @pytest.mark.parametrize("mode", MODES)
-def test_every_count_is_the_exact_count(row, mode, monkeypatch):
-    """The histogram's answers, and the row passes' (the interface it shares with
-    :class:`RowPasses`: compiled loops, numpy's, or the caller's magnitudes), on ties, +-0,
-    subnormals and 3e38. Regression (the passes): squares over float32's range were inf
-    or an error that blamed NaN, subnormals' logs were clamped to ln 2^-126."""
-    monkeypatch.setattr(histogram, "COMPILED_MIN_NUMEL", 0)
-    monkeypatch.setattr(passes, "COMPILED_MIN_NUMEL", 0)
+def test_every_count_is_the_exact_count(row, mode):
+    """The histogram's answers, and the row passes' (the interface they share,
+    :class:`~gradstat.stats.row_statistics.RowStatistics`: by the compiled loops or by
+    torch's compares), on ties, +-0, subnormals and 3e38. Regression (the passes):
+    squares over float32's range were inf or an error that blamed NaN, subnormals' logs
+    were clamped to ln 2^-126."""
     values = torch.from_numpy(row)
     if mode == "torch":  # a strided view takes the torch path, as another device does
         values = torch.from_numpy(np.repeat(row, 2))[::2]
-    if mode == "passes-magnitudes":
-        hist = RowPasses(values, torch.from_numpy(np.abs(row[row != 0])), compiled=False)
-    elif mode.startswith("passes"):
+    if mode.startswith("passes"):
         hist = RowPasses(values, compiled=mode == "passes")
     else:
         hist = RowHistogram(values, compiled=mode == "compiled")
@@ -166,6 +161,7 @@ def test_every_count_is_the_exact_count(row, mode, monkeypatch):
         assert sums.squares == pytest.approx(np.dot(chosen, chosen), rel=1e-12)
     for k in (1, 2, 17, 600, len(nonzero) // 2, len(nonzero) - 1, len(nonzero)):
         assert hist.kth_largest(k, at_least=float(nonzero[-k])) == nonzero[-k]
+        assert hist.kth_largest(k) == nonzero[-k]
     sums = hist.sums(log=True)
     assert sums.nonzeros == nonzero.size and sums.maximum == nonzero[-1]
     close = 1e-6 if mode.startswith("passes") else 1e-10  # float32 logs summed per chunk
@@ -259,19 +255,20 @@ def test_anderson_darling_where_a_node_rounds_to_the_end_of_f(outlier):
     assert anderson_darling(fit_moments(get_distribution("normal"), hist), hist) < 10
 
 
+def _records(params: FitParams, g: np.ndarray, adaptive: dict, statistics=None) -> list[dict]:
+    """The fit's records of one row as step 0, learner 0, scope "model"."""
+    return row_records(params, (0, 0, "model"), torch.from_numpy(g), adaptive, statistics)
+
+
 def test_binned_records_equal_the_passes_records(row):
-    """The records before (magnitudes and passes, KS/AD on every value) and after (the
-    bins): counts, k, q and the empirical quantiles equal; what moved by design (float64
-    sums instead of float32 ones) within 1e-6, KS and AD within 1e-3. (Without the huge
+    """The records from the exact passes (KS/AD on every value) and from the bins:
+    counts, k, q and the empirical quantiles equal; what moved by design (float64 sums
+    instead of float32 ones) within 1e-6, KS and AD within 1e-3. (Without the huge
     value: its float32 square, in the passes' sums, overflows.)"""
-    values = torch.from_numpy(np.where(np.abs(row) > 1, np.float32(0.5), row))
+    g = np.where(np.abs(row) > 1, np.float32(0.5), row)
     params = FitParams(dists="gpd,gamma,exp", sample=0, stages=(1, 2, 3))
-    scope = Scope("model", ((0, row.size),))
-    binned = _Fitter(params)
-    passes = _Fitter(params)
-    passes.binned = False
-    after = binned.one(0, 0, scope, values.clone())
-    before = passes.one(0, 0, scope, values.clone())
+    after = _records(params, g, {})
+    before = _records(params, g, {}, RowPasses)
     assert len(after) == len(before)
     for old, new in zip(before, after, strict=True):
         same = ("kind", "dist", "estimator", "ratio", "stages", "k", "numel", "nonzero", "zeros")
@@ -288,70 +285,64 @@ def test_binned_records_equal_the_passes_records(row):
             assert new["ad"] == pytest.approx(old["ad"], rel=1e-3)
             for key, value in old["params"].items():
                 assert new["params"][key] == pytest.approx(value, rel=1e-9, abs=1e-300)
-            assert new["n_fit"] == old["n_fit"]
             assert math.isclose(new["loglik"], old["loglik"], rel_tol=1e-6)
 
 
 @pytest.fixture(scope="module")
-def long_row():
-    """Long enough to plan its gather (``PLAN_MIN_NUMEL``), without the huge value."""
-    g = _row(histogram.PLAN_MIN_NUMEL + 1000, seed=1)
-    return np.where(np.abs(g) > 1, np.float32(0.5), g)
-
-
-def test_tentative_runs_change_no_record(long_row, monkeypatch):
-    """A long row's records are computed tentatively (a bin not read yet answers with
-    stand-ins) and again once the bins they asked for are gathered in one pass. Against
-    a fit whose rows read every bin: no record changes, the exact run asks for no bin
-    the tentative one missed, and the adaptive stage counts learn once a row."""
-    monkeypatch.setattr(histogram, "COMPILED_MIN_NUMEL", 0)
-    scope = Scope("model", ((0, long_row.size),))
-    params = FitParams(dists="gpd,gamma,exp", stages=None)
-    rows = [long_row, _row(long_row.size, seed=2), _row(long_row.size, seed=3)]
-    rows[1:] = [np.where(np.abs(g) > 1, np.float32(0.5), g) for g in rows[1:]]
+def long_rows():
+    """Long enough to plan their gather (``PLAN_MIN_NUMEL``), without the huge value;
+    the third four times the others."""
+    rows = [_row(histogram.PLAN_MIN_NUMEL + 1000, seed=seed) for seed in (1, 2, 3)]
+    rows = [np.where(np.abs(g) > 1, np.float32(0.5), g) for g in rows]
     rows[2] *= 4
-    made = []
-    build = RowHistogram.__init__
-
-    def keep(self, *args, **kwargs):
-        build(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(RowHistogram, "__init__", keep)
-    fitter = _Fitter(params)
-    tentative = [fitter.one(step, 0, scope, torch.from_numpy(g)) for step, g in enumerate(rows)]
-    assert [h.plans for h in made] == [True] * 3
-    assert [h.gathers for h in made] == [1, 1, 1]
-    kept = sum(part.size for part in made[0]._kept.values())
-    assert kept < made[0].nonzeros / 10  # only the bins asked for
-    assert all(len(a._history) == 3 for a in fitter._adaptive.values())
-    monkeypatch.setattr(histogram, "PLAN_MIN_NUMEL", 1 << 40)
-    whole = _Fitter(params)
-    for step, g in enumerate(rows):
-        old_rows = whole.one(step, 0, scope, torch.from_numpy(g))
-        assert made[-1].gathers == 1 and not made[-1].plans  # every bin in one pass
-        assert len(tentative[step]) == len(old_rows)
-        for new, old in zip(tentative[step], old_rows, strict=True):
-            assert new.keys() == old.keys()
-            for key in new:
-                same = new[key] == old[key] or (new[key] != new[key] and old[key] != old[key])
-                assert same, (step, key, new[key], old[key])
+    return rows
 
 
-def test_a_question_outside_the_tentative_run_gathers_once_more(long_row):
-    a = np.abs(long_row)
+def test_a_long_rows_records_read_its_values_in_one_gather(long_rows):
+    """A long row gathers the bins its records will read in one pass before it computes
+    them (those a sketch from its bins alone read, their neighbours, the scores'):
+    against records from a row whose every bin was read first, no record changes, the
+    adaptive stage counts learn alike, and the bins read are a small share of the row."""
+    params = FitParams(dists="gpd,gamma,exp", stages=None)
+    made: list[RowHistogram] = []
+
+    def kept(values: torch.Tensor) -> RowHistogram:
+        made.append(RowHistogram(values, compiled=True))
+        return made[-1]
+
+    def read_first(values: torch.Tensor) -> RowHistogram:
+        hist = RowHistogram(values, compiled=True)
+        hist.prefetch(hist.occupied())
+        return hist
+
+    planned, whole = {}, {}
+    for g in long_rows:
+        new = _records(params, g, planned, kept)
+        assert made[-1].gathers == 1
+        assert made[-1].gathered < made[-1].nonzeros / 10  # only the bins asked for
+        old = _records(params, g, whole, read_first)
+        assert len(new) == len(old)
+        for a, b in zip(new, old, strict=True):
+            assert a.keys() == b.keys()
+            for key in a:
+                same = a[key] == b[key] or (a[key] != a[key] and b[key] != b[key])
+                assert same, (key, a[key], b[key])
+    assert [rule.stages for rule in planned.values()] == [r.stages for r in whole.values()]
+
+
+def test_a_question_outside_the_gathered_bins_gathers_once_more(long_rows):
+    g = long_rows[0]
+    a = np.abs(g)
     nonzero = np.sort(a[a > 0])
-    hist = RowHistogram(torch.from_numpy(long_row))
+    hist = RowHistogram(torch.from_numpy(g))
+    sketch = hist.sketch()
     t = float(nonzero[-500])
-    with hist.tentative() as missed:
-        assert abs(hist.count(t) - _count(a, t, False)) <= hist.bins.counts.max()
-    assert missed and hist.gathers == 1
+    assert abs(sketch.count(t) - _count(a, t, False)) <= hist.bins.counts.max()
+    assert sketch.touched and hist.gathers == 0  # the sketch reads nothing
+    hist.planned(sketch)
     assert hist.count(t) == _count(a, t, False) and hist.gathers == 1
     low = float(nonzero[100])
     assert hist.count(low, True) == _count(a, low, True) and hist.gathers == 2
-    with hist.tentative() as missed:  # every bin it asks for is read: nothing noted
-        assert hist.count(t) == _count(a, t, False)
-    assert not missed and hist.gathers == 2
 
 
 def test_loglik_past_a_bounded_support_is_minus_inf_without_warnings():

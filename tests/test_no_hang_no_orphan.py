@@ -156,13 +156,13 @@ TORCHRUN_SUMMARY = [
 def test_the_root_cause_is_the_learner_torchrun_names():
     """Regression: a learner killed by SIGKILL was reported as "learner 0 died (signal
     15, SIGTERM)": torchrun lists the others' failures before its root cause."""
-    from gradstat.capture.launch import _failure_reason
+    from gradstat.capture.launch import failure_reason
 
-    assert _failure_reason(deque(TORCHRUN_SUMMARY)) == "learner 1 died (signal 9, SIGKILL)"
+    assert failure_reason(deque(TORCHRUN_SUMMARY)) == "learner 1 died (signal 9, SIGKILL)"
     # a root cause that exited with an error: its error, not the others' SIGTERM
     exited = [line.replace("-9 (pid", "1 (pid") for line in TORCHRUN_SUMMARY]
     exited.insert(0, "[rank1]: ValueError: bad batch")
-    assert _failure_reason(deque(exited)) == "ValueError: bad batch"
+    assert failure_reason(deque(exited)) == "ValueError: bad batch"
 
 
 @pytest.mark.slow  # a real capture (the test above covers the summary's reading)

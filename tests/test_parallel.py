@@ -14,8 +14,8 @@ import pytest
 
 from gradstat import cancel, threads
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
-from gradstat.capture.launch import CaptureOptions, _worker_env
+from gradstat.analysis.overlap import OverlapParams, overlap
+from gradstat.capture.launch import CaptureOptions, worker_env
 from gradstat.compressors.cost import Link
 from gradstat.errors import DataError, GradstatWarning, Interrupted, UsageError
 from gradstat.parallel import Task, run_units
@@ -121,11 +121,11 @@ def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_pat
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
     monkeypatch.delenv("GRADSTAT_THREADS", raising=False)
     options = CaptureOptions(workload="digits", nproc_per_node=2, out=tmp_path / "c")
-    env = _worker_env(options)
+    env = worker_env(options)
     expected = str(max(1, threads.available_cpus() // 2))
     assert env["OMP_NUM_THREADS"] == env["GRADSTAT_THREADS"] == expected
     monkeypatch.setenv("GRADSTAT_THREADS", "3")
-    assert _worker_env(options)["OMP_NUM_THREADS"] == "3"
+    assert worker_env(options)["OMP_NUM_THREADS"] == "3"
 
 
 def test_many_quick_units_in_two_workers_finish(tmp_path):
@@ -133,11 +133,11 @@ def test_many_quick_units_in_two_workers_finish(tmp_path):
     # thread: a hang fails the test instead of stopping the suite)
     grads = np.random.default_rng(0).normal(size=(2, 401, 50)).astype(np.float32)
     cap = open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (50,))])))
-    params = OverlapParams(ratio=0.1)
+    params = OverlapParams(ratios=0.1)
     results = {}
 
     def run(jobs: int) -> None:
-        results[jobs] = temporal_overlap(cap, params=params, compute=Compute(jobs=jobs))
+        results[jobs] = overlap(cap, params=params, compute=Compute(jobs=jobs))
 
     for jobs in (2, 1):
         thread = threading.Thread(target=run, args=(jobs,), daemon=True)

@@ -107,16 +107,17 @@ def test_fit_figure_tail_labels_do_not_overlap(tmp_path):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from gradstat.analysis.fit import Fit, magnitude_sample
+    from gradstat.analysis.fit import FitParams, fit, magnitude_sample
+    from gradstat.analysis.selection import Selection
     from gradstat.plots.fit import plot_fit_at
     from gradstat.store import layer_table, open_capture, write_capture
 
     grads = np.random.default_rng(0).standard_normal((1, 1, 200_000)).astype(np.float32)
     write_capture(tmp_path / "cap", grads, layer_table([("w", (200_000,))]))
     with open_capture(tmp_path / "cap") as cap:
-        analysis = Fit(cap, dists="gpd,exp", ratios="0.01", steps=[0])
-        records = analysis.run()
-        sample = magnitude_sample(cap, 0, 0, analysis.scopes[0])
+        selection = Selection.of(cap, steps=[0])
+        records = fit(cap, selection, FitParams(dists="gpd,exp", ratios="0.01"))
+        sample = magnitude_sample(cap, 0, 0, selection.scopes(cap)[0])
     fig = plot_fit_at(records, sample, 0, 0, "model")
     fig.canvas.draw()
     tail = next(ax for ax in fig.axes if ax.get_title().startswith("tail"))

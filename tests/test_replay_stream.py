@@ -220,7 +220,7 @@ def test_sparse_estimates_error_and_cosine_equal_the_dense_rows(density):
     """A sparsifier's aggregate kept at its indices gives the relative error and cosine
     of its dense row (float64 sums over every value), also where its indices cover the
     whole row and the estimate is the reference itself (error 0, cosine 1)."""
-    from gradstat.analysis.replay import _error_and_cosine
+    from gradstat.analysis.replay import error_and_cosine
 
     rng = np.random.default_rng(7)
     d = 50_000
@@ -232,12 +232,12 @@ def test_sparse_estimates_error_and_cosine_equal_the_dense_rows(density):
     e, r = dense.double().numpy(), reference.double().numpy()
     expected_rel = float(((e - r) ** 2).sum() / (r**2).sum())
     expected_cos = float(e @ r / np.sqrt((e @ e) * (r @ r)))
-    rel, cos = _error_and_cosine(sparse, reference)
+    rel, cos = error_and_cosine(sparse, reference)
     assert rel == pytest.approx(expected_rel, rel=1e-9)
     assert cos == pytest.approx(expected_cos, rel=1e-12)
-    assert _error_and_cosine(dense, reference) == pytest.approx((rel, cos), rel=1e-9)
+    assert error_and_cosine(dense, reference) == pytest.approx((rel, cos), rel=1e-9)
     exact = SparseRow(d, torch.arange(d), reference.clone())
-    rel, cos = _error_and_cosine(exact, reference)
+    rel, cos = error_and_cosine(exact, reference)
     # ||r||^2 - sum_U r_i^2: two float64 sums of the same 50,000 terms in different
     # orders (a compiled loop, a BLAS dot), which differ by a few units of 1e-15 of it
     assert 0.0 <= rel < 1e-13 and cos == pytest.approx(1.0, abs=1e-12)

@@ -156,7 +156,7 @@ def test_readme_quick_start_is_what_ci_and_make_run():
 def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
     from gradstat.report.context import ReportContext, ReportSettings
     from gradstat.report.html import table_html
-    from gradstat.report.sections import _distinct
+    from gradstat.report.sections import distinct_quality
     from gradstat.store import open_capture
 
     with open_capture(real_capture) as cap:
@@ -177,7 +177,7 @@ def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
         ],
         columns=["estimator", "ratio", "stages", "q median", "q min", "q max", "n"],
     )
-    assert list(_distinct(quality)["estimator"]) == ["sidco-exp", "fit:gamma"]
+    assert list(distinct_quality(quality)["estimator"]) == ["sidco-exp", "fit:gamma"]
     wide = pd.DataFrame([["model", *range(15)]], columns=["scope", *(f"c{i}" for i in range(15))])
     page = table_html(wide)
     assert page.count("<tr>") == 16 and "<th>model</th>" in page  # one row per column

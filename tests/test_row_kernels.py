@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from gradstat.stats._row_loops import PIECE
 from gradstat.stats.row_kernels import (
     ROOM,
-    MeanOf,
     Room,
     add_and_candidates,
     add_checked,
@@ -17,15 +15,18 @@ from gradstat.stats.row_kernels import (
     count_at_least,
     error_sums,
     indices_at_least,
+    loops,
     magnitude_sums,
     magnitudes_at_least,
     mean_row,
     momentum_add,
     scan_row,
-    scan_row_pair,
     squared_norm,
 )
 from gradstat.stats.row_plain import compensated_add
+
+#: Values per piece of the compiled loops: rows that cross pieces.
+PIECE = loops().PIECE
 
 
 def _kahan(s: np.ndarray, c: np.ndarray, x: np.ndarray) -> None:
@@ -52,88 +53,6 @@ def test_sum_and_candidates_equal_numpy(numel):
         np.testing.assert_array_equal(found, np.flatnonzero(np.abs(x) >= threshold))
         np.testing.assert_array_equal(magnitudes, np.abs(x[found]))
         assert total.tobytes() == s.tobytes() and error.tobytes() == c.tobytes()
-
-
-@pytest.mark.parametrize("numel", [1, 63, 65, PIECE + 33, 3 * PIECE + 5])
-def test_a_pair_of_rows_equals_two_scans(numel):
-    rng = np.random.default_rng(numel)
-    a, b = (rng.standard_normal((2, numel)) * np.exp(rng.standard_normal((2, numel)))).astype(
-        np.float32
-    )
-    start = rng.standard_normal(numel).astype(np.float32)
-    thresholds = (float(np.quantile(np.abs(a), 0.95)), None)
-    one = [start.copy(), np.zeros(numel, np.float32)]
-    two = [start.copy(), np.zeros(numel, np.float32)]
-    singles = [scan_row(x, t, Room(8), *one) for x, t in zip((a, b), thresholds, strict=True)]
-    pair = scan_row_pair((a, b), thresholds, (Room(8), Room(8)), *two)
-    for single, paired in zip(singles, pair[:2], strict=True):
-        np.testing.assert_array_equal(paired.indices, single.indices)
-        np.testing.assert_array_equal(paired.magnitudes, single.magnitudes)
-        assert single.finite and paired.finite
-    np.testing.assert_array_equal(pair[0][0], np.flatnonzero(np.abs(a) >= thresholds[0]))
-    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
-
-
-def test_a_steps_first_pair_equals_a_first_scan_and_an_added_one():
-    # the step's first row makes the sum, the second adds to it
-    rng = np.random.default_rng(9)
-    a, b = (rng.standard_normal((2, PIECE + 70)) * 1e3).astype(np.float32)
-    a[:5], b[:5] = -0.0, [0.0, -0.0, 1e-40, -3.0, 7.0]
-    one = [np.full(a.size, 5.0, np.float32), np.full(a.size, 9.0, np.float32)]
-    two = [one[0].copy(), one[1].copy()]
-    singles = [scan_row(a, 2.0, Room(8), *one, first=True), scan_row(b, 2.0, Room(8), *one)]
-    pair = scan_row_pair((a, b), (2.0, 2.0), (Room(8), Room(8)), *two, first=True)
-    assert one[0].tobytes() == two[0].tobytes() and one[1].tobytes() == two[1].tobytes()
-    for single, paired, x in zip(singles, pair[:2], (a, b), strict=True):
-        np.testing.assert_array_equal(paired.indices, np.flatnonzero(np.abs(x) >= 2.0))
-        np.testing.assert_array_equal(paired.indices, single.indices)
-
-
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_a_pair_reports_which_row_is_not_finite(bad):
-    a, b = np.ones((2, PIECE + 7), dtype=np.float32)
-    b[PIECE + 3] = bad
-    total, error = np.zeros_like(a), np.zeros_like(a)
-    found = scan_row_pair((a, b), (2.0, 2.0), (Room(8), Room(8)), total, error)
-    assert found.a.finite and not found.b.finite
-    found = scan_row_pair((b, a), (2.0, 2.0), (Room(8), Room(8)), total, error)
-    assert not found.a.finite and found.b.finite
-
-
-@pytest.mark.parametrize("first", [True, False])
-@pytest.mark.parametrize("numel", [1, 65, PIECE + 33, 3 * PIECE + 5])
-def test_a_last_pair_equals_a_pair_then_the_mean(numel, first):
-    """The step's last pair leaves in the sum's row the mean ``mean_row`` would make from
-    the sum the pair makes, bit for bit, with the same rows' and mean's candidates and the
-    same sum of squares; rooms of 8 make every second pass run (the mean's reads the
-    sum's row)."""
-    rng = np.random.default_rng(numel)
-    a, b = (rng.standard_normal((2, numel)) * np.exp(rng.standard_normal((2, numel)))).astype(
-        np.float32
-    )
-    start = [rng.standard_normal(numel).astype(np.float32), np.zeros(numel, np.float32)]
-    start[1][::3] = rng.standard_normal(start[1][::3].size).astype(np.float32) * 1e-7
-    thresholds = (float(np.quantile(np.abs(a), 0.9)), float(np.quantile(np.abs(b), 0.9)))
-    n = 6
-    one, two = [x.copy() for x in start], [x.copy() for x in start]
-    pair = scan_row_pair((a, b), thresholds, (Room(8), Room(8)), *one, first=first)
-    mean = np.empty(numel, np.float32)
-    mean_threshold = float(np.quantile(np.abs(one[0] - one[1]), 0.8)) / n
-    expected = mean_row(*one, n, mean, mean_threshold, Room(8))
-    *last, made = scan_row_pair(
-        (a, b), thresholds, (Room(8), Room(8)), *two, first, MeanOf(n, mean_threshold, Room(8))
-    )
-    assert two[0].tobytes() == mean.tobytes()
-    assert two[1].tobytes() == start[1].tobytes()  # the compensation is not written
-    assert pair.mean is None
-    for paired, lasted in zip(pair[:2], last, strict=True):
-        np.testing.assert_array_equal(lasted.indices, paired.indices)
-        np.testing.assert_array_equal(lasted.magnitudes, paired.magnitudes)
-        assert lasted.finite == paired.finite
-    np.testing.assert_array_equal(made[0], expected[0])
-    np.testing.assert_array_equal(made[1], expected[1])
-    assert made[0].size > 8 or numel < 100
-    assert made[2] == pytest.approx(expected[2], rel=1e-12)
 
 
 @pytest.mark.parametrize("n", [1, 3, 16])

@@ -10,10 +10,11 @@ import pytest
 
 from gradstat.stats import row_kernels as fast
 from gradstat.stats import row_plain as plain
-from gradstat.stats._row_loops import BLOCK, PIECE
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow to Inf
 
+#: The compiled loops' piece and block: rows that cross both.
+BLOCK, PIECE = fast.loops().BLOCK, fast.loops().PIECE
 TIE = np.float32(1.5)
 TINY = np.float32(1e-40)  # subnormal
 NUMEL = PIECE + 3 * BLOCK + 5  # crosses a piece and leaves a tail of a block
@@ -55,32 +56,6 @@ def test_scan_row_equals_its_plain_twin(bad, threshold, first):
     np.testing.assert_array_equal(f.magnitudes, p.magnitudes)
     assert f.finite == p.finite == (bad is None)
     assert ft.tobytes() == pt.tobytes() and fe.tobytes() == pe.tobytes()
-
-
-@pytest.mark.parametrize("last", [False, True])
-@pytest.mark.parametrize("first", [True, False])
-def test_scan_row_pair_and_mean_row_equal_their_plain_twins(last, first):
-    a, b = _row(3), _row(4, math.inf)
-    outs = []
-    for module in (fast, plain):
-        total, error = _row(5), np.full(NUMEL, -TINY, np.float32)
-        mean = fast.MeanOf(4, float(TIE), fast.Room(8)) if last else None
-        rooms = fast.Room(8), fast.Room(8)
-        found = module.scan_row_pair((a, b), (float(TIE), 0.0), rooms, total, error, first, mean)
-        outs.append((found, total, error))
-    (f, ft, fe), (p, pt, pe) = outs
-    for one, other in ((f.a, p.a), (f.b, p.b)):
-        np.testing.assert_array_equal(one.indices, other.indices)
-        np.testing.assert_array_equal(one.magnitudes, other.magnitudes)
-        assert one.finite == other.finite
-    assert not f.b.finite
-    assert ft.tobytes() == pt.tobytes()
-    if last:
-        np.testing.assert_array_equal(f.mean[0], p.mean[0])
-        np.testing.assert_array_equal(f.mean[1], p.mean[1])
-        assert _same_sum(f.mean[2], p.mean[2])
-    else:
-        assert fe.tobytes() == pe.tobytes() and f.mean is None is p.mean
 
 
 @pytest.mark.parametrize("threshold", THRESHOLDS)
@@ -164,13 +139,13 @@ def test_compensated_add_is_kahans_update_on_numpy_and_torch():
 def test_the_running_sums_torch_form_equals_the_compiled_loops():
     import torch
 
-    from gradstat.analysis.row_workspace import CompensatedSum
+    from gradstat.stats.rows import CompensatedSum
 
     sums = CompensatedSum(NUMEL, torch.device("cpu"))
     total, error = np.empty(NUMEL, np.float32), np.empty(NUMEL, np.float32)
     for i in range(3):
         x = _row(20 + i)
-        sums.add(0, torch.from_numpy(x), first=i == 0)
+        sums.add(torch.from_numpy(x), first=i == 0)
         fast.scan_row(x, None, fast.Room(1), total, error, first=i == 0)
     assert sums.total.numpy().tobytes() == total.tobytes()
     assert sums.error.numpy().tobytes() == error.tobytes()

@@ -6,12 +6,14 @@ import pandas as pd
 import pytest
 import torch
 
+import gradstat
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.compute import MAX_BLOCK, ROWS_ALIVE, Compute
-from gradstat.analysis.fit import Fit, FitParams, fit
-from gradstat.analysis.overlap import OverlapParams
+from gradstat.analysis.fit import FitParams, fit
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity
+from gradstat.cli.main import load_command
 from gradstat.errors import UsageError
 from gradstat.sizes import parse_bytes
 from gradstat.store import open_capture
@@ -60,16 +62,63 @@ def test_params_parse_text_and_sequences_alike():
 
 
 def test_fit_takes_python_lists(synthetic_capture):
-    """``Fit(learners=[0])`` once crashed: Fit wanted text while similarity wanted lists."""
+    """A selection of Python lists once crashed fit (it wanted text, similarity lists)."""
     path, _ = synthetic_capture
     with open_capture(path) as cap:
-        options = {"ratios": [0.1], "estimators": ["topk"]}
-        by_list = Fit(cap, learners=[0], steps=[1, 2], **options).run()
-        by_text = Fit(cap, learners="0", steps="1,2", **options).run()
-        direct = fit(cap, Selection.of(cap, [1, 2], [0]), FitParams(**options))
+        params = FitParams(ratios=[0.1], estimators=["topk"])
+        by_list = fit(cap, Selection.of(cap, [1, 2], [0]), params)
+        by_text = fit(cap, Selection.of(cap, "1,2", "0"), params)
     pd.testing.assert_frame_equal(by_list, by_text)
-    pd.testing.assert_frame_equal(by_list, direct)
     assert set(by_list["learner"]) == {0} and set(by_list["step"]) == {1, 2}
+
+
+def _defaults(command: str) -> dict:
+    """The command line's default of each option of ``command``."""
+    return {option.name: option.default for option in load_command(command).params}
+
+
+def test_the_command_lines_defaults_are_the_params_defaults():
+    """Each default is declared once (gradstat.defaults): the command line's options and
+    the analyses' parameters start from the same values."""
+    d = _defaults("fit")
+    cli = FitParams(
+        dists=d["dist"],
+        method=d["method"],
+        ratios=d["ratios"],
+        stages=d["stages"],
+        estimators=d["estimators"],
+        hard_threshold=d["hard"],
+        zeros=d["zeros"],
+        stage_fit=d["stage_fit"],
+        sample=d["sample"],
+        seed=d["seed"],
+    )
+    assert cli == FitParams()
+    d = _defaults("similarity")
+    assert SimilarityParams(d["ratios"], d["on"]) == SimilarityParams()
+    d = _defaults("buildup")
+    assert BuildupParams(d["ratios"], d["on"]) == BuildupParams()
+    d = _defaults("overlap")
+    assert OverlapParams(d["ratios"], d["lag"], d["on"]) == OverlapParams()
+
+
+def test_the_analyses_are_gradstats_own(synthetic_capture):
+    """One shape, ``(cap, selection, params, *, compute, progress)``, importable from
+    ``gradstat``; ratios in every parameters that take densities, one read for all."""
+    assert gradstat.fit is fit and gradstat.overlap is overlap and gradstat.Selection is Selection
+    assert gradstat.FitParams is FitParams and gradstat.Compute is Compute
+    path, _ = synthetic_capture
+    with open_capture(path) as cap:
+        selection = gradstat.Selection.of(cap, steps=[0, 1, 2])
+        two = gradstat.similarity(cap, selection, gradstat.SimilarityParams("0.01,0.1"))
+        one = gradstat.similarity(cap, selection, gradstat.SimilarityParams(0.1))
+        both = gradstat.overlap(cap, selection, gradstat.OverlapParams([0.01, 0.1]))
+        alone = gradstat.overlap(cap, selection, gradstat.OverlapParams(0.1))
+    assert list(dict.fromkeys(two.steps["ratio"])) == [0.01, 0.1]
+    at = two.steps[two.steps["ratio"] == 0.1].reset_index(drop=True)
+    pd.testing.assert_frame_equal(at, one.steps)
+    assert list(dict.fromkeys(both["ratio"])) == [0.01, 0.1]
+    pd.testing.assert_frame_equal(both[both["ratio"] == 0.1].reset_index(drop=True), alone)
 
 
 def test_every_analysis_defaults_to_everything(synthetic_capture):
@@ -95,3 +144,27 @@ def test_compute_validates_and_sizes_blocks():
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("512MiB") == 512 << 20
     with pytest.raises(UsageError, match="--memory 'lots'"):
         parse_bytes("lots", "--memory")
+
+
+@pytest.mark.parametrize("jobs", [None, 2])
+def test_progress_moves_once_a_step_whatever_the_units(synthetic_capture, jobs):
+    """A unit is a run of steps (one per process); progress still counts each step once,
+    in this process and in workers alike."""
+    path, _ = synthetic_capture
+    seen: list[int] = []
+
+    def progress(parts):
+        seen.append(len(parts))
+        return parts
+
+    with open_capture(path) as cap:
+        selection = Selection.of(cap, steps=[0, 1, 2, 3, 4])
+        params, compute = BuildupParams(0.1), Compute(device="cpu", jobs=jobs)
+        records = buildup(cap, selection, params, compute=compute, progress=progress)
+        fitted = fit(cap, selection, FitParams(ratios=0.1), compute=compute, progress=progress)
+    assert seen == [5, 5]
+    assert (
+        list(dict.fromkeys(records["step"]))
+        == list(dict.fromkeys(fitted["step"]))
+        == [0, 1, 2, 3, 4]
+    )

@@ -13,7 +13,7 @@ import pytest
 
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.ef_vectors import ef_vectors
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, overlap_matrix, similarity
 from gradstat.store import layer_table, open_capture, write_capture
@@ -115,7 +115,7 @@ def test_temporal_overlap_matches_numpy_sets(tmp_path):
     grads = drift + 0.3 * rng.laplace(size=(2, 5, D))
     path = _capture(tmp_path, grads, steps=[0, 10, 20, 30, 40])
     with open_capture(path) as cap:
-        df = temporal_overlap(cap, Selection.of(cap), OverlapParams(0.05, lag=2))
+        df = overlap(cap, Selection.of(cap), OverlapParams(0.05, lag=2))
     k = k_for(0.05, D)
     assert sorted(set(zip(df["step"], df["next_step"], strict=True))) == [
         (0, 20),

@@ -91,9 +91,9 @@ def test_the_help_lists_the_registrys_compressors():
 
 
 def test_the_listed_help_is_the_docstring_each_command_runs_with():
-    from gradstat.cli.main import COMMANDS, _docstring, load_command
+    from gradstat.cli.main import COMMANDS, command_docstring, load_command
 
     for name, target in COMMANDS.items():
         command = load_command(name)
         assert command.name == name
-        assert command.help == _docstring(target) != ""
+        assert command.help == command_docstring(target) != ""

@@ -13,13 +13,12 @@ import torch
 
 from gradstat.analysis.buildup import BuildupParams, buildup
 from gradstat.analysis.compute import MIN_BLOCK, ROWS_ALIVE, Compute
-from gradstat.analysis.overlap import OverlapParams, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.analysis.row_workspace import Workspace, scope_pieces
 from gradstat.analysis.selection import Selection, k_for
 from gradstat.analysis.similarity import SimilarityParams, similarity
-from gradstat.analysis.topk_stream import _pair_mean, stream_step_sets
+from gradstat.analysis.topk_stream import SetBuffers, stream_step_sets
 from gradstat.errors import DataError
-from gradstat.stats.row_kernels import MeanOf, Room, scan_row_pair
 from gradstat.stats.topk_sets import energy_captured, topk_indices
 from gradstat.store import Scope, layer_table, open_capture, write_capture
 
@@ -40,6 +39,12 @@ def long_capture(tmp_path_factory):
     return path, grads
 
 
+def _sets(cap, step, learners, sc, ks, block, with_mean=True):
+    """``stream_step_sets`` with buffers of its own."""
+    with SetBuffers(min(block, sc.numel), torch.device("cpu"), with_mean) as buffers:
+        return stream_step_sets(cap, step, learners, sc, ks, buffers, block)
+
+
 def test_scope_pieces_map_local_columns_to_the_flat_vector():
     scope = Scope("a|c", ((0, 10), (30, 5), (50, 20)))
     assert list(scope_pieces(scope, 0, 35)) == [(0, 10, 0), (30, 35, 10), (50, 70, 15)]
@@ -52,9 +57,8 @@ def test_blocks_equal_whole_rows_equal_stacked_sets(long_capture, scope):
     with open_capture(path) as cap:
         (sc, *_) = cap.scopes(scope)
         ks = [k_for(r, sc.numel) for r in (0.01, 0.001)]
-        kwargs = {"with_mean": True, "device": torch.device("cpu")}
-        blocked = stream_step_sets(cap, 1, [0, 1, 2, 3], sc, ks, block=MIN_BLOCK, **kwargs)
-        whole = stream_step_sets(cap, 1, [0, 1, 2, 3], sc, ks, block=sc.numel, **kwargs)
+        blocked = _sets(cap, 1, [0, 1, 2, 3], sc, ks, MIN_BLOCK)
+        whole = _sets(cap, 1, [0, 1, 2, 3], sc, ks, sc.numel)
         x = sc.take(torch.from_numpy(grads[:, 1]))
     assert sc.numel > MIN_BLOCK or scope == "layers"
     for k, a, b in zip(ks, blocked, whole, strict=True):
@@ -80,9 +84,7 @@ def test_streamed_sets_equal_the_stacked_step(long_capture, learners):
         mean = x.mean(dim=0)
         stacked = torch.cat([topk_indices(x, k), topk_indices(mean, k)[None]])
         for block in (sc.numel, MIN_BLOCK):
-            (sets,) = stream_step_sets(
-                cap, 1, learners, sc, ks, with_mean=True, device=torch.device("cpu"), block=block
-            )
+            (sets,) = _sets(cap, 1, learners, sc, ks, block)
             assert _sorted(sets.indices) == _sorted(stacked)
             for learner in learners:
                 assert np.array_equal(cap.read_row(1, learner), grads[learner, 1])
@@ -105,8 +107,7 @@ def test_a_floor_keeps_late_blocks_just_above_it(tmp_path):
     assert (stacked >= 7 * MIN_BLOCK).all()
     with open_capture(path) as cap:
         (sc,) = cap.scopes("model")
-        kwargs = {"with_mean": True, "device": torch.device("cpu"), "block": MIN_BLOCK}
-        (sets,) = stream_step_sets(cap, 0, [0, 1], sc, [k], **kwargs)
+        (sets,) = _sets(cap, 0, [0, 1], sc, [k], MIN_BLOCK)
     assert _sorted(sets.indices) == _sorted(stacked)
 
 
@@ -123,7 +124,7 @@ def test_analyses_in_blocks_equal_whole_rows(long_capture, scope):
             name: (
                 similarity(cap, selection, SimilarityParams(0.01), compute=compute),
                 buildup(cap, selection, BuildupParams("0.01,0.001"), compute=compute),
-                temporal_overlap(cap, selection, OverlapParams(0.001), compute=compute),
+                overlap(cap, selection, OverlapParams(0.001), compute=compute),
             )
             for name, compute in (("blocks", SMALL), ("whole", WHOLE))
         }
@@ -143,40 +144,22 @@ def test_nonfinite_value_in_a_block_names_step_and_learner(tmp_path):
         similarity(cap, Selection.of(cap), SimilarityParams(0.01), compute=SMALL)
 
 
-def test_read_ahead_serves_the_next_step_and_is_dropped_when_not_asked_for(long_capture):
-    # a step's first row read ahead lands in a spare buffer: asked for next, it must give
-    # that step's sets; when another step comes instead, it must not leak into them
+def test_buffers_kept_from_step_to_step_give_each_steps_own_sets(long_capture):
+    # a unit keeps its buffers (the row, the running sum, the candidate rooms) from step
+    # to step, in whatever order it asks for them: nothing of one step may leak into
+    # another's sets, with or without the mean
     path, _ = long_capture
     with open_capture(path) as cap:
         (sc,) = cap.scopes("model")
         ks, learners = [k_for(0.001, sc.numel)], [0, 1, 2, 3]
-        options = {"with_mean": True, "device": torch.device("cpu"), "block": sc.numel}
-        fresh = {s: stream_step_sets(cap, s, learners, sc, ks, **options) for s in (0, 1, 2)}
-        space = Workspace()
-        try:  # (0, 2) reads step 2 ahead; (2, None) comes after it
-            for step, then in ((0, 1), (1, 2), (0, 2), (2, None), (1, None)):
-                got = stream_step_sets(
-                    cap, step, learners, sc, ks, **options, workspace=space, then=then
-                )
-                assert torch.equal(got[0].indices, fresh[step][0].indices), (step, then)
-                assert torch.equal(got[0].energy, fresh[step][0].energy), (step, then)
-        finally:
-            space.release()
-
-
-@pytest.mark.parametrize("first", [True, False])
-def test_the_last_pairs_mean_sample_is_the_mean_it_makes(first):
-    """The mean's pre-filter sample is computed before the pass that makes the mean
-    (``_pair_mean`` at the sample's positions): it must be those very values, bit for bit,
-    or the sampled threshold would be off."""
-    rng = np.random.default_rng(3)
-    a, b, s = (rng.standard_normal((3, 70_001)) * 1e3).astype(np.float32)
-    c = (rng.standard_normal(70_001) * 1e-4).astype(np.float32)
-    at = slice(None, None, 7)
-    sample = _pair_mean(*(torch.from_numpy(x[at]) for x in (a, b, s, c)), first, 5)
-    rooms = Room(1), Room(1)
-    scan_row_pair((a, b), (None, None), rooms, s, c, first, MeanOf(5, None, Room(1)))
-    assert sample.numpy().tobytes() == s[at].tobytes()
+        for with_mean in (True, False):
+            fresh = {s: _sets(cap, s, learners, sc, ks, sc.numel, with_mean) for s in (0, 1, 2)}
+            with SetBuffers(sc.numel, torch.device("cpu"), with_mean) as buffers:
+                for step in (0, 1, 0, 2, 2, 1):
+                    (got,) = stream_step_sets(cap, step, learners, sc, ks, buffers, sc.numel)
+                    assert torch.equal(got.indices, fresh[step][0].indices), step
+                    if with_mean:
+                        assert torch.equal(got.energy, fresh[step][0].energy), step
 
 
 def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_capture):
@@ -191,9 +174,8 @@ def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_c
 
     with open_capture(path) as cap:
         (sc,) = cap.scopes("model")
-        space = Workspace()
-        space.ensure(sc.numel, torch.device("cpu"), with_mean=False)
-        try:
+        with Workspace() as space:
+            space.ensure(sc.numel)
             got = list(space.rows(cap, 2, [3, 1, 0], sc, 0, sc.numel, after=after))
             np.testing.assert_array_equal(got[-1][0], grads[0, 2])  # earlier buffers reused
             expected = [float(grads[i, 2].sum(dtype=np.float64)) for i in (3, 1, 0)]
@@ -207,10 +189,7 @@ def test_work_after_each_read_runs_in_learner_order_on_the_reading_thread(long_c
                 float(grads[i, 1].sum(dtype=np.float64)) for i in (3, 1, 0)
             ]
             time.sleep(0.3)  # the read ahead has landed
-            assert len(seen) == 6 and space._ahead is not None  # read, after() not run
+            assert len(seen) == 6  # read, after() not run
             second = list(space.rows(cap, 2, [3, 1, 0], sc, 0, sc.numel, after=after))
             assert [total for _, total in second] == expected
-            assert space._ahead is None  # taken
             assert len(seen) == 9 and all(name.startswith("gradstat-read") for name in seen)
-        finally:
-            space.release()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,6 @@ PRIVATE_APIS = {
     "interpreter frames": re.compile(r"\bsys\._getframe\b|\bf_code\b|\btb_frame\b"),
     "h5py's private modules": re.compile(r"\bh5py\._|\bfrom\s+h5py\s+import\s+_"),
 }
-
-#: The most lines a module may have.
-MAX_LINES = 500
 
 
 def _relative(path: Path) -> str:
@@ -53,8 +51,8 @@ def test_the_private_api_check_finds_what_it_looks_for():
         assert PRIVATE_APIS[what].search(sample), what
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -71,22 +69,33 @@ def _runtime_nodes(tree: ast.AST):
                 stack.append(child)
 
 
-def import_graph() -> dict[str, set[str]]:
+def _imported(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module name a ``from ... import`` reads from."""
+    base = node.module or ""
+    if node.level:
+        package = module if is_package else module.rpartition(".")[0]
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+    return base
+
+
+def package_modules(root: Path = ROOT) -> dict[str, Path]:
+    """gradstat module name -> its file, under ``root`` (a checkout)."""
+    return {_module_name(p, root): p for p in sorted((root / "gradstat").rglob("*.py"))}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """gradstat module -> the gradstat modules it imports when it runs (at the top or
     inside a function: a lazy import is still an edge; type-checking imports are not)."""
-    modules = {_module_name(path): path for path in SOURCES}
+    modules = package_modules(root)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
         for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 edges.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
+                base = _imported(node, name, path.name == "__init__.py")
                 for alias in node.names:  # a submodule by name, else the module itself
                     edges.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
         # a module always needs its parent packages: no edge to them
@@ -128,67 +137,164 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-#: Packages whose internal circles (through lazy imports) are tolerated: none.
-KNOWN_CIRCLE_PACKAGES: tuple[str, ...] = ()
-
-
 def test_no_import_circle_in_the_package():
     graph = import_graph()
     assert "gradstat.parallel.runner" in graph["gradstat.parallel"]  # the walk sees edges
-    new = [
-        c
-        for c in cycles(graph)
-        if not any(all(m.startswith(p) for m in c) for p in KNOWN_CIRCLE_PACKAGES)
-    ]
-    assert new == []
+    assert cycles(graph) == []
 
 
 def test_the_circle_check_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_no_module_over_500_lines():
-    lengths = {_relative(p): len(p.read_text().splitlines()) for p in SOURCES}
-    over = {name: n for name, n in lengths.items() if n > MAX_LINES}
-    assert not over, over
+#: Each part of the package and its layer (docs/architecture.md, "Layers"): a module
+#: may import its own layer and the layers below, never one above. "" is the package
+#: itself; the small shared modules every layer may use are layer 0.
+LAYERS = {
+    "__main__": 6,
+    "cli": 6,
+    "report": 5,
+    "plots": 5,
+    "analysis": 4,
+    "parallel": 3,
+    "stats": 2,
+    "compressors": 2,
+    "store": 1,
+    **dict.fromkeys(("", "errors", "cancel", "sizes", "threads", "formatting"), 0),
+    **dict.fromkeys(("defaults", "lazy"), 0),
+}
+#: At the side, inside training: these may import each other and the layers up to
+#: ``SIDE_REACH`` (the math and the store); only the command line imports them.
+SIDE = ("capture", "hooks", "integrations")
+SIDE_REACH = 2
 
 
-#: The most lines a function may have before it counts as long, and how many long
-#: functions the package may hold (the issue asks for at most 12).
-LONG_FUNCTION = 50
-MAX_LONG_FUNCTIONS = 1
+def _part(module: str) -> str:
+    """``gradstat.stats.sidco`` -> ``stats``; the package itself -> ``""``."""
+    return module.split(".")[1] if "." in module else ""
 
 
-def long_functions(sources=SOURCES, root=ROOT) -> list[tuple[int, str, str]]:
-    """``(lines, module, name)`` of each function (or method) over ``LONG_FUNCTION``
-    lines, counted from its ``def`` (decorators aside) to its last line, longest first."""
+def _layer(part: str) -> int:
+    assert part in LAYERS or part in SIDE, f"gradstat.{part} has no layer: add it to LAYERS"
+    return LAYERS.get(part, SIDE_REACH)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` for each import that goes up a layer (or into the side
+    packages from below the command line)."""
     found = []
-    for path in sources:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > LONG_FUNCTION:
-                    found.append((lines, path.relative_to(root).as_posix(), node.name))
-    return sorted(found, reverse=True)
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            a, b = _part(module), _part(other)
+            if a == b:
+                continue
+            if b in SIDE:
+                allowed = a in SIDE or _layer(a) == max(LAYERS.values())
+            else:
+                allowed = _layer(b) <= (SIDE_REACH if a in SIDE else _layer(a))
+            if not allowed:
+                found.append(f"{module} -> {other}")
+    return found
 
 
-def test_few_long_functions():
-    found = long_functions()
-    assert len(found) <= MAX_LONG_FUNCTIONS, found
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def test_the_long_function_count_sees_a_long_function(tmp_path):
-    body = "\n".join(f"        x{i} = {i}" for i in range(LONG_FUNCTION - 1))
-    text = f"def short():\n    pass\n\n\nclass C:\n    def long(self):\n{body}\n"
-    (tmp_path / "m.py").write_text(text)
-    assert long_functions([tmp_path / "m.py"], tmp_path) == []  # exactly 50 lines
-    (tmp_path / "m.py").write_text(text + "        return x0\n")
-    assert long_functions([tmp_path / "m.py"], tmp_path) == [(51, "m.py", "long")]
+def _private_module(dotted: str, importer: str) -> str | None:
+    """The first private component of a module path that ``importer`` is outside of
+    (a private module is its package's own)."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if _private(part) and not importer.startswith(".".join(parts[:i]) + "."):
+            return ".".join(parts[: i + 1])
+    return None
 
 
-def test_parallel_stays_small():
-    lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / "parallel").glob("*.py"))
-    assert lines < 400, lines
+def private_uses(paths: list[Path], modules: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """``file:line name`` for each private name of a gradstat module used outside it:
+    imported (``from gradstat.x import _y``), read from an imported module
+    (``x._y``), or a private module imported from outside its package."""
+    names = {path: name for name, path in modules.items()}
+    found = []
+    for path in paths:
+        importer = names.get(path, "tests")
+        where = path.relative_to(root).as_posix()
+        aliases: dict[str, str] = {}  # local name -> the gradstat module it is
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "gradstat":
+                        targets.append(alias.name)
+                        local = alias.asname or alias.name.split(".")[0]
+                        aliases[local] = alias.name if alias.asname else "gradstat"
+            elif isinstance(node, ast.ImportFrom):
+                base = _imported(node, importer, path.name == "__init__.py")
+                if base.split(".")[0] != "gradstat":
+                    continue
+                targets.append(base)
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    if full in modules:
+                        targets.append(full)
+                        aliases[alias.asname or alias.name] = full
+                    elif _private(alias.name) and base != importer:
+                        found.append(f"{where}:{node.lineno} {full}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _private(node.attr)
+                and f"{aliases[node.value.id]}.{node.attr}" not in modules
+                and aliases[node.value.id] != importer
+            ):
+                found.append(f"{where}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
+            for target in targets:
+                private = _private_module(target, importer)
+                if private is not None:
+                    found.append(f"{where}:{node.lineno} {private}")
+    return sorted(set(found))
+
+
+def _check_tree(root: Path) -> tuple[list[str], list[str]]:
+    """(upward imports, private uses) of the checkout at ``root`` (package and tests)."""
+    modules = package_modules(root)
+    paths = [*modules.values(), *sorted((root / "tests").glob("*.py"))]
+    return upward_imports(import_graph(root)), private_uses(paths, modules, root)
+
+
+def test_imports_go_one_way_and_no_private_name_crosses_a_module():
+    upward, private = _check_tree(ROOT)
+    assert upward == []
+    assert private == []
+
+
+def test_the_direction_check_finds_a_planted_upward_or_private_import(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "gradstat")
+    (tmp_path / "tests").mkdir()
+    assert _check_tree(tmp_path) == ([], [])
+    density = tmp_path / "gradstat" / "stats" / "density.py"
+    text = density.read_text()
+    density.write_text(text + "\n\ndef late():\n    from gradstat.analysis import selection\n")
+    assert _check_tree(tmp_path)[0] == ["gradstat.stats.density -> gradstat.analysis.selection"]
+    density.write_text(text)
+    hooks = tmp_path / "gradstat" / "hooks" / "compression.py"
+    hooks.write_text(hooks.read_text() + "\nfrom gradstat.parallel import runner\n")
+    assert _check_tree(tmp_path)[0] == ["gradstat.hooks.compression -> gradstat.parallel.runner"]
+    hooks.unlink()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from gradstat.stats.row_kernels import _found\n"
+        "from gradstat.stats import row_kernels\n"
+        "row_kernels._finite(0)\n"
+        "from gradstat.stats._row_loops import PIECE\n"
+    )
+    assert _check_tree(tmp_path)[1] == [
+        "tests/test_x.py:1 gradstat.stats.row_kernels._found",
+        "tests/test_x.py:3 gradstat.stats.row_kernels._finite",
+        "tests/test_x.py:4 gradstat.stats._row_loops",
+    ]
 
 
 def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], bool]:

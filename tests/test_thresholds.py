@@ -10,16 +10,9 @@ import torch
 from scipy import stats
 
 from gradstat.errors import DataError, UsageError
-from gradstat.stats import passes as passes_module
 from gradstat.stats.density import k_for
-from gradstat.stats.passes import (
-    _SCAN_CHUNK,
-    RowPasses,
-    compress,
-    compress_in_place,
-    drop_zeros_in_place,
-)
-from gradstat.stats.sidco import AdaptiveStages, first_stage_level, sidco, stage_densities
+from gradstat.stats.passes import COMPILED_MIN_NUMEL, RowPasses, compress
+from gradstat.stats.sidco import AdaptiveStages, stage_densities
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
 
 N = 2_000_000
@@ -155,20 +148,18 @@ def test_shared_passes_give_the_same_thresholds_as_fresh_calls(samples):
 
 
 @pytest.mark.parametrize("form", ["compiled", "float32", "float64", "strided"])
-def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form, monkeypatch):
+def test_row_passes_count_and_exceed_equal_brute_force_at_every_threshold(form):
     # pools are reused for every later question: counts and exceedances (in the row's
     # order) must equal a full scan at thresholds below, at and above earlier ones,
-    # strict and inclusive, zero and negative thresholds included; a long contiguous
-    # float32 row and its pools are scanned by the compiled loops ("compiled": the
-    # length gate lowered for this short row), other rows through their |x|.
-    if form == "compiled":
-        monkeypatch.setattr(passes_module, "COMPILED_MIN_NUMEL", 1)
+    # strict and inclusive, zero and negative thresholds included; a contiguous float32
+    # row and its pools are scanned by the compiled loops when asked ("compiled"), other
+    # rows through their |x|.
     rng = np.random.default_rng(3)
     values = torch.from_numpy(rng.standard_t(2, 400_000).astype(np.float32))
     values = values[::2] if form == "strided" else values[:200_000]
     values = values.double() if form == "float64" else values
     values[::5] = 0.0
-    passes = RowPasses(values)
+    passes = RowPasses(values, compiled=form == "compiled")
     assert passes.nonzeros == int(torch.count_nonzero(values))
     magnitudes = values.abs()
     thresholds = [1.0, 3.0, 2.0, 3.0, 10.0, 0.5, 0.0, -1.0, float(magnitudes[11]), 50.0]
@@ -200,25 +191,20 @@ def test_exceedance_sums_equal_sums_of_the_exceedances():
             assert math.isnan(sums.minimum)
 
 
-@pytest.mark.parametrize("given", [True, False])
-def test_row_sums_equal_float64_sums(given):
-    # fit hands RowPasses the row's non-zero magnitudes, and its sums come from them
-    # (pool_sums, pool_log_sum); a lone estimator's from the row's |x|: both equal the
-    # float64 sums of the same values to float32 rounding, over more than one chunk
+def test_row_sums_equal_float64_sums():
+    # a short row's sums: torch's float32 sums per chunk, float64 across chunks, equal to
+    # the float64 sums of the same values to float32 rounding, over more than one chunk
     rng = np.random.default_rng(6)
-    values = torch.from_numpy(rng.standard_t(3, 700_001).astype(np.float32))
+    values = torch.from_numpy(rng.standard_t(3, 1_700_001).astype(np.float32))
     values[::9] = 0.0
-    nonzero = values[values != 0].abs()
-    passes = RowPasses(values, nonzero.clone() if given else None)
-    sums = passes.sums(log=True)
+    sums = RowPasses(values).sums(log=True)
     signed = values.numpy().astype(np.float64)
     x = np.abs(signed[signed != 0])
     assert (sums.numel, sums.nonzeros) == (values.numel(), x.size)
     assert sums.signed_total == pytest.approx(signed.sum(), rel=1e-6, abs=1e-3)
     assert sums.total == pytest.approx(x.sum(), rel=1e-6)
     assert sums.squares == pytest.approx((x**2).sum(), rel=1e-6)
-    # the row's log sum counts each zero as ln(tiny) and takes them out again: 2e-6 here
-    assert sums.log_sum == pytest.approx(np.log(x).sum(), rel=1e-6 if given else 1e-5)
+    assert sums.log_sum == pytest.approx(np.log(x).sum(), rel=1e-5)
     assert sums.maximum == x.max()
 
 
@@ -254,24 +240,25 @@ def test_dgc(samples):
     assert again == results[0]
 
 
-def test_dgc_counts_the_non_zeros_only_when_its_candidates_do_not_show_k(monkeypatch):
+def test_dgc_counts_the_non_zeros_only_when_its_candidates_do_not_show_k():
     """Enough candidates above a positive threshold are k non-zero values: no pass to
-    count them (a row long enough to be scanned in place, as a replay's are). Fewer (or
-    a zero threshold) still count, and fail as a check up front."""
-    from gradstat.stats import passes
-
-    counted = []
-    count = passes.nonzeros
-    monkeypatch.setattr(passes, "nonzeros", lambda *a, **kw: counted.append(1) or count(*a, **kw))
+    count them (a row long enough to be scanned in place, as a replay's are: one count
+    and one compaction at the sampled threshold). Fewer (or a zero threshold) still
+    count, and fail as a check up front."""
     rng = np.random.default_rng(4)
-    values = torch.from_numpy(rng.laplace(size=passes.COMPILED_MIN_NUMEL).astype(np.float32))
-    first = estimate_threshold(values, 0.001, "dgc", generator=torch.Generator().manual_seed(1))
-    assert counted == [] and 0.8 <= first.quality <= 1.3
-    mostly_zero = torch.zeros(passes.COMPILED_MIN_NUMEL)
+    values = torch.from_numpy(rng.laplace(size=COMPILED_MIN_NUMEL).astype(np.float32))
+    shared = RowPasses(values)
+    first = estimate_threshold(
+        values, 0.001, "dgc", generator=torch.Generator().manual_seed(1), shared=shared
+    )
+    assert 0.8 <= first.quality <= 1.3 and shared.scans == 2
+    mostly_zero = torch.zeros(COMPILED_MIN_NUMEL)
     mostly_zero[:150] = torch.arange(1.0, 151.0)  # k = 4194
+    shared = RowPasses(mostly_zero)
     with pytest.raises(UsageError, match="150 non-zero"):
-        estimate_threshold(mostly_zero, 0.001, "dgc", generator=torch.Generator().manual_seed(1))
-    assert counted == [1]
+        generator = torch.Generator().manual_seed(1)
+        estimate_threshold(mostly_zero, 0.001, "dgc", generator=generator, shared=shared)
+    assert shared.scans == 2  # a count at the threshold, then the non-zeros
 
 
 def _dgc_reference(values: torch.Tensor, k: int, seed: int) -> tuple[float, int]:
@@ -413,84 +400,21 @@ def test_adaptive_stages_with_the_estimator(samples):
     assert 0.8 <= final.quality <= 1.25
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, _SCAN_CHUNK, _SCAN_CHUNK + 1, 3 * _SCAN_CHUNK + 5])
+@pytest.mark.parametrize("n", [0, 1, 7, 1 << 18, (1 << 18) + 1, 3 * (1 << 18) + 5])
 def test_compress_equals_boolean_indexing(n):
-    """The chunked compress keeps exactly x[keep], in order, across chunk boundaries,
-    also with nothing or everything kept."""
+    """The chunked compress keeps exactly x[keep], in order, across chunk boundaries
+    (chunks of 2^18), also with nothing or everything kept."""
     x = torch.from_numpy(np.random.default_rng(n).standard_normal(n).astype(np.float32))
     for keep in (x > 0.3, torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)):
         assert torch.equal(compress(x, keep), x[keep])
-        owned = x.clone()
-        kept = compress_in_place(owned, keep)
-        assert torch.equal(kept, x[keep])
-        assert kept.numel() == 0 or kept.data_ptr() == owned.data_ptr()  # no second row
 
 
-def _zero_patterns(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Where a row's zeros are: none, at the ends and across chunk boundaries, in runs
-    (few and many per chunk), dense, everywhere."""
-    chunk = _SCAN_CHUNK
-    runs = np.zeros(n, dtype=bool)
-    for start in range(100, n, chunk // 4):  # 4 runs a chunk, one across each boundary
-        runs[start : start + 700] = True
-    many_runs = np.zeros(n, dtype=bool)
-    many_runs[:: chunk // 64] = True  # 64 runs a chunk
-    edges = np.zeros(n, dtype=bool)
-    edges[[0, chunk - 1, chunk, 2 * chunk - 1, n - 1]] = True
-    return {
-        "none": np.zeros(n, dtype=bool),
-        "edges": edges,
-        "runs": runs,
-        "many runs": many_runs,
-        "dense": rng.random(n) < 0.3,
-        "all": np.ones(n, dtype=bool),
-    }
-
-
-@pytest.mark.parametrize("pattern", ["none", "edges", "runs", "many runs", "dense", "all"])
-def test_drop_zeros_in_place_equals_boolean_indexing(pattern):
-    """The zeros go, the rest stays in order over the row's front, and the count is
-    right, however the zeros lie across chunks."""
-    rng = np.random.default_rng(11)
-    n = 3 * _SCAN_CHUNK + 1001
-    values = rng.standard_normal(n).astype(np.float32) + 10.0  # no zero of its own
-    values[_zero_patterns(n, rng)[pattern]] = 0.0
-    expected = torch.from_numpy(values[values != 0])
-    owned = torch.from_numpy(values.copy())
-    kept, zeros = drop_zeros_in_place(owned)
-    assert torch.equal(kept, expected)
-    assert zeros == n - expected.numel()
-    assert kept.numel() == 0 or kept.data_ptr() == owned.data_ptr()  # no second row
-
-
-def test_first_stage_level_is_stage_one_of_every_staged_sidco_run(samples):
-    """fit cuts the row at this level before the SIDCo runs: it must be the stage-1
-    threshold each run of more than one stage takes, for each family and zeros rule."""
-    values = samples["gpd"][:200_000].clone()
-    values[::9] = 0.0
-    for estimator in ("sidco-exp", "sidco-gpd", "sidco-gamma-gpd"):
-        first = ESTIMATORS[estimator].first_stage
-        later = "exp" if first == "exp" else "gpd"
-        for zeros in ("exclude", "include"):
-            passes = RowPasses(values)
-            level = first_stage_level(passes, first, zeros)
-            for stages in (2, 3):
-                run = sidco(values, 100, first=first, later=later, stages=stages, zeros=zeros)
-                assert run.thresholds[0] == level, (estimator, zeros, stages)
-
-
-def test_compiled_row_sums_equal_float64_sums(monkeypatch):
-    """A long CPU row's sums come from the compiled loops (``row_sums``), not torch's
-    chunks: float64 sums of the same values, the exact maximum and counts; NaN or Inf is
-    the same error as elsewhere."""
-    monkeypatch.setattr(passes_module, "COMPILED_MIN_NUMEL", 1)
-
-    def chunked(*args, **kwargs):
-        raise AssertionError("torch's chunked sums were used")
-
-    monkeypatch.setattr(passes_module, "magnitude_sums", chunked)
+def test_compiled_row_sums_equal_float64_sums():
+    """A long CPU row's sums come from the compiled loops (``row_sums``): float64 sums of
+    the same values (torch's float32 chunk sums would miss 1e-12), the exact maximum
+    and counts; NaN or Inf is the same error as elsewhere."""
     rng = np.random.default_rng(8)
-    values = torch.from_numpy(rng.standard_t(3, 700_001).astype(np.float32))
+    values = torch.from_numpy(rng.standard_t(3, COMPILED_MIN_NUMEL + 1).astype(np.float32))
     values[::9] = 0.0
     values[123] = -400.0  # the largest magnitude, negative
     sums = RowPasses(values).sums()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gradstat.cli.main import COMMANDS, _docstring, load_command
+from gradstat.cli.main import COMMANDS, command_docstring, load_command
 from tests.helpers import run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -89,7 +89,7 @@ def test_top_level_help_lists_each_command_in_one_sentence(capsys, monkeypatch):
     result = run_cli(capsys, "--help")
     assert result.code == 0
     for name, target in COMMANDS.items():
-        first = _docstring(target).split("\n\n")[0].split()
+        first = command_docstring(target).split("\n\n")[0].split()
         assert first[0] in result.stdout, name
     assert "<bool>" not in result.stdout
 

@@ -196,7 +196,7 @@ def test_every_command_help_teaches_with_an_example_and_plain_defaults(capsys, m
 
 
 def test_info_names_the_training_compressor_apart_from_hdf5_compression(real_capture, capsys):
-    from gradstat.cli.info import _compressor_text, _filter_text
+    from gradstat.cli.info import compressor_text, filter_text
     from tests.helpers import run_cli
 
     out = run_cli(capsys, "info", real_capture).stdout
@@ -205,10 +205,10 @@ def test_info_names_the_training_compressor_apart_from_hdf5_compression(real_cap
         "compressor": {"name": "topk", "ratio": 0.01, "settings": {"memory": "ef"}},
         "datasets": ["grad", "sent"],
     }
-    assert _compressor_text(summary) == (
+    assert compressor_text(summary) == (
         "topk at ratio 0.01 (memory=ef); /sent holds what each learner sent"
     )
-    assert "lossless storage" in _filter_text("gzip")
+    assert "lossless storage" in filter_text("gzip")
 
 
 def test_the_python_api_takes_text_or_values_with_the_commands_defaults(synthetic_capture):

@@ -9,18 +9,17 @@ random baseline assumes independent uniformly random k-subsets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.row_workspace import release_workspace
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.analysis.similarity import check_on, plan_sets, step_sets
-from gradstat.parallel import Task, run_units
+from gradstat.parallel import Progress, Task, no_progress, run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
     random_union,
@@ -35,10 +34,11 @@ VALUE_BYTES = 4
 
 @dataclass(frozen=True)
 class BuildupParams:
-    """``ratios``: densities k/d (``"0.01,0.001"`` or a sequence); ``on``: ``raw`` or ``ef``."""
+    """``ratios``: densities k/d (``"0.01,0.001"``, a number or a sequence; one read of each
+    step serves them all); ``on``: ``raw`` or ``ef``. Defaults: :mod:`gradstat.defaults`."""
 
-    ratios: tuple[float, ...] = (0.01, 0.001)
-    on: str = "raw"
+    ratios: tuple[float, ...] = defaults.RATIOS
+    on: str = defaults.ON
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
@@ -61,17 +61,14 @@ def buildup(
     (int32 index, float32 value) pairs over those of a dense float32 ring all-reduce,
     (m - 1) k (s_i + s_v) / (2 (m - 1) / m d s_v) = m k (s_i + s_v) / (2 d s_v)
     (docs/methods.md 5; for m = 1 the limit); below 1 the sparse all-gather moves fewer bytes.
-    Units: steps (``plan_sets``).
+    Units: runs of steps (``plan_sets``).
     """
     selection = selection or Selection.of(cap)
     params = params or BuildupParams()
     compute = compute or Compute()
-    units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up")
-    task = Task(buildup_unit, str(cap.path), selection, params)
-    try:
-        return pd.DataFrame(run_units(cap, task, units, compute, progress))
-    finally:
-        release_workspace()
+    units = plan_sets(cap, selection, params.ratios, params.on, 2, "build-up", compute)
+    task = Task(buildup_unit, str(cap.path), selection, params, parts=None)
+    return pd.DataFrame(run_units(cap, task, units, compute, progress))
 
 
 def buildup_unit(
@@ -80,15 +77,19 @@ def buildup_unit(
     params: BuildupParams,
     compute: Compute,
     steps: Sequence[int],
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
     """Records of ``steps``: one per (step, scope, ratio, m)."""
     n = len(selection.learners)
     rows = []
     walk = step_sets(cap, selection, params.ratios, params.on, steps, compute, with_mean=False)
-    for step, sc, ratio, sets in walk:
-        _, histogram = set_overlaps(sets.indices, n)
-        union = buildup_curve(histogram, n)
-        rows.extend(buildup_records(step, sc.name, ratio, sets.k, sc.numel, union))
+    for step, found in walk:
+        for sc, ratio, sets in found:
+            _, histogram = set_overlaps(sets.indices, n)
+            union = buildup_curve(histogram, n)
+            rows.extend(buildup_records(step, sc.name, ratio, sets.k, sc.numel, union))
+        tick()
     return rows
 
 

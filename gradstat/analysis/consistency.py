@@ -30,10 +30,10 @@ from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.gram import require_learners, step_grams
 from gradstat.analysis.learner_errors import learner_errors, plan_configs
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.errors import GradstatWarning
 from gradstat.parallel import Task, run_units
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.store import Capture
 
 WHAT = "the learners' consistency"

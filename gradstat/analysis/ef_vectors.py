@@ -18,10 +18,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.selection import k_for
 from gradstat.compressors.memory import ResidualMemory, TensorRows
 from gradstat.errors import GradstatWarning
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.topk_sets import topk_indices
 from gradstat.store import Capture, Scope
 

@@ -1,25 +1,40 @@
 """``fit``: distribution fits, goodness of fit and threshold estimators over a capture.
 
-For every selected (step, learner, scope) the analysis
-* fits each chosen distribution (docs/methods.md 1) to the scope's values, exact zeros and
-  NaN/Inf excluded and counted (NaN/Inf also warned about);
-* scores it on the magnitudes |g| (normal and Laplace folded, see
+For every selected (step, learner, scope) vector the analysis
+* counts its exact zeros and NaN/Inf (warned about), which no fit or estimator sees;
+* fits each chosen distribution (docs/methods.md 1) to the non-zero values and scores it
+  on the magnitudes |g| (normal and Laplace folded, see
   :class:`~gradstat.stats.distributions.Folded`): KS, Anderson-Darling, log-likelihood,
   AIC/BIC, and at each ratio the fitted upper quantile, what it selects and its relative
   error against the empirical quantile (the k-th largest |g|);
-* runs the threshold estimators (docs/methods.md 2) at each ratio, SIDCo with each fixed stage
-  count or the adaptive rule.
+* runs the threshold estimators (docs/methods.md 2) at each ratio, SIDCo with each fixed
+  stage count or the adaptive rule.
 
-It streams: one learner's row of one step is in memory at a time. Moment fits (the
-default) take every record of a row from one histogram of it (:mod:`gradstat.analysis.fit_row`):
-fits, counts, quantiles, log-likelihood, KS and AD over every non-zero value. MLE fits and
-their scores use a uniform subsample of ``sample`` values when the scope is larger.
+Every answer about the vector comes from its row statistics
+(:class:`~gradstat.stats.row_statistics.RowStatistics`, :func:`row_records`):
+
+* moment fits with moment SIDCo stages (the default): the row's bins
+  (:class:`~gradstat.stats.histogram.RowHistogram`). Counts, sums, moments, quantiles,
+  log-likelihood, KS and AD cover every non-zero value. The bins whose values the
+  answers read are gathered up front in one more pass: the scores' bins, known from the
+  fits (:func:`~gradstat.stats.histogram_fit.score_bins`), and those the k-th largest
+  values, the fitted quantiles and the estimators read in a sketch of the row from its
+  bins alone (:meth:`~gradstat.stats.histogram.RowHistogram.sketch`: SIDCo's stage
+  levels, DGC's, Gaussian-k's and RedSync's probes), with their neighbours; a question
+  outside them costs one more gather.
+* maximum-likelihood fits or SIDCo stages (``method="mle"``, ``stage_fit="mle"``): the
+  exact passes (:class:`~gradstat.stats.passes.RowPasses`); MLE fits and every score
+  see a uniform subsample of ``sample`` values.
+
+It streams: a unit (a run of steps, one per process) reads one scope of one learner's
+row at a time into a buffer it owns.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,22 +43,66 @@ import torch
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.fit_row import COLUMNS, _Fitter
-from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.selection import (
-    LearnersSpec,
-    Selection,
-    StepsSpec,
-    parse_ratios,
-    require_one_kept,
+from gradstat.analysis.row_workspace import read_block
+from gradstat.analysis.selection import Selection, parse_ratios, require_one_kept
+from gradstat.errors import DataError, GradstatError, GradstatWarning, UsageError
+from gradstat.parallel import Progress, Task, no_progress, planned_workers, run_units, runs
+from gradstat.stats import histogram_fit
+from gradstat.stats.density import check_k, k_for
+from gradstat.stats.distributions import (
+    DISTRIBUTIONS,
+    METHODS,
+    Distribution,
+    get_distribution,
 )
-from gradstat.errors import DataError, UsageError
-from gradstat.parallel import Task, run_units
-from gradstat.stats.distributions import DISTRIBUTIONS, METHODS, get_distribution, split_values
-from gradstat.stats.goodness import subsample
-from gradstat.stats.sidco import check_choices
-from gradstat.stats.thresholds import DEFAULT_ESTIMATORS, get_estimator
+from gradstat.stats.goodness import information_criteria, ks_ad, quantile_error, subsample
+from gradstat.stats.histogram import PLAN_MIN_NUMEL, RowHistogram
+from gradstat.stats.passes import RowPasses, compress
+from gradstat.stats.row_statistics import RowStatistics
+from gradstat.stats.rows import count_nonfinite
+from gradstat.stats.sidco import AdaptiveStages, check_choices
+from gradstat.stats.thresholds import (
+    DEFAULT_ESTIMATORS,
+    ESTIMATORS,
+    ThresholdResult,
+    dgc_threshold,
+    estimate_threshold,
+    get_estimator,
+)
 from gradstat.store import Capture, Scope
+from gradstat.threads import torch_threads
+
+#: The columns of fit's records, in order.
+COLUMNS = (
+    "step",
+    "learner",
+    "scope",
+    "kind",
+    "dist",
+    "method",
+    "estimator",
+    "params",
+    "numel",
+    "nonzero",
+    "zeros",
+    "nonfinite",
+    "n_fit",
+    "loglik",
+    "aic",
+    "bic",
+    "ks",
+    "ad",
+    "ratio",
+    "stages",
+    "adaptive",
+    "k",
+    "threshold",
+    "selected",
+    "quality",
+    "empirical",
+    "quantile_error",
+    "error",
+)
 
 
 def parse_dists(spec: str | Sequence[str]) -> list[str]:
@@ -89,24 +148,25 @@ def parse_estimators(spec: str | Sequence[str]) -> list[str]:
 @dataclass(frozen=True)
 class FitParams:
     """The fit's parameters, parsed and validated (text as on the command line or Python
-    values): ``dists`` (``"all"``, a name or names), ``method`` (moments or mle),
-    ``ratios``, ``stages`` (stage counts, or ``"auto"``/None for the adaptive rule),
-    ``estimators``, ``hard_threshold`` (runs the ``hard`` estimator), ``zeros`` and
-    ``stage_fit`` (SIDCo and Gaussian-k: exact zeros excluded, or included as the SIDCo
-    reference does; SIDCo's GPD stages by moments or MLE; docs/methods.md 2), ``sample``
-    (subsample size of MLE fits and their scores; None or 0: every value) and ``seed``.
-    Distribution fits always exclude zeros."""
+    values; defaults: :mod:`gradstat.defaults`, as ``gradstat fit``): ``dists``
+    (``"all"``, a name or names), ``method`` (moments or mle), ``ratios``, ``stages``
+    (stage counts, or ``"auto"``/None for the adaptive rule), ``estimators``,
+    ``hard_threshold`` (runs the ``hard`` estimator), ``zeros`` and ``stage_fit`` (SIDCo
+    and Gaussian-k: exact zeros excluded, or included as the SIDCo reference does;
+    SIDCo's GPD stages by moments or MLE; docs/methods.md 2), ``sample`` (subsample size
+    of MLE fits and their scores; None or 0: every value) and ``seed``. Distribution fits
+    always exclude zeros."""
 
-    dists: tuple[str, ...] = ("gpd",)
-    method: str = "moments"
-    ratios: tuple[float, ...] = defaults.RATIOS  # as `gradstat fit`
-    stages: tuple[int, ...] | None = (1, 2, 3)
+    dists: tuple[str, ...] = defaults.FIT_DISTS
+    method: str = defaults.FIT_METHOD
+    ratios: tuple[float, ...] = defaults.RATIOS
+    stages: tuple[int, ...] | None = defaults.FIT_STAGES
     estimators: tuple[str, ...] = DEFAULT_ESTIMATORS
     hard_threshold: float | None = None
-    zeros: str = "exclude"
-    stage_fit: str = "moments"
-    sample: int | None = 1_000_000
-    seed: int = 0
+    zeros: str = defaults.ZEROS
+    stage_fit: str = defaults.STAGE_FIT
+    sample: int | None = defaults.FIT_SAMPLE
+    seed: int = defaults.SEED
 
     def __post_init__(self) -> None:
         check_choices(self.zeros, self.stage_fit)
@@ -132,6 +192,12 @@ class FitParams:
         set_(self, "estimators", tuple(estimators))
         set_(self, "sample", sample)
 
+    @property
+    def binned(self) -> bool:
+        """Whether every answer comes from the row's bins: moment fits and moment SIDCo
+        stages (else the exact passes, see the module)."""
+        return self.method == "moments" and self.stage_fit == "moments"
+
 
 def fit(
     cap: Capture,
@@ -149,53 +215,24 @@ def fit(
 
     ``quality`` = selected / k with k = ratio * numel; the densities fitted are
     k / (non-zeros). A record that could not be computed carries its reason in ``error``.
-    Units: steps; one unit of every step with adaptive stages (``stages=None``), whose
-    stage counts carry from step to step.
+    Units: runs of steps, one per process (a run reports each step as it ends); one unit
+    of every step with adaptive stages (``stages=None``), whose stage counts carry from
+    step to step.
     """
     selection = selection or Selection.of(cap)
     params = params or FitParams()
     compute = compute or Compute()
     require_one_kept(selection.scopes(cap), params.ratios)
     steps = selection.steps
-    units = [steps] if params.stages is None else [(step,) for step in steps]
-    task = Task(fit_unit, str(cap.path), selection, params)
-    try:
-        outcomes = run_units(cap, task, units, compute, progress)
-    finally:
-        _process_buffers.release()
-    records = pd.DataFrame(outcomes, columns=list(COLUMNS))
+    workers = 1 if params.stages is None else planned_workers(cap, selection, compute.jobs)
+    units = runs(steps, workers)
+    task = Task(fit_unit, str(cap.path), selection, params, parts=None)
+    records = pd.DataFrame(run_units(cap, task, units, compute, progress), columns=list(COLUMNS))
     counts = ("n_fit", "stages", "k", "selected")
     records = records.astype(dict.fromkeys(counts, "Int64"))
     if records["error"].notna().all():
         raise DataError(f"nothing could be computed: {records['error'].iloc[0]}")
     return records
-
-
-class _RowBuffers:
-    """A row's read buffer and its magnitudes' buffer, kept from unit to unit of a fit in
-    this process (``fit`` frees them at its end): fresh ones cost their page faults
-    whenever the allocator has handed the old ones back to the kernel (a 32M-value row:
-    0.17 s for the magnitudes' 128 MB, about as much as the rest of its split)."""
-
-    def __init__(self) -> None:
-        self._key: tuple[int, str] | None = None
-        self._buffers: tuple[np.ndarray, torch.Tensor] | None = None
-
-    def get(self, numel: int, device: torch.device) -> tuple[np.ndarray, torch.Tensor]:
-        """(read buffer, magnitudes on ``device``) of ``numel`` float32 each."""
-        key = (numel, str(device))
-        if self._key != key or self._buffers is None:
-            self.release()  # the old pair goes before the new one is allocated
-            row = np.empty(numel, dtype=np.float32)
-            self._buffers = (row, torch.empty(numel, dtype=torch.float32, device=device))
-            self._key = key
-        return self._buffers
-
-    def release(self) -> None:
-        self._key = self._buffers = None
-
-
-_process_buffers = _RowBuffers()
 
 
 def fit_unit(
@@ -204,68 +241,320 @@ def fit_unit(
     params: FitParams,
     compute: Compute,
     steps: Sequence[int],
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of ``steps``, one learner's row in memory at a time (read into one
-    buffer, then moved to the compute device; its magnitudes in a second buffer: this process's
-    :class:`_RowBuffers`)."""
-    fitter = _Fitter(params)
+    """Records of ``steps``, one scope of one learner's row in memory at a time (read
+    into the unit's buffer, then moved to the compute device)."""
     scopes = selection.scopes(cap)
     device = compute.torch_device()
-    buffer, magnitudes = _process_buffers.get(cap.numel, device)
-    rows: list[dict] = []
+    buffer = np.empty(max(scope.numel for scope in scopes), dtype=np.float32)
+    adaptive: dict[tuple, AdaptiveStages] = {}
+    records: list[dict] = []
     for step in steps:
         for learner in selection.learners:
-            row = torch.from_numpy(cap.read_row(step, learner, out=buffer)).to(device)
             for scope in scopes:
-                rows.extend(fitter.one(step, learner, scope, scope.take(row), magnitudes))
-    return rows
+                row = read_block(cap, step, learner, scope, 0, scope.numel, buffer)
+                where = (step, learner, scope.name)
+                values = torch.from_numpy(row).to(device)
+                records += row_records(params, where, values, adaptive)
+        tick()
+    return records
 
 
-class Fit:
-    """The fit analysis with keyword options (the command line's text or Python values):
-    ``Fit(cap, dists="all", steps="::10", learners=[0]).run()`` equals
-    ``fit(cap, Selection.of(cap, steps, learners, scope), FitParams(...))``."""
+def row_records(
+    params: FitParams,
+    where: tuple[int, int, str],
+    values: torch.Tensor,
+    adaptive: dict[tuple, AdaptiveStages],
+    statistics: Callable[[torch.Tensor], RowStatistics] | None = None,
+) -> list[dict]:
+    """The records of one ``(step, learner, scope)`` vector ``values`` (the module).
+
+    ``adaptive``: the adaptive stage counts of a run of steps, learned as the records
+    come; ``statistics``: how the row statistics are made (default:
+    :class:`RowHistogram` when ``params.binned``, else :class:`RowPasses`), for a
+    caller that keeps them to look at (its reads: ``RowHistogram.gathers``)."""
+    step, learner, scope = where
+    make = statistics or (RowHistogram if params.binned else RowPasses)
+    with torch_threads(1):  # vectors of a few thousand bins or samples: one thread
+        stats = make(values)
+        nonfinite = stats.bins.nonfinite if isinstance(stats, RowHistogram) else None
+        if nonfinite is None:
+            nonfinite = count_nonfinite(values)
+        if nonfinite:
+            message = f"step {step}, learner {learner}, scope {scope}: {nonfinite} NaN/Inf"
+            warnings.warn(f"{message} values excluded", GradstatWarning, stacklevel=2)
+            values = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            stats = make(values)
+        base = {
+            "step": step,
+            "learner": learner,
+            "scope": scope,
+            "numel": values.numel(),
+            "nonzero": stats.nonzeros,
+            "zeros": values.numel() - stats.nonzeros - nonfinite,
+            "nonfinite": nonfinite,
+        }
+        return _Row(params, base, values, stats, adaptive).records()
+
+
+class _Row:
+    """The records of one vector from its row statistics (:func:`row_records`)."""
 
     def __init__(
         self,
-        cap: Capture,
-        *,
-        scope: str = "model",
-        steps: StepsSpec = None,
-        learners: LearnersSpec = None,
-        compute: Compute | None = None,
-        dists: str | Sequence[str] = "gpd",
-        method: str = "moments",
-        ratios: str | Sequence[float] = (0.1, 0.01, 0.001),
-        stages: str | Sequence[int] | None = (1, 2, 3),
-        estimators: str | Sequence[str] = DEFAULT_ESTIMATORS,
-        hard_threshold: float | None = None,
-        zeros: str = "exclude",
-        stage_fit: str = "moments",
-        sample: int | None = 1_000_000,
-        seed: int = 0,
+        params: FitParams,
+        base: dict,
+        values: torch.Tensor,
+        stats: RowStatistics,
+        adaptive: dict[tuple, AdaptiveStages],
     ) -> None:
-        self.cap = cap
-        self.params = FitParams(
-            dists=dists,
-            method=method,
-            ratios=ratios,
-            stages=stages,
-            estimators=estimators,
-            hard_threshold=hard_threshold,
-            zeros=zeros,
-            stage_fit=stage_fit,
-            sample=sample,
-            seed=seed,
-        )
-        self.selection = Selection.of(cap, steps, learners, scope)
-        self.compute = compute or Compute()
-        self.steps = list(self.selection.steps)
-        self.learners = list(self.selection.learners)
-        self.scopes: list[Scope] = self.selection.scopes(cap)
+        self.params, self.base, self.values, self.stats = params, base, values, stats
+        self.adaptive = adaptive
+        self.ks = {ratio: k_for(ratio, values.numel()) for ratio in params.ratios}
+        # DGC's 1% samples, drawn once for the sketch and the records (random reads are
+        # its slow part), in the order DGC runs: each ratio, from a generator seeded by
+        # the step, the same in every run
+        generator = torch.Generator().manual_seed(params.seed + int(base["step"]))
+        self.sampled = {
+            ratio: dgc_threshold(values, k, generator)
+            for ratio, k in self.ks.items()
+            if "dgc" in params.estimators
+        }
+        if isinstance(stats, RowHistogram):
+            self.fits: _BinnedFits | _SampledFits = _BinnedFits(stats)
+        else:
+            self.fits = _SampledFits(stats, values, params.sample, params.seed)
 
-    def run(self, progress: Progress = no_progress) -> pd.DataFrame:
-        return fit(self.cap, self.selection, self.params, compute=self.compute, progress=progress)
+    def records(self) -> list[dict]:
+        fitted = {name: self._fitted(get_distribution(name)) for name in self.params.dists}
+        dists = [dist for dist, _ in fitted.values() if dist is not None]
+        if isinstance(self.stats, RowHistogram) and self.stats.numel >= PLAN_MIN_NUMEL:
+            self._gather(self.stats, dists)
+        empirical = self._empirical(self.stats)
+        rows = []
+        for name, (dist, error) in fitted.items():
+            fit_base = {**self.base, "kind": "fit", "dist": name, "method": self.params.method}
+            fit_base["stages"] = 1
+            try:
+                if dist is None:
+                    raise error
+                fit_base.update(params=dist.params, **self.fits.scores(dist))
+            except GradstatError as exc:
+                rows += [_row(fit_base, ratio=r, error=str(exc)) for r in self.params.ratios]
+                continue
+            rows += self._quantile_rows(fit_base, dist, empirical)
+        for row_base, result in self._estimates(self.stats, empirical):
+            if isinstance(result, GradstatError):
+                rows.append(_row(row_base, error=str(result)))
+                continue
+            if row_base["adaptive"]:
+                self._rule(row_base["estimator"], row_base["ratio"]).update(result.quality)
+            rows.append(_estimator_row(row_base, result, empirical[row_base["ratio"]]))
+        return rows
+
+    def _gather(self, hist: RowHistogram, dists: list[Distribution]) -> None:
+        """Gather in one pass the bins the records will read: the scores' (known from the
+        fits) and those a sketch of the row reads for the k-th largest values, the
+        fitted quantiles and every estimator (module docstring)."""
+        sketch = hist.sketch()
+        empirical = self._empirical(sketch)
+        for dist in dists:
+            for ratio, k in self.ks.items():
+                if not isinstance(empirical[ratio], str):
+                    sketch.count(dist.magnitude_isf(k / hist.nonzeros))
+            sketch.touched.update(int(j) for j in histogram_fit.score_bins(dist, hist))
+        for _ in self._estimates(sketch, empirical):
+            pass
+        hist.planned(sketch)
+
+    def _fitted(self, cls: type[Distribution]) -> tuple[Distribution | None, Exception | None]:
+        """The fit of ``cls``, or why there is none."""
+        try:
+            return self.fits.fit(cls, self.params.method), None
+        except GradstatError as exc:
+            return None, exc
+
+    def _empirical(self, stats: RowStatistics) -> dict[float, float | str]:
+        """The k-th largest |g| at each ratio (what ``topk`` selects), or where k exceeds
+        the non-zeros, why there is none."""
+        empirical: dict[float, float | str] = {}
+        for ratio, k in self.ks.items():
+            try:
+                check_k(k, stats.nonzeros)
+            except GradstatError as exc:
+                empirical[ratio] = str(exc)
+            else:
+                empirical[ratio] = stats.kth_largest(k)
+        return empirical
+
+    def _quantile_rows(self, fit_base: dict, dist: Distribution, empirical: dict) -> list[dict]:
+        """A fitted distribution's upper quantile at each ratio: its count and errors."""
+        rows = []
+        for ratio, k in self.ks.items():
+            if isinstance(empirical[ratio], str):
+                rows.append(_row(fit_base, ratio=ratio, k=k, error=empirical[ratio]))
+                continue
+            threshold = dist.magnitude_isf(k / self.stats.nonzeros)
+            selected = self.stats.count(threshold)
+            rows.append(
+                _row(
+                    fit_base,
+                    ratio=ratio,
+                    k=k,
+                    threshold=threshold,
+                    selected=selected,
+                    quality=selected / k,
+                    empirical=empirical[ratio],
+                    quantile_error=quantile_error(threshold, empirical[ratio]),
+                )
+            )
+        return rows
+
+    def _rule(self, estimator: str, ratio: float) -> AdaptiveStages:
+        """The adaptive stage count of this learner, scope, estimator and ratio."""
+        key = (self.base["learner"], self.base["scope"], estimator, ratio)
+        return self.adaptive.setdefault(key, AdaptiveStages())
+
+    def _estimates(
+        self, stats: RowStatistics, empirical: dict
+    ) -> Iterator[tuple[dict, ThresholdResult | GradstatError]]:
+        """Every estimator at every ratio and stage count (the adaptive rule's current
+        one), on ``stats``: its record's base and its result, or the error that stopped
+        it."""
+        for estimator in self.params.estimators:
+            staged = ESTIMATORS[estimator].staged
+            for ratio in self.params.ratios:
+                adaptive = staged and self.params.stages is None
+                if adaptive:
+                    counts = [self._rule(estimator, ratio).stages]
+                else:
+                    counts = list(self.params.stages) if staged and self.params.stages else [1]
+                for stages in counts:
+                    row_base = {
+                        **self.base,
+                        "kind": "estimator",
+                        "dist": ESTIMATORS[estimator].dist,
+                        "estimator": estimator,
+                        "ratio": ratio,
+                        "stages": stages,
+                        "adaptive": adaptive,
+                    }
+                    try:
+                        result = self._estimate(stats, ratio, estimator, stages, empirical)
+                    except GradstatError as exc:
+                        yield row_base, exc
+                    else:
+                        yield row_base, result
+
+    def _estimate(
+        self,
+        stats: RowStatistics,
+        ratio: float,
+        estimator: str,
+        stages: int,
+        empirical: dict,
+    ) -> ThresholdResult:
+        """One estimator's threshold; ``topk`` is the empirical quantile already found."""
+        if estimator == "topk" and not isinstance(empirical[ratio], str):
+            k = self.ks[ratio]
+            return ThresholdResult(empirical[ratio], k, k, 1, "topk", inclusive=True)
+        return estimate_threshold(
+            self.values,
+            ratio,
+            estimator,
+            stages=stages,
+            threshold=self.params.hard_threshold,
+            zeros=self.params.zeros,
+            stage_fit=self.params.stage_fit,
+            shared=stats,
+            sampled=self.sampled.get(ratio) if estimator == "dgc" else None,
+        )
+
+
+class _BinnedFits:
+    """Moment fits and scores on every non-zero value, from the row's bins
+    (:mod:`gradstat.stats.histogram_fit`)."""
+
+    def __init__(self, hist: RowHistogram) -> None:
+        self.hist = hist
+
+    def fit(self, cls: type[Distribution], method: str) -> Distribution:
+        return histogram_fit.fit_moments(cls, self.hist)
+
+    def scores(self, dist: Distribution) -> dict:
+        loglik = histogram_fit.loglik(dist, self.hist)
+        aic, bic = information_criteria(loglik, dist.n_params, self.hist.nonzeros)
+        return {
+            "n_fit": self.hist.nonzeros,
+            "loglik": loglik,
+            "aic": aic,
+            "bic": bic,
+            "ks": histogram_fit.ks(dist, self.hist),
+            "ad": histogram_fit.anderson_darling(dist, self.hist),
+        }
+
+
+class _SampledFits:
+    """Fits of the non-zero values (signed for signed models, else magnitudes): moment
+    fits of all of them, MLE fits of a uniform subsample of ``sample`` (every value:
+    None); scores on that subsample of the magnitudes (the signed sample is at the same
+    positions: :func:`subsample` draws them from the count and the seed alone)."""
+
+    def __init__(
+        self, passes: RowPasses, values: torch.Tensor, sample: int | None, seed: int
+    ) -> None:
+        self.passes, self.values, self.sample, self.seed = passes, values.reshape(-1), sample, seed
+        self._signed: torch.Tensor | None = None
+        self._sorted: torch.Tensor | None = None
+
+    def _nonzero(self, signed: bool) -> torch.Tensor:
+        if not signed:
+            return self.passes.magnitudes()
+        if self._signed is None:
+            self._signed = compress(self.values, self.values != 0)
+        return self._signed
+
+    def fit(self, cls: type[Distribution], method: str) -> Distribution:
+        data = self._nonzero(cls.signed)
+        if method == "mle":
+            data = subsample(data, self.sample, self.seed)
+        return cls.fit(data, method)
+
+    def scores(self, dist: Distribution) -> dict:
+        if self._sorted is None:  # sorted as float32, whose order the widening keeps
+            magnitudes = subsample(self.passes.magnitudes(), self.sample, self.seed)
+            self._sorted = torch.sort(magnitudes).values.double()
+        x = self._sorted
+        magnitudes = dist.magnitudes()
+        loglik = magnitudes.loglik(x)
+        aic, bic = information_criteria(loglik, dist.n_params, x.numel())
+        ks, ad = ks_ad(x, magnitudes, presorted=True)
+        return {"n_fit": x.numel(), "loglik": loglik, "aic": aic, "bic": bic, "ks": ks, "ad": ad}
+
+
+def _estimator_row(base: dict, result: ThresholdResult, reference: float | str) -> dict:
+    """An estimator's record: its result against the empirical quantile ``reference``
+    (a string: why there is none)."""
+    known = not isinstance(reference, str)
+    return _row(
+        base,
+        stages=result.stages,
+        k=result.k,
+        threshold=result.threshold,
+        selected=result.selected,
+        quality=result.quality,
+        empirical=reference if known else None,
+        quantile_error=quantile_error(result.threshold, reference) if known else math.nan,
+    )
+
+
+def _row(base: dict, **values) -> dict:
+    row = dict.fromkeys(COLUMNS)
+    row.update(base)
+    row.update(values)
+    return row
 
 
 def rank_distributions(records: pd.DataFrame) -> pd.DataFrame:
@@ -308,7 +597,9 @@ def magnitude_sample(
 ) -> np.ndarray:
     """Non-zero finite |g| of one (step, learner, scope), subsampled to ``size``: what
     the fit plot draws its histogram, Q-Q and CCDF from."""
-    split = split_values(scope.take(cap.read_step(step, [learner])[0]))
-    if split.magnitudes.numel() == 0:
+    row = read_block(cap, step, learner, scope, 0, scope.numel, np.empty(scope.numel, np.float32))
+    magnitudes = np.abs(row)
+    magnitudes = magnitudes[(magnitudes > 0) & np.isfinite(magnitudes)]
+    if magnitudes.size == 0:
         raise DataError(f"step {step}, learner {learner}, scope {scope.name}: all values are zero")
-    return subsample(split.magnitudes, size, seed).double().numpy()
+    return subsample(torch.from_numpy(magnitudes), size, seed).double().numpy()

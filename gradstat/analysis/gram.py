@@ -30,9 +30,9 @@ import torch
 
 from gradstat import cancel
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.finite import require_finite
 from gradstat.analysis.selection import Selection
 from gradstat.errors import DataError, UsageError
+from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
 #: Columns per float32 matrix product: float32 accumulates this many terms, float64 the rest.

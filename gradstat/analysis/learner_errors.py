@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.finite import require_finite
 from gradstat.analysis.row_workspace import read_block
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.stats.density import k_for
+from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
 

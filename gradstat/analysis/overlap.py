@@ -8,47 +8,48 @@ selected recorded steps, so each row states the real training-step gap.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.row_workspace import release_workspace
 from gradstat.analysis.selection import Selection, parse_ratios
-from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.similarity import by_ratio, check_on, plan_sets, step_sets
 from gradstat.errors import UsageError
-from gradstat.parallel import Task, run_units
+from gradstat.parallel import Progress, Task, no_progress, planned_workers, run_units, runs
 from gradstat.stats.topk_sets import (
     jaccard,
-    overlap,
     paired_intersection_sizes,
     random_overlap,
+)
+from gradstat.stats.topk_sets import (
+    overlap as set_overlap,
 )
 from gradstat.store import Capture, Scope
 
 
 @dataclass(frozen=True)
 class OverlapParams:
-    """``ratio``: density k/d; ``lag``: compare each selected step with the one ``lag``
-    selected steps on; ``on``: ``raw`` or ``ef``."""
+    """``ratios``: densities k/d (``"0.01,0.001"``, a number or a sequence; one read of
+    each step serves them all); ``lag``: compare each selected step with the one ``lag``
+    selected steps on; ``on``: ``raw`` or ``ef``. Defaults: :mod:`gradstat.defaults`."""
 
-    ratio: float = 0.001
-    lag: int = 1
-    on: str = "raw"
+    ratios: tuple[float, ...] = defaults.SET_RATIOS
+    lag: int = defaults.LAG
+    on: str = defaults.ON
 
     def __post_init__(self) -> None:
-        (ratio,) = parse_ratios(self.ratio)
-        object.__setattr__(self, "ratio", ratio)
+        object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
         if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 1:
             raise UsageError(f"lag={self.lag!r}: must be an integer of at least 1")
         check_on(self.on)
 
 
-def temporal_overlap(
+def overlap(
     cap: Capture,
     selection: Selection | None = None,
     params: OverlapParams | None = None,
@@ -59,10 +60,11 @@ def temporal_overlap(
     """Overlap of each learner's (and the mean's) top-k sets between steps ``lag`` rows apart.
 
     Columns: step, next_step, gap (next_step - step, in training steps), scope, ratio,
-    k, d, learner (rank or "mean"), overlap, jaccard, random_overlap (k/d). Units: the
-    pairs (step, step ``lag`` on) for ``on="raw"`` (each process keeps the index sets of
-    the last ``lag + 1`` steps, so a run of pairs reads each step once: memory
-    O(lag n k) beyond one step); one unit of every step for ``on="ef"``.
+    k, d, learner (rank or "mean"), overlap, jaccard, random_overlap (k/d); in the order
+    of the ratios. Units: runs of the pairs (step, step ``lag`` on), one per process, for
+    ``on="raw"`` (a unit keeps the index sets of its last ``lag + 1`` steps, so it reads
+    each step once: memory O(lag n k) beyond one step); one unit of every step for
+    ``on="ef"``.
     """
     selection = selection or Selection.of(cap)
     params = params or OverlapParams()
@@ -72,40 +74,14 @@ def temporal_overlap(
         raise UsageError(
             f"lag={lag} needs more than {lag} selected steps; the selection has {len(steps)}"
         )
-    plan_sets(cap, selection, [params.ratio], params.on, 1, "overlap")
+    plan_sets(cap, selection, params.ratios, params.on, 1, "overlap", compute)
     if params.on == "ef":
         units = [steps]
     else:
-        units = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
-    task = Task(overlap_unit, str(cap.path), selection, params)
-    try:
-        return pd.DataFrame(run_units(cap, task, units, compute, progress))
-    finally:
-        release_workspace()
-
-
-ScopeSets = dict[str, tuple[Scope, int, torch.Tensor]]
-#: Index sets of recently seen steps in this process: {key: {scope name: (scope, k,
-#: indices [n + 1, k])}}.
-_recent_sets: OrderedDict[tuple, ScopeSets] = OrderedDict()
-
-
-def _step_sets(
-    cap: Capture, selection: Selection, params: OverlapParams, compute: Compute, step: int
-) -> ScopeSets:
-    """Top-k sets of every learner and of the mean at ``step`` per scope, cached for the
-    next ``lag`` pairs."""
-    key = (str(cap.path), selection, params, step)
-    if key in _recent_sets:
-        _recent_sets.move_to_end(key)
-        return _recent_sets[key]
-    sets = {}
-    for _, sc, _, found in step_sets(cap, selection, [params.ratio], "raw", [step], compute):
-        sets[sc.name] = (sc, found.k, found.indices)
-    _recent_sets[key] = sets
-    while len(_recent_sets) > params.lag + 1:
-        _recent_sets.popitem(last=False)
-    return sets
+        pairs = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
+        units = runs(pairs, planned_workers(cap, selection, compute.jobs))
+    task = Task(overlap_unit, str(cap.path), selection, params, parts=None)
+    return pd.DataFrame(by_ratio(run_units(cap, task, units, compute, progress), params.ratios))
 
 
 def overlap_unit(
@@ -113,33 +89,46 @@ def overlap_unit(
     selection: Selection,
     params: OverlapParams,
     compute: Compute,
-    steps: Sequence[int],
+    unit: Sequence,
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of a unit: a pair (step, step ``lag`` on), or (``on="ef"``) every step."""
-    if params.on == "raw":
-        first_step, step = steps
-        first, second = (_step_sets(cap, selection, params, compute, s) for s in steps)
-        rows = []
-        for name, (sc, k, indices) in second.items():
-            before = first[name][2]
-            rows += _pair_records(selection, params, sc, k, first_step, before, step, indices)
+    """Records of a unit: a run of pairs (step, step ``lag`` on), or (``on="ef"``) every
+    step."""
+    rows: list[dict] = []
+    if params.on == "ef":
+        history: dict[tuple[str, float], deque] = {}
+        for step, found in step_sets(cap, selection, params.ratios, "ef", unit, compute):
+            for sc, ratio, sets in found:
+                past = history.setdefault((sc.name, ratio), deque(maxlen=params.lag + 1))
+                past.append((step, sets.indices))
+                if len(past) > params.lag:
+                    (first_step, first), last = past[0], past[-1][1]
+                    rows += _pair_records(
+                        selection, sc, ratio, sets.k, first_step, first, step, last
+                    )
+            tick()
         return rows
-    history: dict[str, deque] = {}
-    rows = []
-    for step, sc, _, found in step_sets(cap, selection, [params.ratio], "ef", steps, compute):
-        k = found.k
-        past = history.setdefault(sc.name, deque(maxlen=params.lag + 1))
-        past.append((step, found.indices))
-        if len(past) > params.lag:
-            first_step, first = past[0]
-            rows += _pair_records(selection, params, sc, k, first_step, first, step, past[-1][1])
+    order = list(dict.fromkeys(step for pair in unit for step in pair))  # reads, in order
+    pairs = deque(unit)
+    recent: dict[int, list] = {}  # the sets of steps read whose pairs are to come
+    for step, found in step_sets(cap, selection, params.ratios, "raw", order, compute):
+        recent[step] = found
+        while pairs and pairs[0][0] in recent and pairs[0][1] in recent:
+            first_step, second = pairs.popleft()
+            before = recent.pop(first_step)  # later pairs start later
+            for (sc, ratio, first), (_, _, sets) in zip(before, recent[second], strict=True):
+                rows += _pair_records(
+                    selection, sc, ratio, sets.k, first_step, first.indices, second, sets.indices
+                )
+            tick()
     return rows
 
 
 def _pair_records(
     selection: Selection,
-    params: OverlapParams,
     sc: Scope,
+    ratio: float,
     k: int,
     first_step: int,
     first: torch.Tensor,
@@ -149,7 +138,7 @@ def _pair_records(
     """One record per learner and the mean: the overlap of its sets at the two steps."""
     d = sc.numel
     inter = paired_intersection_sizes(first, indices)
-    over, jac = overlap(inter, k), jaccard(inter, k)
+    over, jac = set_overlap(inter, k), jaccard(inter, k)
     names: list[int | str] = [*selection.learners, "mean"]
     return [
         {
@@ -157,7 +146,7 @@ def _pair_records(
             "next_step": step,
             "gap": step - first_step,
             "scope": sc.name,
-            "ratio": params.ratio,
+            "ratio": ratio,
             "k": k,
             "d": d,
             "learner": name,

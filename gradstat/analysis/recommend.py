@@ -27,7 +27,6 @@ import pandas as pd
 from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
@@ -35,6 +34,7 @@ from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.compressors.work import compressor_work, seconds
 from gradstat.errors import UsageError
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.store import Capture
 
 #: Every registered compressor except the dense baseline.

@@ -30,7 +30,6 @@ import torch
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.ef_vectors import warn_gaps
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay_stream import (
     SchemeStep,
     SparseRow,
@@ -43,6 +42,7 @@ from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Task, planned_workers, run_units
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.row_kernels import error_sums, squared_norm
 from gradstat.store import Capture, Layer, Scope
 from gradstat.threads import torch_threads
@@ -90,7 +90,7 @@ def dense_seconds(numel: int, n: int, link: Link, bytes_per_value: int = 4) -> f
     return allreduce_seconds(numel * bytes_per_value, n, link)
 
 
-def _error_and_cosine(
+def error_and_cosine(
     estimate: torch.Tensor | SparseRow, reference: torch.Tensor
 ) -> tuple[float, float]:
     """``||e - r||^2 / ||r||^2`` and ``cos(e, r)``, summed in float64: float32 rows on the
@@ -285,7 +285,7 @@ class Replay:
     def _record(self, step: int, scope: str, scheme: Scheme, result: SchemeStep, n: int) -> dict:
         exchange = result.outcome
         d = result.reference.numel()
-        rel_error, cosine = _error_and_cosine(exchange.estimate, result.reference)
+        rel_error, cosine = error_and_cosine(exchange.estimate, result.reference)
         k = scheme.compressor.k
         mean_selected = sum(exchange.selected) / n
         sent_bytes = exchange.bytes_per_learner

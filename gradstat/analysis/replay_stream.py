@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from gradstat.analysis.ef_store import MemoryRows
-from gradstat.analysis.finite import require_finite
 from gradstat.analysis.row_workspace import Workspace
 from gradstat.compressors.exchange import SparseRow, StepOutcome, Stream
 from gradstat.compressors.registry import Scheme
 from gradstat.stats.row_kernels import add_checked
+from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
 __all__ = ["SchemeStep", "SparseRow", "StepOutcome", "memory_bytes_needed", "replay_streamed"]
@@ -85,7 +85,7 @@ def replay_streamed(
     before asking for the next step.
     """
     space = Workspace()  # the next learner's row is read while this one is replayed
-    space.ensure(cap.numel, torch.device("cpu"), with_mean=False)
+    space.ensure(cap.numel)
     next_step = dict(itertools.pairwise(steps))
     try:
         with MemoryRows(scratch) as rows:

@@ -1,35 +1,26 @@
-"""The reused buffers of a walk over a step's rows: rows read ahead, a running sum.
+"""Reading rows: a scope's block of one learner's row, and a reader that reads ahead.
 
-:class:`Workspace` holds the row (or column block) buffers of one process, a reading
-thread that checks or reads the next learner's row while the rows before it are
-scanned (the compiled loops leave the GIL), and the compensated running sum of the mean
-gradient (:class:`CompensatedSum`). Rows are read into the buffers (checked against
-their CRC-32C), never mapped: a file cut while it is read is an error, not SIGBUS. The
-buffers are kept from
-unit to unit and freed by :func:`release_workspace` at the end of an analysis (figures:
-docs/large.md). Used by the top-k stream (:mod:`gradstat.analysis.topk_stream`) and
-replay (:mod:`gradstat.analysis.replay_stream`).
+:func:`read_block` is the one way an analysis reads a scope's columns of a row (checked
+against their CRC-32C, into a buffer; never mapped: a file cut while it is read is an
+error, not SIGBUS). :class:`Workspace` is a unit's reader with a reading thread that
+reads the next learner's row while the row before it is processed (the compiled loops
+leave the GIL): the replay's (:mod:`gradstat.analysis.replay_stream`), where it saves
+29-46%; a set analysis reads each row when it needs it (on this 2-core machine the
+thread cost it 13-20%: docs/large.md, "Fast paths"). A unit opens one (``with
+Workspace() as space:``), keeps it from step to step (a fresh row costs its page faults)
+and frees it when it ends.
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
-import torch
 
-from gradstat.stats.row_kernels import Room
-from gradstat.stats.row_plain import compensated_add
-from gradstat.stats.topk_sets import candidates_room
 from gradstat.store import Capture, Scope
-
-#: Elements per chunk of a pass over a row with torch's ops (on a GPU): 1 MiB of
-#: float32, so that the temporaries stay in cache.
-CHUNK = 1 << 18
 
 
 def column_blocks(numel: int, block: int) -> Iterator[tuple[int, int]]:
@@ -69,83 +60,33 @@ def _then(
     return row, after(row)
 
 
-class CompensatedSum:
-    """A running sum of float32 rows in float32 with Kahan's compensation
-    (:func:`~gradstat.stats.row_plain.compensated_add`): its error stays about 2 eps
-    sum |x_i| whatever the number of rows, as a float64 sum would, at float32's memory
-    and speed. The sum is s - c. Kept for the steps of a unit: the first row of a step
-    is copied in, not added to zeros."""
-
-    def __init__(self, width: int, device: torch.device) -> None:
-        self.total = torch.empty(width, dtype=torch.float32, device=device)
-        self.error = torch.empty(width, dtype=torch.float32, device=device)
-
-    def add(self, start: int, x: torch.Tensor, first: bool) -> None:
-        """Add ``x`` (at most ``CHUNK`` values) to columns ``start:start + len(x)``;
-        ``first``: the step's first row (the sum becomes ``x``). On a GPU; on the CPU the
-        fused loop of :func:`~gradstat.stats.row_kernels.scan_row` adds rows."""
-        s = self.total[start : start + x.numel()]
-        c = self.error[start : start + x.numel()]
-        if first:
-            s.copy_(x)
-            c.zero_()
-            return
-        t, compensation = compensated_add(s, c, x)
-        s.copy_(t)
-        c.copy_(compensation)
-
-    def mean(self, n: int, *, out: torch.Tensor) -> torch.Tensor:
-        """(s - c) / n of the first ``len(out)`` columns into ``out``."""
-        width = out.numel()
-        torch.sub(self.total[:width], self.error[:width], out=out)
-        return out.div_(n)
-
-
 class Workspace:
-    """The buffers of a walk over steps, allocated once: the row (or column block)
-    buffers, the running mean's sum and the candidate pass's temporaries; and a reading
-    thread that reads the next learner's row into a buffer (:func:`read_block`) while
-    the rows before it are scanned (CRC-32C checks and reads overlap the scan; the
-    compiled loops leave the GIL). Two buffers, or four where rows are scanned in pairs
-    (``pairs``: on the CPU with a running sum; two rows scanned, two read). Reused while
-    the width and device stay the same."""
+    """A unit's row (or column block) buffers, allocated once, and a reading thread that
+    reads the next learner's row into a free buffer (:func:`read_block`) while the
+    caller works on the one before (CRC-32C checks and reads overlap the work). Reused
+    while the width stays the same; a context manager that frees the buffers (and stops
+    the thread) when it closes."""
 
     def __init__(self) -> None:
-        self._key: tuple | None = None
+        self._width: int | None = None
         self._reader: ThreadPoolExecutor | None = None
         self._ahead: tuple | None = None  # (row key, future, buffer) of a read-ahead
-        self._spare: np.ndarray | None = None
+        self.buffers: tuple[np.ndarray, ...] = ()
 
-    def ensure(self, width: int, device: torch.device, with_mean: bool) -> None:
-        key = (width, str(device), with_mean)
-        if key == self._key:
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def ensure(self, width: int) -> None:
+        """Buffers of ``width`` values: the row handed out and the one read behind it."""
+        if width == self._width:
             return
         self._drop_ahead()
-        self._key = None  # free the old buffers before allocating new ones
-        self.buffers = self.sums = None
-        self.pairs = with_mean and device.type == "cpu"
-        # rows a caller may hold at once, and as many reads in flight behind them
-        self.depth = 2 if self.pairs else 1
-        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2 * self.depth))
-        self.sums = CompensatedSum(width, device) if with_mean else None
-        self.rooms = [Room(0), Room(0), Room(0)]  # the CPU scans' candidates: a pair, a mean
-        self._spare = None
-        self._key = key
-
-    def spare(self) -> np.ndarray:
-        """A row buffer no read uses (allocated when first asked for): where the mean of
-        an odd number of rows goes on the CPU when the last row is a view of the file,
-        which must not be written to (copy-on-write pages)."""
-        if self._spare is None:
-            self._spare = np.empty_like(self.buffers[0])
-        return self._spare
-
-    def candidate_room(self, which: int, d: int, k: int) -> Room:
-        """The ``which``-th candidate room (0, 1: a pair's rows; 2: the mean), large enough
-        for a row of ``d``'s top-k (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
-        if self.rooms[which].size < candidates_room(d, k):
-            self.rooms[which] = Room(candidates_room(d, k))
-        return self.rooms[which]
+        self.buffers = ()  # free the old buffers before allocating new ones
+        self.buffers = tuple(np.empty(width, dtype=np.float32) for _ in range(2))
+        self._width = width
 
     def rows(
         self,
@@ -158,14 +99,14 @@ class Workspace:
         then: tuple[int, int, int] | None = None,
         after: Callable[[np.ndarray], Any] | None = None,
     ) -> Iterator[Any]:
-        """Each learner's columns ``[start, stop)`` in turn, read in the background ahead
-        of the caller (``depth`` rows ahead); a row handed out stays valid until ``depth``
-        more are. ``then``: ``(step, start, stop)`` of the first learner's read likely
-        asked for next (the next block or step), read ahead into a free buffer once this
-        call's last row is queued; a later call for exactly that read takes it. ``after``:
-        work the reading thread does on each row read; rows then come as (row, after(row))."""
+        """Each learner's columns ``[start, stop)`` in turn, read in the background one row
+        ahead of the caller; a row handed out stays valid until the next one is.
+        ``then``: ``(step, start, stop)`` of the first learner's read likely asked for next
+        (the next block or step), read ahead into a free buffer once this call's last row
+        is queued; a later call for exactly that read takes it. ``after``: work the
+        reading thread does on each row read; rows then come as (row, after(row))."""
         self._reader = self._reader or ThreadPoolExecutor(1, thread_name_prefix="gradstat-read")
-        depth = self.depth  # reads in flight, and rows handed out that stay valid
+        depth = 1  # reads in flight, and rows handed out that stay valid
         queue: deque[tuple[Future, int]] = deque()  # (read, buffer) in learner order
         handed: list[int] = []  # the buffers of the rows handed out, in order
 
@@ -231,34 +172,8 @@ class Workspace:
     def release(self) -> None:
         """Free the buffers and stop the reading thread (both come back when needed)."""
         self._drop_ahead()
-        self._key = None
-        self.buffers = self.sums = self._spare = None
+        self._width = None
+        self.buffers = ()
         if self._reader is not None:
             self._reader.shutdown()
             self._reader = None
-
-
-#: This process's buffers, kept from unit to unit: a fresh row costs its page faults
-#: (docs/large.md). The analyses release them when they finish.
-_process_workspace = Workspace()
-
-
-def _forget_reader() -> None:
-    """In a forked child: the parent's reading thread (and any read it had in flight) is
-    not there; a new thread starts when needed."""
-    _process_workspace._reader = None
-    _process_workspace._ahead = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_reader)
-
-
-def process_workspace() -> Workspace:
-    """This process's workspace, kept from unit to unit."""
-    return _process_workspace
-
-
-def release_workspace() -> None:
-    """Free this process's top-k stream buffers (the end of an analysis)."""
-    _process_workspace.release()

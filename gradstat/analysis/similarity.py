@@ -7,29 +7,29 @@ contraction check with each learner as the CLT-k leader, and the random baseline
 
 ``step_sets`` is the step walk shared with build-up and temporal overlap: the top-k sets
 of raw gradients streamed learner by learner (``topk_stream``), or of
-error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``);
-``plan_sets`` checks a top-k set analysis once and cuts it into units (``units``).
+error-feedback-corrected vectors (``on="ef"``, see ``ef_vectors``), at every ratio from
+one read of each step; ``plan_sets`` checks a top-k set analysis once and cuts it into
+units: runs of steps, one per process, each reading into buffers of its own.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import pandas as pd
 import torch
 
+from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.ef_vectors import ef_vectors
-from gradstat.analysis.finite import require_finite
-from gradstat.analysis.progress import Progress, no_progress
-from gradstat.analysis.row_workspace import release_workspace
-from gradstat.analysis.selection import Selection, k_for, parse_ratios, require_one_kept
-from gradstat.analysis.topk_stream import StepSets, stream_step_sets
+from gradstat.analysis.selection import Selection, parse_ratios, require_one_kept
+from gradstat.analysis.topk_stream import SetBuffers, StepSets, stream_step_sets
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.parallel import Task, run_units
+from gradstat.parallel import Progress, Task, no_progress, planned_workers, run_units, runs
+from gradstat.stats.density import k_for
+from gradstat.stats.rows import require_finite
 from gradstat.stats.topk_sets import (
     TopkSetMetrics,
     energy_captured,
@@ -41,8 +41,6 @@ from gradstat.stats.topk_sets import (
 from gradstat.store import Capture, Scope
 
 ON_CHOICES = ("raw", "ef")
-#: (capture, scope, ratio) pairs already warned about in this process (sparse vectors).
-_warned_sparse: set[tuple[str, str, float]] = set()
 
 
 def check_on(on: str) -> str:
@@ -85,19 +83,26 @@ def usable_scopes(
 
 
 def plan_sets(
-    cap: Capture, selection: Selection, ratios: Sequence[float], on: str, minimum: int, what: str
+    cap: Capture,
+    selection: Selection,
+    ratios: Sequence[float],
+    on: str,
+    minimum: int,
+    what: str,
+    compute: Compute,
 ) -> list[tuple[int, ...]]:
     """Check a top-k set analysis once and return its units.
 
-    ``on="raw"``: one unit per step; ``on="ef"``: one unit of every selected step, since
-    the error-feedback memories carry from step to step.
+    ``on="raw"``: runs of steps, one per process (:func:`~gradstat.parallel.runs`);
+    ``on="ef"``: one unit of every selected step, since the error-feedback memories
+    carry from step to step.
     """
     check_on(on)
     selection.require_learners(minimum, what)
     usable_scopes(selection.scopes(cap), ratios)
     if on == "ef":
         return [selection.steps]
-    return [(step,) for step in selection.steps]
+    return runs(selection.steps, planned_workers(cap, selection, compute.jobs))
 
 
 def step_sets(
@@ -109,43 +114,34 @@ def step_sets(
     compute: Compute,
     *,
     with_mean: bool = True,
-) -> Iterator[tuple[int, Scope, float, StepSets]]:
-    """Yield ``(step, scope, ratio, sets)``: the top-k sets of every selected learner (and
-    of the mean gradient when ``with_mean``) at ``steps``.
+) -> Iterator[tuple[int, list[tuple[Scope, float, StepSets]]]]:
+    """Yield ``(step, [(scope, ratio, sets), ...])`` at each of ``steps``: the top-k sets
+    of every selected learner (and of the mean gradient when ``with_mean``) in each scope
+    at every ratio, from one read of the step.
 
     ``on="raw"``: the recorded gradients, streamed one learner's row (or column block) at
-    a time (``topk_stream``); ``on="ef"``: g + m from a top-k residual error-feedback
-    replay at that ratio (``ef_vectors``; ``steps`` must then be a run's steps in order).
-    Warns once per scope and ratio when a vector has fewer than k non-zeros (the set is
-    then partly arbitrary ties).
+    a time into buffers this walk owns (``topk_stream``; freed when it ends); ``on="ef"``:
+    g + m from a top-k residual error-feedback replay at that ratio (``ef_vectors``;
+    ``steps`` must then be a run's steps in order). Warns once per scope and ratio when
+    a vector has fewer than k non-zeros (the set is then partly arbitrary ties).
     """
     learners = list(selection.learners)
     scopes = usable_scopes(selection.scopes(cap), ratios, warn=False)
     device = compute.torch_device()
+    warned: set[tuple[str, float]] = set()
     if on == "ef":
-        found = _ef_step_sets(cap, steps, learners, scopes, ratios, device, with_mean)
-        for step, sc, ratio, sets in found:
-            yield _warn_sparse(str(cap.path), step, sc, ratio, sets)
+        for step, found in _ef_step_sets(cap, steps, learners, scopes, ratios, device, with_mean):
+            yield step, [_warn_sparse(warned, step, *one) for one in found]
         return
-    order = list(selection.steps)  # the step after each: its first row is read ahead
-    following = dict(pairwise(order)) if len(scopes) == 1 else {}
-    for step in steps:
-        for sc in scopes:
-            ks = [k_for(ratio, sc.numel) for ratio in ratios]
-            block = compute.block_numel(sc.numel)
-            found = stream_step_sets(
-                cap,
-                step,
-                learners,
-                sc,
-                ks,
-                with_mean=with_mean,
-                device=device,
-                block=block,
-                then=following.get(step),
-            )
-            for ratio, sets in zip(ratios, found, strict=True):
-                yield _warn_sparse(str(cap.path), step, sc, ratio, sets)
+    blocks = {sc.name: min(sc.numel, compute.block_numel(sc.numel)) for sc in scopes}
+    with SetBuffers(max(blocks.values()), device, with_mean) as buffers:
+        for step in steps:
+            found = []
+            for sc in scopes:
+                ks = [k_for(ratio, sc.numel) for ratio in ratios]
+                sets = stream_step_sets(cap, step, learners, sc, ks, buffers, blocks[sc.name])
+                found += [(sc, ratio, one) for ratio, one in zip(ratios, sets, strict=True)]
+            yield step, [_warn_sparse(warned, step, *one) for one in found]
 
 
 def _ef_step_sets(
@@ -156,31 +152,33 @@ def _ef_step_sets(
     ratios: Sequence[float],
     device: torch.device,
     with_mean: bool,
-) -> Iterator[tuple[int, Scope, float, StepSets]]:
+) -> Iterator[tuple[int, list[tuple[Scope, float, StepSets]]]]:
     """``step_sets`` of ``on="ef"``: the sets of g + m from a top-k residual replay."""
     for step, vectors in ef_vectors(cap, steps, learners, scopes, ratios):
+        found = []
         for sc in scopes:
             for ratio in ratios:
                 x = vectors[sc.name, ratio].to(device)
                 require_finite(step, x, learners, "a top-k set analysis")
-                yield step, sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)
+                found.append((sc, ratio, _stacked_sets(x, k_for(ratio, sc.numel), with_mean)))
+        yield step, found
 
 
 def _warn_sparse(
-    path: str, step: int, sc: Scope, ratio: float, sets: StepSets
-) -> tuple[int, Scope, float, StepSets]:
-    """``(step, sc, ratio, sets)``, after a warning, once per capture, scope and ratio,
-    when some vector has fewer than k non-zeros."""
-    key = (path, sc.name, ratio)
-    if sets.sparse and key not in _warned_sparse:
-        _warned_sparse.add(key)
+    warned: set[tuple[str, float]], step: int, sc: Scope, ratio: float, sets: StepSets
+) -> tuple[Scope, float, StepSets]:
+    """``(sc, ratio, sets)``, after a warning, once per scope and ratio of a walk
+    (``warned``), when some vector has fewer than k non-zeros."""
+    key = (sc.name, ratio)
+    if sets.sparse and key not in warned:
+        warned.add(key)
         warnings.warn(
             f"step {step}, scope {sc.name!r}: fewer than k={sets.k} non-zero entries; "
             "the top-k sets then include arbitrary zeros and overlap is not meaningful",
             GradstatWarning,
             stacklevel=3,
         )
-    return step, sc, ratio, sets
+    return sc, ratio, sets
 
 
 def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
@@ -197,21 +195,24 @@ def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
 
 @dataclass(frozen=True)
 class SimilarityParams:
-    """``ratio``: density k/d of the top-k sets; ``on``: ``raw`` or ``ef`` (``scoped_vectors``)."""
+    """``ratios``: densities k/d of the top-k sets (``"0.01,0.001"``, a number or a
+    sequence; one read of each step serves them all); ``on``: ``raw`` or ``ef`` (the
+    error-feedback-corrected vectors, :mod:`~gradstat.analysis.ef_vectors`). Defaults:
+    :mod:`gradstat.defaults`."""
 
-    ratio: float = 0.001
-    on: str = "raw"
+    ratios: tuple[float, ...] = defaults.SET_RATIOS
+    on: str = defaults.ON
 
     def __post_init__(self) -> None:
-        (ratio,) = parse_ratios(self.ratio)
-        object.__setattr__(self, "ratio", ratio)
+        object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
         check_on(self.on)
 
 
 @dataclass(frozen=True)
 class SimilarityResult:
     """``pairs``: one row per (step, scope, learner_a, learner_b), ``learner_b`` = "mean"
-    for the top-k of the mean gradient; ``steps``: one row per (step, scope)."""
+    for the top-k of the mean gradient; ``steps``: one row per (step, scope); both per
+    ratio, in the order of the ratios."""
 
     pairs: pd.DataFrame
     steps: pd.DataFrame
@@ -235,19 +236,23 @@ def similarity(
     full_intersection, union, buildup, random_buildup, energy_topk (E(I*)), mean_energy,
     leader (CLT-k leader: learner at position step mod n), leader_contraction_ok,
     contraction_breaks (how many learners break the condition as leader).
-    Units: steps (``plan_sets``).
+    Units: runs of steps (``plan_sets``).
     """
     selection = selection or Selection.of(cap)
     params = params or SimilarityParams()
     compute = compute or Compute()
-    units = plan_sets(cap, selection, [params.ratio], params.on, 2, "similarity")
-    task = Task(similarity_unit, str(cap.path), selection, params)
-    try:
-        step_records = run_units(cap, task, units, compute, progress)
-    finally:
-        release_workspace()
+    units = plan_sets(cap, selection, params.ratios, params.on, 2, "similarity", compute)
+    task = Task(similarity_unit, str(cap.path), selection, params, parts=None)
+    step_records = by_ratio(run_units(cap, task, units, compute, progress), params.ratios)
     pairs = [pair for record in step_records for pair in record.pop("pairs")]
     return SimilarityResult(pd.DataFrame(pairs), pd.DataFrame(step_records))
+
+
+def by_ratio(records: list[dict], ratios: Sequence[float]) -> list[dict]:
+    """``records`` ordered by their ratio's place in ``ratios`` (stable: each ratio's in
+    the order they came)."""
+    place = {ratio: i for i, ratio in enumerate(ratios)}
+    return sorted(records, key=lambda record: place[record["ratio"]])
 
 
 def similarity_unit(
@@ -256,18 +261,21 @@ def similarity_unit(
     params: SimilarityParams,
     compute: Compute,
     steps: Sequence[int],
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of ``steps``: one per (step, scope), its pair records under ``"pairs"``."""
+    """Records of ``steps``: one per (step, scope, ratio), its pair records under
+    ``"pairs"``."""
     n = len(selection.learners)
     records = []
-    for step, sc, ratio, sets in step_sets(
-        cap, selection, [params.ratio], params.on, steps, compute
-    ):
-        intersections, histogram = set_overlaps(sets.indices, n)
-        metrics = TopkSetMetrics(
-            sets.k, sets.d, sets.indices, intersections, histogram, sets.energy
-        )
-        records.append(_similarity_record(step, sc.name, ratio, selection.learners, metrics))
+    for step, found in step_sets(cap, selection, params.ratios, params.on, steps, compute):
+        for sc, ratio, sets in found:
+            intersections, histogram = set_overlaps(sets.indices, n)
+            metrics = TopkSetMetrics(
+                sets.k, sets.d, sets.indices, intersections, histogram, sets.energy
+            )
+            records.append(_similarity_record(step, sc.name, ratio, selection.learners, metrics))
+        tick()
     return records
 
 

@@ -2,12 +2,13 @@
 
 Contract: :func:`stream_step_sets` returns, for one step and scope, each learner's top-k
 index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md
-3) without stacking the step's learners. Each row is read (and checked) through the
-process's :class:`~gradstat.analysis.row_workspace.Workspace`, moved to the compute
-device and scanned once (:mod:`gradstat.stats.row_kernels` on the CPU): checked for
-NaN/Inf (a ``DataError`` naming step and learner), added to a compensated float32
-running sum for the mean, and cut to its top-k candidates. Memory: a few rows, the sum
-and O(learners x k) for the sets, whatever the number of learners.
+3) without stacking the step's learners. Each row is read (and checked) into the unit's
+:class:`SetBuffers`, moved to the compute device and scanned once
+(:func:`gradstat.stats.rows.scan`): checked for NaN/Inf (a ``DataError`` naming step and
+learner), added to a compensated float32 running sum for the mean, and cut to its top-k
+candidates (:func:`gradstat.stats.topk_sets.top_of`). The mean is made in the last
+row's buffer, with its candidates and sum of squares, in one more pass. Memory: a row,
+the sum and O(learners x k) for the sets, whatever the number of learners.
 
 When a row is longer than the memory budget allows (``Compute.block_numel``), the scope
 is processed in column blocks. Top-k over blocks is exact: each block keeps its own
@@ -18,32 +19,51 @@ candidate is taken while its block's mean is at hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from gradstat.analysis.finite import require_finite
-from gradstat.analysis.row_workspace import (
-    CHUNK,
-    Workspace,
-    column_blocks,
-    process_workspace,
-)
-from gradstat.stats.row_kernels import MeanOf, mean_row, scan_row, scan_row_pair
-from gradstat.stats.row_plain import compensated_add
+from gradstat.analysis.row_workspace import column_blocks, read_block
+from gradstat.stats.row_kernels import Room
+from gradstat.stats.rows import CompensatedSum, Found, require_finite, scan, scan_mean
 from gradstat.stats.topk_sets import (
-    indices_above,
+    candidates_room,
     prefilter_threshold,
     prefilters,
     sample_positions,
-    top_of_candidates,
+    top_of,
 )
 from gradstat.store import Capture, Scope
 
 TOPK = "a top-k set analysis"
+
+
+class SetBuffers:
+    """What a unit reads its steps' rows into: a row (or column block) buffer of
+    ``width`` values, the step's compensated sum on ``device`` (``with_mean``) and the
+    scans' candidate rooms, kept from step to step (a fresh row costs its page faults:
+    docs/large.md); a context manager that frees them when the unit ends."""
+
+    def __init__(self, width: int, device: torch.device, with_mean: bool) -> None:
+        self.device = device
+        self.row = np.empty(width, dtype=np.float32)
+        self.sums = CompensatedSum(width, device) if with_mean else None
+        self.rooms = [Room(0), Room(0)]  # a learner's row, the mean
+
+    def room(self, which: int, d: int, k: int) -> Room:
+        """The ``which``-th candidate room, large enough for a row of ``d``'s top-k
+        (:func:`~gradstat.stats.topk_sets.candidates_room`)."""
+        if self.rooms[which].size < candidates_room(d, k):
+            self.rooms[which] = Room(candidates_room(d, k))
+        return self.rooms[which]
+
+    def __enter__(self) -> SetBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.row, self.sums, self.rooms = np.empty(0, np.float32), None, []
 
 
 @dataclass
@@ -57,8 +77,10 @@ class _Running:
     def top(self, k: int) -> _Running:
         """The top-k of these candidates (k at most their number)."""
         keep = torch.topk(self.magnitudes, k, sorted=False).indices
-        mean_values = None if self.mean_values is None else self.mean_values[keep]
-        return _Running(self.magnitudes[keep], self.indices[keep], mean_values)
+        mean_values = None if self.mean_values is None else self.mean_values.index_select(0, keep)
+        return _Running(
+            self.magnitudes.index_select(0, keep), self.indices.index_select(0, keep), mean_values
+        )
 
 
 class _RowCandidates:
@@ -118,162 +140,55 @@ class StepSets:
     sparse: bool
 
 
-def _candidate_threshold(x: torch.Tensor, k: int, floor: float | None) -> float | None:
-    """A block's candidate threshold: the row's floor (:class:`_RowCandidates`), else
-    one sampled from the block (``prefilter_threshold``; None: no pre-filter)."""
-    return floor if floor is not None else prefilter_threshold(x, k)
+def _top(
+    x: torch.Tensor, k: int, start: int, threshold: float | None, found: Found, floor: float | None
+) -> _Running:
+    """The exact top-k of a block from the candidates its scan found at ``threshold``
+    (:func:`~gradstat.stats.topk_sets.top_of`; none found without one): at the row's
+    ``floor`` (:class:`_RowCandidates`) fewer than k are every value of the block that
+    can still count; at a sampled threshold they mean the sample misled."""
+    candidates = None if threshold is None else found.indices
+    indices, magnitudes = top_of(x, k, candidates, found.magnitudes, complete=floor is not None)
+    return _Running(magnitudes.clone(), indices + start)
 
 
 def _scan_row(
     x: torch.Tensor,
     k: int,
     start: int,
-    space: Workspace,
-    row: tuple[int, int, bool] | None,
-    floor: float | None = None,
+    buffers: SetBuffers,
+    row: tuple[int, int, bool],
+    floor: float | None,
 ) -> _Running:
-    """One pass over a learner's block: finiteness, the running sum, and the top-k
-    candidates (|x| >= t for the row's ``floor``, else a sampled t as in
-    ``topk_indices``; all of it when the block is short or dense); then the exact top-k
-    of the candidates. ``row``: (step, learner, first learner of the step) of a recorded
-    row, which is checked and added to the running sum; None for the mean. On the CPU one
-    fused loop (:func:`~gradstat.stats.row_kernels.scan_row`), on a GPU torch's ops chunk
-    by chunk."""
+    """One pass over a learner's block (:func:`~gradstat.stats.rows.scan`):
+    finiteness, the running sum and the top-k candidates (|x| >= the row's ``floor``,
+    else a sampled t as in ``topk_indices``; all of it when the block is short or dense);
+    then the exact top-k of the candidates. ``row``: (step, learner, first learner of the
+    step)."""
     d = x.numel()
     k = min(k, d)
-    threshold = _candidate_threshold(x, k, floor)
-    sums = space.sums if row is not None else None
-    if x.device.type == "cpu":
-        found = scan_row(
-            x.numpy(),
-            threshold,
-            space.candidate_room(0, d, k),
-            total=None if sums is None else sums.total[:d].numpy(),
-            error=None if sums is None else sums.error[:d].numpy(),
-            first=row is not None and row[2],
-        )
-        if row is not None:
-            require_finite(row[0], x, [row[1]], TOPK, found.finite)
-        return _top(x, k, start, threshold, found.indices, found.magnitudes, floor)
-    chunk_sums, found = [], []
-    for lo in range(0, d, CHUNK):
-        chunk = x[lo : lo + CHUNK]
-        if row is not None:
-            chunk_sums.append(chunk.sum())
-        if sums is not None:
-            sums.add(lo, chunk, first=row[2])
-        if threshold is not None:
-            found.append(indices_above(chunk, threshold).add_(lo))
-    # finite when every value is, short of a float32 overflow far beyond any gradient
-    finite = not chunk_sums or torch.stack(chunk_sums).isfinite().all()
-    if row is not None:
-        require_finite(row[0], x, [row[1]], TOPK, finite)
-    candidates = None if threshold is None else torch.cat(found)
-    idx = top_of_candidates(x, k, candidates)
-    return _Running(x[idx].abs(), idx + start)
-
-
-def _scan_pair(
-    rows: tuple[tuple[torch.Tensor, tuple[int, int, bool]], ...],
-    k: int,
-    start: int,
-    space: Workspace,
-    mean_of: int | None = None,
-    floors: tuple[float | None, float | None, float | None] = (None, None, None),
-) -> tuple[list[_Running], tuple[_Running, float] | None]:
-    """:func:`_scan_row` of two recorded rows of a step, in order, on the CPU in one pass
-    (:func:`~gradstat.stats.row_kernels.scan_row_pair`): the running sum is read and
-    written once for both (made by them when the first is the step's first); the same
-    sum and candidates as two scans. ``mean_of``: the step's learner count when these are
-    its last two rows; the pass then leaves the mean in the sum's row
-    (:class:`~gradstat.stats.row_kernels.MeanOf`) and also returns what
-    :func:`_mean_top` would: its top-k and its sum of squares."""
-    (a, a_row), (b, b_row) = rows
-    d = a.numel()
-    k = min(k, d)
-    thresholds = _candidate_threshold(a, k, floors[0]), _candidate_threshold(b, k, floors[1])
-    rooms = space.candidate_room(0, d, k), space.candidate_room(1, d, k)
-    total, error = space.sums.total[:d], space.sums.error[:d]
-    first = a_row[2]
-    mean = None
-    if mean_of is not None:
-        threshold = floors[2]
-        if threshold is None and prefilters(d, k):  # the mean's sample, from the pass's ops
-            at = sample_positions(d)
-            sample = _pair_mean(a[at], b[at], total[at], error[at], first, mean_of).abs()
-            threshold = prefilter_threshold(total, k, sample=sample)
-        mean = MeanOf(mean_of, threshold, space.candidate_room(2, d, k))
-    arrays = (a.numpy(), b.numpy())
-    found = scan_row_pair(arrays, thresholds, rooms, total.numpy(), error.numpy(), first, mean)
-    made = None
-    if mean is not None and found.mean is not None:
-        indices, magnitudes, squares = found.mean
-        made = _top(total, k, start, mean.threshold, indices, magnitudes, floors[2]), squares
-    tops = []
-    rows_found = (found.a, found.b)
-    for x, row, threshold, one, floor in zip(
-        (a, b), (a_row, b_row), thresholds, rows_found, floors[:2], strict=True
-    ):
-        require_finite(row[0], x, [row[1]], TOPK, one.finite)
-        tops.append(_top(x, k, start, threshold, one.indices, one.magnitudes, floor))
-    return tops, made
-
-
-def _pair_mean(
-    a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, c: torch.Tensor, first: bool, n: int
-) -> torch.Tensor:
-    """The mean a step's last pair leaves (:func:`~gradstat.stats.row_kernels.scan_row_pair`)
-    at a few positions: a then b added to the compensated sum ``s``, ``c`` (or making it,
-    when ``first``; :func:`~gradstat.stats.row_plain.compensated_add`), then
-    ``(s - c) / n``; float32, the same operations in the same order, so the same bits."""
-    s, c = (a, torch.zeros_like(a)) if first else compensated_add(s, c, a)
-    s, c = compensated_add(s, c, b)
-    return (s - c).div_(n)
-
-
-def _top(
-    x: torch.Tensor,
-    k: int,
-    start: int,
-    threshold: float | None,
-    indices: np.ndarray,
-    magnitudes: np.ndarray,
-    floor: float | None = None,
-) -> _Running:
-    """The exact top-k of a CPU block from the candidates its scan found at ``threshold``
-    (None: it found none, the top-k is taken from all of the block): as
-    :func:`~gradstat.stats.topk_sets.top_of_candidates`, from the magnitudes the scan
-    kept (no gathers from the block). At the row's ``floor`` (:class:`_RowCandidates`)
-    fewer than k candidates are every value of the block that can still count; at a
-    sampled threshold they mean the sample misled."""
-    if threshold is None or (indices.size < k and threshold != floor):  # from all of it
-        idx = top_of_candidates(x, k, None)
-        return _Running(x[idx].abs(), idx + start)
-    magnitudes, indices = torch.from_numpy(magnitudes), torch.from_numpy(indices)
-    if indices.numel() <= k:  # at the row's floor: every candidate
-        return _Running(magnitudes.clone(), indices + start)
-    keep = torch.topk(magnitudes, k, sorted=False).indices
-    return _Running(magnitudes[keep], indices[keep] + start)
+    threshold = floor if floor is not None else prefilter_threshold(x, k)
+    found = scan(x, threshold, buffers.room(0, d, k), buffers.sums, first=row[2])
+    require_finite(row[0], x, [row[1]], TOPK, found.finite)
+    return _top(x, k, start, threshold, found, floor)
 
 
 def _mean_top(
-    k: int, start: int, n: int, mean: torch.Tensor, space: Workspace, floor: float | None = None
+    k: int, start: int, n: int, mean: torch.Tensor, buffers: SetBuffers, floor: float | None
 ) -> tuple[_Running, float]:
     """The mean of the step's ``n`` rows in this block, from the running sum, into
-    ``mean`` (on the CPU); its top-k as :func:`_scan_row`'s; and its sum of squares
-    (float64). One pass (:func:`~gradstat.stats.row_kernels.mean_row`): the pre-filter's
-    sample is taken from the sum first, the very values the mean will have there."""
+    ``mean``; its top-k as :func:`_scan_row`'s; and its sum of squares (float64). One
+    pass (:func:`~gradstat.stats.rows.scan_mean`): the pre-filter's sample is taken from
+    the sum first, the very values the mean will have there."""
     d = mean.numel()
     k = min(k, d)
-    total, error = space.sums.total[:d], space.sums.error[:d]
+    total, error = buffers.sums.parts(d)
     threshold = floor
     if threshold is None and prefilters(d, k):
         at = sample_positions(d)
         threshold = prefilter_threshold(mean, k, sample=(total[at] - error[at]).div_(n).abs())
-    indices, magnitudes, squares = mean_row(
-        total.numpy(), error.numpy(), n, mean.numpy(), threshold, space.candidate_room(0, d, k)
-    )
-    return _top(mean, k, start, threshold, indices, magnitudes, floor), squares
+    found, squares = scan_mean(buffers.sums, n, mean, threshold, buffers.room(1, d, k))
+    return _top(mean, k, start, threshold, found, floor), squares
 
 
 def stream_step_sets(
@@ -282,116 +197,36 @@ def stream_step_sets(
     learners: Sequence[int],
     scope: Scope,
     ks: Sequence[int],
-    *,
-    with_mean: bool,
-    device: torch.device,
+    buffers: SetBuffers,
     block: int,
-    workspace: Workspace | None = None,
-    then: int | None = None,
 ) -> list[StepSets]:
-    """Top-k sets of every learner (and of the mean when ``with_mean``) for each k in ``ks``.
-
-    Reads each learner's row once (in column blocks of ``block`` when shorter than the
-    scope); exact, module docstring. ``workspace``: buffers to use (default: this
-    process's, kept from call to call until :func:`release_workspace`); ``then``: the
-    step likely asked for next, whose first row (first block) is read ahead; the first
-    learner's next block is read ahead the same way.
-    """
+    """Top-k sets of every learner (and of the mean when ``buffers`` keep a sum) for each
+    k in ``ks``: each learner's row read once into ``buffers`` (in column blocks of
+    ``block`` when shorter than the scope); exact, module docstring."""
     d, n, kmax = scope.numel, len(learners), max(ks)
-    block = min(block, d)
-    space = workspace or process_workspace()
-    space.ensure(block, device, with_mean)
+    with_mean = buffers.sums is not None
     running = [_RowCandidates(kmax) for _ in range(n + 1)]
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    blocks = list(column_blocks(d, block))
-    for b, (start, stop) in enumerate(blocks):
-        if b + 1 < len(blocks):
-            ahead = (step, *blocks[b + 1])
-        else:
-            ahead = None if then is None else (then, *blocks[0])
-        rows = space.rows(cap, step, learners, scope, start, stop, ahead)
-        candidates, last, made = _scan_block(
-            rows, step, learners, start, kmax, space, running, with_mean, device
-        )
+    total = torch.zeros((), dtype=torch.float64, device=buffers.device)
+    for start, stop in column_blocks(d, min(block, d)):
+        candidates, x = [], None
+        for i, learner in enumerate(learners):
+            view = read_block(cap, step, learner, scope, start, stop, buffers.row)
+            x = torch.from_numpy(view).to(buffers.device)
+            row = (step, learner, i == 0)
+            candidates.append(_scan_row(x, kmax, start, buffers, row, running[i].floor))
         if with_mean:  # the mean goes where the last row was (no longer needed)
-            top, mean = _mean_block(last, made, (start, stop), n, kmax, space, running, total)
+            top, squares = _mean_top(kmax, start, n, x, buffers, running[n].floor)
+            total += squares
             candidates.append(top)
             for c in candidates:
-                c.mean_values = mean[c.indices - start].double()
+                c.mean_values = x.index_select(0, c.indices - start).double()
         for i, c in enumerate(candidates):
             running[i].add(c)
     return _step_sets(running, ks, n, d, total if with_mean else None)
 
 
-def _scan_block(
-    rows: Iterator[np.ndarray],
-    step: int,
-    learners: Sequence[int],
-    start: int,
-    kmax: int,
-    space: Workspace,
-    running: list[_RowCandidates],
-    with_mean: bool,
-    device: torch.device,
-) -> tuple[list[_Running], torch.Tensor, Any]:
-    """Each learner's top-k candidates of one block (scanned in pairs where
-    ``space.pairs``), the last row as a tensor, and the mean's ``(top, squares)`` when
-    the step's last pair made it (else None)."""
-    n = len(learners)
-    candidates: list[_Running] = []
-    held = made = x = None  # held: a pair's first row, until its second comes
-    for i, (learner, view) in enumerate(zip(learners, rows, strict=True)):
-        x = torch.from_numpy(view).to(device)
-        row = (step, learner, i == 0)
-        if not space.pairs:
-            candidates.append(_scan_row(x, kmax, start, space, row, running[i].floor))
-        elif held is None:
-            held = (x, row)
-        else:
-            mean_of = n if with_mean and i == n - 1 else None
-            floors = (running[i - 1].floor, running[i].floor, running[n].floor)
-            tops, made = _scan_pair((held, (x, row)), kmax, start, space, mean_of, floors)
-            candidates.extend(tops)
-            held = None
-    if held is not None:
-        floor = running[n - 1].floor
-        candidates.append(_scan_row(held[0], kmax, start, space, held[1], floor))
-    return candidates, x, made
-
-
-def _mean_block(
-    x: torch.Tensor,
-    made: Any,
-    columns: tuple[int, int],
-    n: int,
-    kmax: int,
-    space: Workspace,
-    running: list[_RowCandidates],
-    total: torch.Tensor,
-) -> tuple[_Running, torch.Tensor]:
-    """The mean gradient's top-k candidates of one block and the mean itself (in the
-    sum's row, or where the last row ``x`` was); its sum of squares is added to
-    ``total`` in place."""
-    start, stop = columns
-    floor = running[n].floor
-    if made is not None:  # in the sum's row
-        top, squares = made
-        total += squares
-        return top, space.sums.total[: stop - start]
-    if x.device.type == "cpu":  # where the last row was, unless it is the file's
-        own = x.data_ptr() in (buffer.ctypes.data for buffer in space.buffers)
-        mean = x if own else torch.from_numpy(space.spare()[: stop - start])
-        top, squares = _mean_top(kmax, start, n, mean, space, floor)
-        total += squares
-        return top, mean
-    mean = space.sums.mean(n, out=x)
-    for chunk in mean.split(CHUNK):  # float32 cascade sums, added in float64
-        total += chunk.square().sum().double()
-    return _scan_row(mean, kmax, start, space, None, floor), mean
-
-
 def _step_sets(
-    running: list[_RowCandidates], ks: Sequence[int], n: int, d: int, total: Any
+    running: list[_RowCandidates], ks: Sequence[int], n: int, d: int, total: torch.Tensor | None
 ) -> list[StepSets]:
     """The :class:`StepSets` of each k from the rows' joined candidates (the mean's
     last, with the energies, where ``total`` is its sum of squares)."""

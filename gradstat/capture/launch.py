@@ -330,7 +330,7 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
     return argv
 
 
-def _worker_env(options: CaptureOptions) -> dict[str, str]:
+def worker_env(options: CaptureOptions) -> dict[str, str]:
     # never oversubscribed: each learner gets its share of the CPUs this process may use
     # (GRADSTAT_THREADS overrides); OMP_NUM_THREADS also silences torchrun's warning
     # the learners end when this launcher is gone (killed too)
@@ -338,7 +338,7 @@ def _worker_env(options: CaptureOptions) -> dict[str, str]:
     return {**worker_environment(max(1, int(threads))), LAUNCHER_PID_ENV: str(os.getpid())}
 
 
-def _failure_reason(lines: deque[str]) -> str:
+def failure_reason(lines: deque[str]) -> str:
     """A learner killed by a signal (torchrun's summary: the others then only report the
     lost connection), else the worker's own ``Error:`` line, else the last exception line
     a learner printed. torchrun lists the other failures first and its root cause (the
@@ -467,7 +467,7 @@ def run_capture(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_worker_env(options),
+            env=worker_env(options),
         )
         callbacks = (on_progress, on_warning, on_wait)
         follower = Follower(process, log, run_dir, options, *callbacks)
@@ -480,7 +480,7 @@ def run_capture(
             stop(process)
             raise
     if code != 0:
-        reason = _failure_reason(follower.tail)
+        reason = failure_reason(follower.tail)
         raise DataError(f"capture failed: {reason} (full log: {log_path}{log.note()})")
     _check_recorded(run_dir, options.node_rank, log)
     return run_dir

@@ -31,13 +31,14 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show, warn
+from gradstat.defaults import FIT_DISTS, FIT_METHOD, FIT_SAMPLE, FIT_STAGES, STAGE_FIT, ZEROS
 from gradstat.defaults import FIT_ESTIMATORS as DEFAULT_ESTIMATORS
 from gradstat.errors import UsageError
 
 if TYPE_CHECKING:  # the analysis imports torch and scipy: loaded when the command runs
     import pandas as pd
 
-    from gradstat.analysis.fit import Fit
+    from gradstat.analysis.selection import Selection
 
 Dist = Annotated[
     str,
@@ -80,22 +81,24 @@ PlotStep = Annotated[
 ]
 
 ESTIMATORS = ",".join(DEFAULT_ESTIMATORS)
+DISTS = ",".join(FIT_DISTS)
+STAGES = ",".join(map(str, FIT_STAGES))
 
 
 def fit_command(
     capture: Capture,
-    dist: Dist = "gpd",
-    method: Method = "moments",
+    dist: Dist = DISTS,
+    method: Method = FIT_METHOD,
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
     ratios: Ratios = RATIOS,
-    stages: Stages = "1,2,3",
+    stages: Stages = STAGES,
     estimators: Estimators = ESTIMATORS,
     hard: Hard = None,
-    zeros: Zeros = "exclude",
-    stage_fit: StageFit = "moments",
-    sample: Sample = 1_000_000,
+    zeros: Zeros = ZEROS,
+    stage_fit: StageFit = STAGE_FIT,
+    sample: Sample = FIT_SAMPLE,
     seed: Seed = SEED,
     as_json: Json = False,
     csv: Csv = None,
@@ -115,30 +118,33 @@ def fit_command(
 
     Example: gradstat fit captures/lm --dist all --plot fit.png
     """
-    from gradstat.analysis.fit import Fit, magnitude_sample
+    from gradstat.analysis.fit import FitParams, fit, magnitude_sample
+    from gradstat.analysis.selection import Selection
     from gradstat.store import open_capture
 
+    params = FitParams(
+        dists=dist,
+        method=method,
+        ratios=ratios,
+        stages=stages,
+        estimators=estimators,
+        hard_threshold=hard,
+        zeros=zeros,
+        stage_fit=stage_fit,
+        sample=sample or None,
+        seed=seed,
+    )
     with open_capture(capture) as cap:
         note_sample(cap)
-        analysis = Fit(
+        selection = Selection.of(cap, steps, learners, scope)
+        drawn = _drawn(cap, selection, plot_step)
+        records = fit(
             cap,
-            scope=scope,
-            steps=steps,
-            learners=learners,
+            selection,
+            params,
             compute=compute_options(device, memory, jobs),
-            dists=dist,
-            method=method,
-            ratios=ratios,
-            stages=stages,
-            estimators=estimators,
-            hard_threshold=hard,
-            zeros=zeros,
-            stage_fit=stage_fit,
-            sample=sample or None,
-            seed=seed,
+            progress=lambda units: progress(units, "fit"),
         )
-        drawn = _drawn(analysis, plot_step)
-        records = analysis.run(lambda units: progress(units, "fit"))
         sample_drawn = magnitude_sample(cap, *drawn, seed=seed) if plot else None
     for message, group in records.dropna(subset=["error"]).groupby("error", sort=False):
         warn(f"{len(group)} records not computed: {message}")
@@ -148,13 +154,13 @@ def fit_command(
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
-def _drawn(analysis: Fit, plot_step: int | None) -> tuple:
+def _drawn(cap, selection: Selection, plot_step: int | None) -> tuple:
     """``(step, learner, scope)`` that ``--plot`` draws: ``--plot-step`` (which must be
     among the selected steps) or the first selected step, the first learner and scope."""
-    if plot_step is not None and plot_step not in analysis.steps:
+    if plot_step is not None and plot_step not in selection.steps:
         raise UsageError(f"--plot-step {plot_step} is not among the selected steps")
-    step = analysis.steps[0] if plot_step is None else plot_step
-    return step, analysis.learners[0], analysis.scopes[0]
+    step = selection.steps[0] if plot_step is None else plot_step
+    return step, selection.learners[0], selection.scopes(cap)[0]
 
 
 def fit_result(records: pd.DataFrame, method: str) -> Result:

@@ -171,7 +171,7 @@ def missing_steps(steps: list[int], every: int | None) -> dict:
     return {"count": count, "first": first}
 
 
-def _compressor_text(summary: dict) -> str:
+def compressor_text(summary: dict) -> str:
     """The gradient compressor training ran (``capture --compressor``): its name, ratio
     and settings, and that /sent holds what each learner sent."""
     compressor = summary.get("compressor")
@@ -190,7 +190,7 @@ def _compressor_text(summary: dict) -> str:
     return text
 
 
-def _filter_text(compression: str) -> str:
+def filter_text(compression: str) -> str:
     """HDF5's storage compression of the rows (lossless; not gradient compression)."""
     if compression in (None, "none"):
         return "none (rows stored uncompressed)"
@@ -212,8 +212,8 @@ def _print_tables(summary: dict, learners: str) -> None:
         ("learners", f"{learners} ({summary['backend']})"),
         ("steps", _steps_text(summary)),
         ("numel", f"{summary['numel']:,} per learner per step ({summary['dtype']})"),
-        ("trained with", _compressor_text(summary)),
-        ("HDF5 filter", _filter_text(summary["compression"])),
+        ("trained with", compressor_text(summary)),
+        ("HDF5 filter", filter_text(summary["compression"])),
         ("layers", str(len(summary["layers"]))),
         ("size", format_bytes(summary["bytes"])),
         ("verified", summary["verification"]),

@@ -42,7 +42,7 @@ COMMANDS = {
 }
 
 
-def _docstring(target: str) -> str:
+def command_docstring(target: str) -> str:
     """The docstring of ``module:function``, read from the module's source without
     importing it (so ``gradstat --help`` lists every command without loading torch)."""
     module, function = target.split(":")
@@ -73,7 +73,7 @@ class Commands(Group):
 
     def get_command(self, ctx, cmd_name: str) -> TyperCommand | None:
         if cmd_name in COMMANDS and cmd_name not in self.commands:
-            help_ = _docstring(COMMANDS[cmd_name])  # a summary for the list in --help
+            help_ = command_docstring(COMMANDS[cmd_name])  # a summary for the list in --help
             self.commands[cmd_name] = TyperCommand(
                 cmd_name, help=help_, short_help=help_.split("\n\n")[0]
             )
@@ -206,7 +206,7 @@ def _stdout_closed() -> bool:
         return False
 
 
-def _unraisable(unraisable) -> None:
+def unraisable_hook(unraisable) -> None:
     """A Ctrl-C that Python could not raise (it came in a weakref callback or a
     finalizer) is left to :func:`cancel.check` at the end of the command: the flag is
     set. Anything else goes to Python's own hook."""
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     debug = os.environ.get("GRADSTAT_DEBUG") == "1"
     warnings.showwarning = _show_warning
-    sys.unraisablehook = _unraisable
+    sys.unraisablehook = unraisable_hook
     stdout = _device(sys.stdout)
     try:
         # under torchrun: rank 0 runs the command, the others compute its units

@@ -9,7 +9,7 @@ import pandas as pd
 import typer
 
 from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
-from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
+from gradstat.analysis.overlap import OverlapParams, overlap, overlap_summary
 from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import (
     SimilarityParams,
@@ -40,6 +40,7 @@ from gradstat.cli.options import (
     compute_options,
 )
 from gradstat.cli.output import Output, Result, View, note_sample, progress, show
+from gradstat.defaults import LAG, ON
 from gradstat.errors import UsageError
 from gradstat.report.answers import buildup_answer, overlap_answer, similarity_answer
 from gradstat.store import open_capture
@@ -50,6 +51,8 @@ Lag = Annotated[
         "--lag", callback=between(1), help="Compare each recorded step with the one LAG rows on."
     ),
 ]
+#: The vectors whose sets are taken, by default (raw gradients).
+VECTORS = On(ON)
 #: Learners up to which the overlap matrix is part of the default output.
 MATRIX_SHOWN = 8
 
@@ -65,18 +68,10 @@ def _selection(cap, steps, learners, scope, minimum: int, what: str) -> Selectio
     return selection
 
 
-def _per_ratio(run, ratios, description: str) -> list:
-    """Run ``run(ratio, progress)`` for each ratio, with one progress bar per ratio."""
-    return [
-        run(ratio, lambda units, r=ratio: progress(units, f"{description} {r:g}"))
-        for ratio in ratios
-    ]
-
-
 def similarity_command(
     capture: Capture,
     ratios: Ratios = SET_RATIOS,
-    on: OnVectors = On.raw,
+    on: OnVectors = VECTORS,
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
@@ -98,20 +93,17 @@ def similarity_command(
     """
     with open_capture(capture) as cap:
         note_sample(cap)
-        selection = _selection(cap, steps, learners, scope, 2, "similarity")
-        compute = compute_options(device, memory, jobs)
-        results = _per_ratio(
-            lambda ratio, bar: similarity(
-                cap, selection, SimilarityParams(ratio, on.value), compute=compute, progress=bar
-            ),
-            ratios,
-            "similarity",
+        result = similarity(
+            cap,
+            _selection(cap, steps, learners, scope, 2, "similarity"),
+            SimilarityParams(ratios, on.value),
+            compute=compute_options(device, memory, jobs),
+            progress=lambda units: progress(units, "similarity"),
         )
-    pairs = pd.concat([r.pairs for r in results], ignore_index=True)
-    per_step = pd.concat([r.steps for r in results], ignore_index=True)
-    result = similarity_result(pairs, per_step, on.value)
-    result.figure = lambda: _plot("plot_similarity", results[-1].pairs)
-    show(result, Output(as_json, csv, detail, plot, dpi))
+    shown = similarity_result(result.pairs, result.steps, on.value)
+    last = result.pairs[result.pairs["ratio"] == ratios[-1]]
+    shown.figure = lambda: _plot("plot_similarity", last)
+    show(shown, Output(as_json, csv, detail, plot, dpi))
 
 
 def similarity_result(pairs: pd.DataFrame, per_step: pd.DataFrame, on: str) -> Result:
@@ -191,7 +183,7 @@ def _per_step_view(per_step: pd.DataFrame) -> View:
 def buildup_command(
     capture: Capture,
     ratios: Ratios = RATIOS,
-    on: OnVectors = On.raw,
+    on: OnVectors = VECTORS,
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
@@ -285,8 +277,8 @@ def _buildup_per_step(records: pd.DataFrame) -> View:
 def overlap_command(
     capture: Capture,
     ratios: Ratios = SET_RATIOS,
-    lag: Lag = 1,
-    on: OnVectors = On.raw,
+    lag: Lag = LAG,
+    on: OnVectors = VECTORS,
     scope: Scope = "model",
     steps: Steps = None,
     learners: Learners = None,
@@ -308,21 +300,12 @@ def overlap_command(
     """
     with open_capture(capture) as cap:
         note_sample(cap)
-        selection = _selection(cap, steps, learners, scope, 1, "overlap")
-        compute = compute_options(device, memory, jobs)
-        records = pd.concat(
-            _per_ratio(
-                lambda ratio, bar: temporal_overlap(
-                    cap,
-                    selection,
-                    OverlapParams(ratio, lag, on.value),
-                    compute=compute,
-                    progress=bar,
-                ),
-                ratios,
-                "overlap",
-            ),
-            ignore_index=True,
+        records = overlap(
+            cap,
+            _selection(cap, steps, learners, scope, 1, "overlap"),
+            OverlapParams(ratios, lag, on.value),
+            compute=compute_options(device, memory, jobs),
+            progress=lambda units: progress(units, "overlap"),
         )
     result = overlap_result(records, lag, on.value)
     result.figure = lambda: _plot("plot_overlap", records[records["ratio"] == ratios[-1]])

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradstat.analysis.selection import k_for
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import TorchCommunicator
 from gradstat.compressors.exchange import Transfer
@@ -41,6 +40,7 @@ from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
+from gradstat.stats.density import k_for
 
 #: Registry compressors that have no online form (none: every one has).
 OFFLINE_ONLY: frozenset[str] = frozenset()

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from gradstat import cancel
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.parallel import distributed
 from gradstat.parallel.pool import run_pool
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.parallel.units import Outcome, Task, finish, run_unit
 from gradstat.store import open_capture
 from gradstat.threads import local_processes, torch_threads, unit_threads
@@ -35,6 +35,15 @@ class Request(NamedTuple):
 def planned_workers(cap: Any, selection: Any, jobs: int | None) -> int:
     """Processes that will run units at once: ranks x jobs per rank (None: one)."""
     return distributed.world_size() * (jobs or 1)
+
+
+def runs(items: Sequence[Any], workers: int) -> list[tuple]:
+    """``items`` in at most ``workers`` contiguous runs of nearly equal length, in order:
+    the units of an analysis that keeps state from item to item (its buffers, a row read
+    ahead, the last steps' sets), one run per process (:func:`planned_workers`)."""
+    workers = max(1, min(workers, len(items)))
+    bounds = itertools.pairwise(len(items) * w // workers for w in range(workers + 1))
+    return [tuple(items[a:b]) for a, b in bounds]
 
 
 def run_units(
@@ -71,7 +80,10 @@ def _share(request: Request, progress: Progress = no_progress, cap: Any = None) 
         bounds = itertools.pairwise(len(mine) * w // workers for w in range(workers + 1))
         chunks = [[(i, request.units[i]) for i in mine[a:b]] for a, b in bounds]
         source = run_pool(request.task, compute, chunks, unit_threads())
-    parts = _Parts(len(mine), request.task.parts, source)
+    task = request.task
+    parts = _Parts(
+        {i: len(request.units[i]) if task.parts is None else task.parts for i in mine}, source
+    )
     with cancel.listening():
         for _ in progress(parts):
             pass
@@ -121,21 +133,21 @@ def _share_compute(compute: Any, workers: int) -> Any:
 
 
 class _Parts:
-    """What a progress display wraps: one item per part done, ``parts`` per unit. A
+    """What a progress display wraps: one item per part done, ``parts[i]`` for unit i. A
     unit's end counts its parts it did not report; :attr:`outcomes` collects the ends."""
 
-    def __init__(self, units: int, parts: int, source: Iterator[tuple[int, Any]]) -> None:
-        self.units, self.parts, self.source = units, max(1, parts), source
+    def __init__(self, parts: dict[int, int], source: Iterator[tuple[int, Any]]) -> None:
+        self.parts, self.source = {i: max(1, n) for i, n in parts.items()}, source
         self.outcomes: dict[int, Outcome] = {}
         self._done: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return self.units * self.parts
+        return sum(self.parts.values())
 
     def __iter__(self) -> Iterator[int]:
         for index, outcome in self.source:
-            done = self._done.get(index, 0)
-            step = int(done < self.parts - 1) if outcome is None else self.parts - done
+            done, total = self._done.get(index, 0), self.parts[index]
+            step = int(done < total - 1) if outcome is None else total - done
             self._done[index] = done + step
             yield from [index] * step
             if outcome is not None:

@@ -1,8 +1,9 @@
 """An analysis as units of work (:class:`Task`), each run alike in every process.
 
 ``task.function(cap, selection, params, compute, unit)`` returns a unit's records; with
-``parts > 1`` it also gets ``tick=``, called once per part done (a replay unit: a step),
-which moves progress and stops the unit on Ctrl-C. :func:`finish` re-emits warnings
+``parts > 1`` (or None: a part per item of the unit, e.g. a run of steps) it also gets
+``tick=``, called once per part done (a step), which moves progress and stops the unit
+on Ctrl-C. :func:`finish` re-emits warnings
 once each and raises the first error, in unit order, as one process would."""
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from gradstat import cancel
 @dataclass(frozen=True)
 class Task:
     """A module-level unit function and its context: the capture's path (other processes
-    open it), frozen ``selection`` and ``params``; ``parts``: ticks a unit reports."""
+    open it), frozen ``selection`` and ``params``; ``parts``: ticks a unit reports (None:
+    one per item of the unit)."""
 
     function: Callable[..., list[dict]]
     capture: str
     selection: Any
     params: Any
-    parts: int = 1
+    parts: int | None = 1
 
 
 @dataclass
@@ -52,7 +54,7 @@ def run_unit(task: Task, cap: Any, compute: Any, unit: Any, tick: Callable[[], N
         warnings.simplefilter("always")
         try:
             cancel.check()
-            extra = {"tick": tick} if task.parts > 1 else {}
+            extra = {"tick": tick} if task.parts != 1 else {}
             outcome.records = task.function(
                 cap, task.selection, task.params, compute, unit, **extra
             )

@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 
 from gradstat import __version__, defaults
-from gradstat.analysis.progress import Progress, no_progress
 from gradstat.compressors.targets import Target, spread_text
 from gradstat.errors import DamagedData, GradstatError, GradstatWarning
+from gradstat.parallel.progress import Progress, no_progress
 from gradstat.report.context import ReportContext, ReportSettings
 from gradstat.report.html import Section, render
 from gradstat.report.sections import SECTIONS

@@ -13,12 +13,12 @@ import pandas as pd
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.progress import Progress
 from gradstat.analysis.recommend import Recommendation, choose
 from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
 from gradstat.compressors.targets import Target, builtin_target
+from gradstat.parallel.progress import Progress
 from gradstat.store import Capture
 from gradstat.threads import torch_threads
 

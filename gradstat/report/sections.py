@@ -11,8 +11,15 @@ import numpy as np
 import pandas as pd
 
 from gradstat.analysis.buildup import BuildupParams, buildup, buildup_summary
-from gradstat.analysis.fit import Fit, magnitude_sample, quality_summary, rank_distributions
-from gradstat.analysis.overlap import OverlapParams, overlap_summary, temporal_overlap
+from gradstat.analysis.fit import (
+    FitParams,
+    fit,
+    magnitude_sample,
+    quality_summary,
+    rank_distributions,
+)
+from gradstat.analysis.overlap import OverlapParams, overlap, overlap_summary
+from gradstat.analysis.selection import Selection
 from gradstat.analysis.similarity import SimilarityParams, similarity, similarity_summary
 from gradstat.formatting import counted
 from gradstat.plots.capture import plot_loss
@@ -91,25 +98,21 @@ def _fit(ctx: ReportContext) -> Part:
     cap, settings = ctx.cap, ctx.settings
     chosen = np.unique(np.linspace(0, len(cap.steps) - 1, settings.fit_steps).round().astype(int))
     steps = ",".join(str(int(cap.steps[i])) for i in chosen) if len(cap.steps) else None
-    analysis = Fit(
-        cap,
-        steps=steps,
-        compute=ctx.compute,
-        dists="all",
-        ratios=settings.ratios,
-        sample=200_000,
-    )
-    records = analysis.run(ctx.progress("fit"))
-    ranking, quality = rank_distributions(records), _distinct(quality_summary(records))
+    selection = Selection.of(cap, steps)
+    params = FitParams(dists="all", ratios=settings.ratios, sample=200_000)
+    records = fit(cap, selection, params, compute=ctx.compute, progress=ctx.progress("fit"))
+    ranking, quality = rank_distributions(records), distinct_quality(quality_summary(records))
     stages = _stages_text(quality, "sidco-gpd")
     reading = (
-        f"Distributions fitted to |g| of the whole model ({counted(len(analysis.steps), 'step')} "
-        f"x {counted(len(analysis.learners), 'learner')}): {answers.best_fit(ranking)} A threshold "
+        "Distributions fitted to |g| of the whole model "
+        f"({counted(len(selection.steps), 'step')} x "
+        f"{counted(len(selection.learners), 'learner')}): {answers.best_fit(ranking)} A threshold "
         "estimator's quality is q = selected / k of the target: q near 1 keeps the intended "
         "number of elements without a sort. "
         + " ".join(stages + answers.closest_estimators(quality))
     )
-    step, learner, scope = analysis.steps[0], analysis.learners[0], analysis.scopes[0]
+    step, learner = selection.steps[0], selection.learners[0]
+    scope = selection.scopes(cap)[0]
     magnitudes = magnitude_sample(cap, step, learner, scope)
     figure = plot_fit_at(records, magnitudes, step, learner, scope.name, cap.workload)
     return Part(
@@ -126,7 +129,7 @@ def _fit(ctx: ReportContext) -> Part:
     )
 
 
-def _distinct(quality: pd.DataFrame) -> pd.DataFrame:
+def distinct_quality(quality: pd.DataFrame) -> pd.DataFrame:
     """The estimator table without the rows of a fitted distribution's own quantile
     (``fit:exp``) that repeat an estimator's row (SIDCo-E with one stage is that very
     quantile): one row per distinct answer."""
@@ -207,7 +210,7 @@ def _buildup(ctx: ReportContext) -> Part:
 
 def _overlap(ctx: ReportContext) -> Part:
     ratio = min(ctx.settings.ratios)
-    records = temporal_overlap(
+    records = overlap(
         ctx.cap,
         ctx.selection,
         OverlapParams(ratio),

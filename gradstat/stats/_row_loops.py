@@ -69,49 +69,6 @@ def kahan_add(x, s, c):
 
 
 @njit(**_OPTIONS)
-def kahan_add_pair(a, b, s, c, first):
-    """s, c += a, then += b, with Kahan's compensation: the same two updates as two calls of
-    :func:`kahan_add`, with the sum read and written once; when ``first`` (a step's first
-    two rows), s, c = a, 0 instead of the first update, the same numbers as a copy (y =
-    b - 0 is b). Returns the flags of a and b. (LLVM unswitches the loop on ``first``:
-    both versions run as fast as a loop written for each.)"""
-    a_bits, b_bits = a.view(np.int32), b.view(np.int32)
-    a_flags = b_flags = 0
-    for j in range(a.size):
-        sj, cj = kahan_first_of_pair(a, s, c, j, first)
-        s[j], c[j] = kahan_step(sj, cj, b[j])
-        a_flags |= nonfinite_flag(a_bits[j])
-        b_flags |= nonfinite_flag(b_bits[j])
-    return a_flags, b_flags
-
-
-@njit(**_OPTIONS)
-def kahan_mean_pair(a, b, s, c, first, n):
-    """:func:`kahan_add_pair` of a step's last two rows of ``n``: the mean ``(s - c) / n``
-    of the new sum goes into ``s`` (float32, as :func:`compensated_mean`) and ``c`` is
-    not written. (A loop of its own: a flag for it in :func:`kahan_add_pair` slows the
-    other pairs.)"""
-    a_bits, b_bits = a.view(np.int32), b.view(np.int32)
-    a_flags = b_flags = 0
-    for j in range(a.size):
-        sj, cj = kahan_first_of_pair(a, s, c, j, first)
-        sj, cj = kahan_step(sj, cj, b[j])
-        s[j] = (sj - cj) / n
-        a_flags |= nonfinite_flag(a_bits[j])
-        b_flags |= nonfinite_flag(b_bits[j])
-    return a_flags, b_flags
-
-
-@njit(inline="always", **_OPTIONS)
-def kahan_first_of_pair(a, s, c, j, first):
-    """The sum and compensation at ``j`` after a pair's first row ``a``: Kahan's update,
-    or (a_j, 0) when ``first`` (inlined into the pair's loop, see :func:`block_hits`)."""
-    if first:
-        return a[j], np.float32(0)
-    return kahan_step(s[j], c[j], a[j])
-
-
-@njit(**_OPTIONS)
 def candidates(x, threshold, out, magnitudes, count, offset):
     """Append ``j + offset`` for each ``|x[j]| >= threshold`` (float32; NaN never, and
     nothing for a NaN threshold: numpy's ``>=``) to ``out``, and ``|x[j]|`` to
@@ -167,49 +124,6 @@ def scan(x, s, c, mode, threshold, out, magnitudes):
             flags |= flags_of(x[lo:hi])
         count = candidates(x[lo:hi], threshold, out, magnitudes, count, lo)
     return count, flags
-
-
-@njit(**_OPTIONS)
-def scan_pair(
-    a,
-    b,
-    s,
-    c,
-    first,
-    a_threshold,
-    b_threshold,
-    a_out,
-    b_out,
-    a_magnitudes,
-    b_magnitudes,
-    n,
-    m_threshold,
-    m_out,
-    m_magnitudes,
-):
-    """:func:`scan` of ``a`` then of ``b`` (``a`` mode ``SUM_FIRST`` when ``first``, else
-    ``SUM_ADD``; ``b`` ``SUM_ADD``) in one pass: the compensated sum is read and written
-    once for both (:func:`kahan_add_pair`). When ``n`` > 0 (the step's last two rows of
-    ``n``), ``s`` becomes the mean instead, whose candidates and sum of squares are taken
-    in the same pass (:func:`mean_scan`'s; ``m_`` arguments, unused when ``n`` is 0).
-    Returns (a's, b's and the mean's counts, a's and b's flags, the mean's sum of
-    squares)."""
-    a_count = b_count = m_count = a_flags = b_flags = 0
-    squares = 0.0
-    for lo in range(0, a.size, PIECE):
-        hi = min(a.size, lo + PIECE)
-        a_count = candidates(a[lo:hi], a_threshold, a_out, a_magnitudes, a_count, lo)
-        if n > 0:
-            a_piece, b_piece = kahan_mean_pair(a[lo:hi], b[lo:hi], s[lo:hi], c[lo:hi], first, n)
-        else:
-            a_piece, b_piece = kahan_add_pair(a[lo:hi], b[lo:hi], s[lo:hi], c[lo:hi], first)
-        a_flags |= a_piece
-        b_flags |= b_piece
-        b_count = candidates(b[lo:hi], b_threshold, b_out, b_magnitudes, b_count, lo)
-        if n > 0:
-            m_count = candidates(s[lo:hi], m_threshold, m_out, m_magnitudes, m_count, lo)
-            squares += sum_squares(s[lo:hi])
-    return a_count, b_count, m_count, a_flags, b_flags, squares
 
 
 @njit(**_OPTIONS)

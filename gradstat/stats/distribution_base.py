@@ -26,7 +26,7 @@ class Tails:
     logsf: torch.Tensor
 
 
-def _f64(x) -> torch.Tensor:
+def f64(x) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.float64)
 
 
@@ -34,7 +34,7 @@ def _f64(x) -> torch.Tensor:
 _MOMENT_CHUNK = 1 << 18
 
 
-def _mean_var(x: torch.Tensor) -> tuple[float, float]:
+def mean_var(x: torch.Tensor) -> tuple[float, float]:
     """Mean and population variance (ddof 0) with float64 accumulation. On the CPU one
     pass in chunks through numpy: each chunk's float64 mean and sum of squared deviations
     from it (no cancellation), merged as Chan, Golub & LeVeque (1983) do; no float64 copy
@@ -63,7 +63,7 @@ def _mean_var(x: torch.Tensor) -> tuple[float, float]:
     return mean, squares / n
 
 
-def _check_spread(var: float, name: str) -> None:
+def check_spread(var: float, name: str) -> None:
     if not var > 0:
         raise DataError(f"all values are equal: a {name} fit needs some spread")
 
@@ -125,7 +125,7 @@ class Distribution:
 
     @classmethod
     def _fit_moments(cls, x: torch.Tensor) -> Distribution:
-        return cls._from_mean_var(*_mean_var(x))
+        return cls._from_mean_var(*mean_var(x))
 
     @classmethod
     def _from_mean_var(cls, mean: float, var: float) -> Distribution:
@@ -137,7 +137,7 @@ class Distribution:
 
     # --- public functions: standardise once, then the standard form --------------------
     def _z(self, x) -> torch.Tensor:
-        return (_f64(x) - self.loc) / self.scale
+        return (f64(x) - self.loc) / self.scale
 
     def logpdf(self, x) -> torch.Tensor:
         z = self._z(x)
@@ -160,10 +160,10 @@ class Distribution:
         return self._logsf(self._z(x).clamp_min(self.lower))
 
     def ppf(self, q) -> torch.Tensor:
-        return self.loc + self.scale * self._ppf(_f64(q))
+        return self.loc + self.scale * self._ppf(f64(q))
 
     def isf(self, q) -> torch.Tensor:
-        return self.loc + self.scale * self._isf(_f64(q))
+        return self.loc + self.scale * self._isf(f64(q))
 
     def loglik(self, x: torch.Tensor) -> float:
         """Log-likelihood of the data: sum of ``logpdf``."""
@@ -177,7 +177,7 @@ class Distribution:
         ``logcdf`` and ``logsf`` cost one after another (each of which may evaluate
         both sides on every element)."""
         z = self._z(x).clamp_min(self.lower)  # ascending: scale > 0
-        split = int(torch.searchsorted(z, self._ppf(_f64([0.5]))))
+        split = int(torch.searchsorted(z, self._ppf(f64([0.5]))))
         low, high = z[:split], z[split:]
         logcdf_low = self._lower_log(low)
         logsf_high = self._upper_log(high)
@@ -268,7 +268,7 @@ class Folded(Distribution):
         return torch.logaddexp(self.dist.logsf(t), self.dist.logcdf(-t)).clamp_max(0.0)
 
     def _isf(self, q):
-        return _f64([self._isf_scalar(float(p)) for p in q.reshape(-1)]).reshape(q.shape)
+        return f64([self._isf_scalar(float(p)) for p in q.reshape(-1)]).reshape(q.shape)
 
     def _ppf(self, q):
         return self._isf(1.0 - q)
@@ -279,5 +279,5 @@ class Folded(Distribution):
         dist = self.dist
         high = max(float(dist.isf(density / 2.0)), -float(dist.ppf(density / 2.0)))
         return optimize.brentq(
-            lambda t: float(self._sf(_f64(t))) - density, 0.0, high, xtol=1e-15 * high
+            lambda t: float(self._sf(f64(t))) - density, 0.0, high, xtol=1e-15 * high
         )

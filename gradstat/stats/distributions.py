@@ -4,8 +4,8 @@ The sparsity-inducing distributions model magnitudes x = |g| with the location f
 0: exponential, gamma and generalized Pareto (GPD), as in SIDCo (Abdelmoniem et al.
 2021, arXiv 2101.10761); log-normal and Weibull are there for comparison. Normal and
 Laplace model the signed values g; :class:`Folded` turns them into distributions of |g|.
-Exact zeros are excluded (and counted) before any fit; NaN and Inf are counted and
-excluded (see :func:`split_values`).
+Exact zeros, NaN and Inf are excluded (and counted) before any fit
+(:func:`gradstat.analysis.fit.row_records`).
 
 Built as scipy.stats' ``rv_continuous``: the public methods standardise
 ``z = (x - loc) / scale`` once (``q`` for the quantile functions) and call the
@@ -51,68 +51,10 @@ from gradstat.stats.distribution_base import (
     Distribution,
     Folded,
     Tails,
-    _check_spread,
-    _f64,
-    _mean_var,
+    check_spread,
+    f64,
+    mean_var,
 )
-from gradstat.stats.passes import compress, compress_in_place, drop_zeros_in_place
-
-
-class SplitValues:
-    """A vector split for fitting: the magnitudes of its finite non-zero values, the
-    counts of what was left out, and those values themselves, signed (:attr:`signed`).
-
-    Only the signed distributions (normal, Laplace) need the signed values, so they are
-    compacted when first asked for: a magnitude fit of a row that holds a zero keeps two
-    rows (the row and its non-zero magnitudes) instead of three (512 MB less at 128M
-    values)."""
-
-    def __init__(
-        self, source: torch.Tensor, magnitudes: torch.Tensor, zeros: int, nonfinite: int
-    ) -> None:
-        self.source = source.reshape(-1)
-        self.magnitudes = magnitudes
-        self.zeros = zeros
-        self.nonfinite = nonfinite
-        self._signed: torch.Tensor | None = None
-
-    @property
-    def count(self) -> int:
-        """How many finite non-zero values the vector holds."""
-        return self.magnitudes.numel()
-
-    @property
-    def signed(self) -> torch.Tensor:
-        """The finite non-zero values, signed, in the vector's order."""
-        if self._signed is None:
-            if self.zeros or self.nonfinite:
-                keep = torch.isfinite(self.source) & (self.source != 0)
-                self._signed = compress(self.source, keep)
-            else:
-                self._signed = self.source
-        return self._signed
-
-
-def split_values(values: torch.Tensor, out: torch.Tensor | None = None) -> SplitValues:
-    """Drop NaN/Inf and exact zeros from a flat vector, counting both. (A finite sum
-    means every value is finite, and a non-zero minimum |x| that none is zero: the
-    usual gradient costs a sum, an abs and a minimum.) ``out``: a flat buffer of at least
-    ``values.numel()`` elements on the same device for the magnitudes, reused from row to
-    row (a fresh 128 MB vector that the allocator had handed back to the kernel cost 0.17
-    s of page faults, the abs itself 0.02 s)."""
-    flat = values.reshape(-1)
-    # compacted in place below: a fresh vector, or the caller's buffer
-    magnitudes = flat.abs() if out is None else torch.abs(flat, out=out[: flat.numel()])
-    nonfinite = 0
-    if not bool(torch.isfinite(flat.sum())):
-        finite = torch.isfinite(magnitudes)
-        nonfinite = flat.numel() - int(torch.count_nonzero(finite))
-        if nonfinite:
-            magnitudes = compress_in_place(magnitudes, finite)
-    zeros = 0
-    if magnitudes.numel() and not float(magnitudes.amin()) > 0:
-        magnitudes, zeros = drop_zeros_in_place(magnitudes)
-    return SplitValues(flat, magnitudes, zeros, nonfinite)
 
 
 class Exponential(Distribution):
@@ -162,15 +104,15 @@ class Gamma(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(a=mean * mean / var, loc=0.0, scale=var / mean)
 
     @classmethod
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a gamma MLE needs positive values")
-        mean, var = _mean_var(x)
-        _check_spread(var, cls.name)
+        mean, var = mean_var(x)
+        check_spread(var, cls.name)
         mean_log = float(torch.sum(x.log(), dtype=torch.float64)) / x.numel()
         # SIDCo's closed form starts Newton on ln a - digamma(a) = ln(mean) - mean_log
         start = cls.from_log_moments(mean, mean_log).params["a"]
@@ -179,7 +121,7 @@ class Gamma(Distribution):
 
     @property
     def _a(self) -> torch.Tensor:
-        return _f64(self.params["a"])
+        return f64(self.params["a"])
 
     def _logpdf(self, z):
         a = self.params["a"]
@@ -192,10 +134,10 @@ class Gamma(Distribution):
         return torch.special.gammaincc(self._a, z)
 
     def _ppf(self, q):
-        return _f64(special.gammaincinv(self.params["a"], q.numpy()))
+        return f64(special.gammaincinv(self.params["a"], q.numpy()))
 
     def _isf(self, q):
-        return _f64(special.gammainccinv(self.params["a"], q.numpy()))
+        return f64(special.gammainccinv(self.params["a"], q.numpy()))
 
 
 class GenPareto(Distribution):
@@ -204,7 +146,7 @@ class GenPareto(Distribution):
     @classmethod
     def from_moments(cls, mean: float, var: float) -> GenPareto:
         """Moments fit (docs/methods.md 1): c = (1 - m^2/v)/2, scale = m (m^2/v + 1)/2."""
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         ratio = mean * mean / var
         return cls(c=(1.0 - ratio) / 2.0, loc=0.0, scale=mean * (ratio + 1.0) / 2.0)
 
@@ -269,7 +211,7 @@ class Normal(_GaussianTails, Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var))
 
     def _gauss(self, z):
@@ -291,7 +233,7 @@ class Laplace(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         return cls(loc=mean, scale=math.sqrt(var / 2.0))
 
     @classmethod
@@ -299,7 +241,7 @@ class Laplace(Distribution):
         x = x.double()
         loc = float(np.median(x.numpy()))
         scale = float((x - loc).abs().mean())
-        _check_spread(scale, cls.name)
+        check_spread(scale, cls.name)
         return cls(loc=loc, scale=scale)
 
     def _logpdf(self, z):
@@ -329,7 +271,7 @@ class LogNormal(_GaussianTails, Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         s2 = math.log1p(var / (mean * mean))
         return cls(s=math.sqrt(s2), loc=0.0, scale=mean * math.exp(-s2 / 2.0))
 
@@ -337,8 +279,8 @@ class LogNormal(_GaussianTails, Distribution):
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a log-normal fit needs positive values")
-        mu, s2 = _mean_var(x.double().log())
-        _check_spread(s2, cls.name)
+        mu, s2 = mean_var(x.double().log())
+        check_spread(s2, cls.name)
         return cls(s=math.sqrt(s2), loc=0.0, scale=math.exp(mu))
 
     def _gauss(self, z):
@@ -365,7 +307,7 @@ class Weibull(Distribution):
 
     @classmethod
     def _from_mean_var(cls, mean, var):
-        _check_spread(var, cls.name)
+        check_spread(var, cls.name)
         cv2 = var / (mean * mean)
         c = mle.expand_root(lambda c: cv2 - _weibull_cv2(c), 0.1, 10.0)
         return cls(c=c, loc=0.0, scale=mean / math.exp(special.gammaln(1.0 + 1.0 / c)))
@@ -374,7 +316,7 @@ class Weibull(Distribution):
     def _fit_mle(cls, x):
         if bool((x <= 0).any()):
             raise DataError("a Weibull MLE needs positive values")
-        _check_spread(_mean_var(x)[1], cls.name)
+        check_spread(mean_var(x)[1], cls.name)
         c, scale = mle.weibull(x.double().numpy())
         return cls(c=c, loc=0.0, scale=scale)
 
@@ -424,9 +366,7 @@ __all__ = [
     "Laplace",
     "LogNormal",
     "Normal",
-    "SplitValues",
     "Tails",
     "Weibull",
     "get_distribution",
-    "split_values",
 ]

@@ -7,15 +7,16 @@ sum of squares, and the row's zeros, signed sum and maximum. A count at a bin ed
 exact from the counts alone; a count at any other threshold is exact from the counts
 above the threshold's bin plus a count over that bin's own values.
 
-Those values come from :func:`gather`: one more pass over the row that reads the values
-of only the bins asked for. To ask for them at once, a long row's records are computed
-*tentatively* first (:meth:`RowHistogram.tentative`): a bin whose values were not read
-answers with stand-ins (its count spread evenly over it) and is noted; those bins (+-
-``MARGIN``) are then gathered in one pass and the records computed again, exactly
-(the row before does not foretell those bins: docs/large.md). The run after asks
-for another bin rarely (a stand-in answer that steered a search elsewhere); each such
-miss is one more gather (``RowHistogram.gathers`` counts them). A row under
-``PLAN_MIN_NUMEL`` values gathers all its bins on the first question instead.
+Those values come from a gather: one more pass over the row that reads the values of
+only the bins asked for. The caller names up front the bins its questions will need
+(:meth:`RowHistogram.prefetch`), and they are gathered in one pass; a question about a
+bin not gathered costs one more gather (``RowHistogram.gathers`` counts them). Which
+bins a threshold estimator will read depends on values not read yet (SIDCo's second
+stage fits the exceedances of its first); a :meth:`RowHistogram.sketch` answers the same
+questions from the bins alone (each bin's count spread evenly over it) and notes the
+bins it would have read, which with their neighbours are the ones to gather (``fit``:
+:func:`gradstat.analysis.fit.row_records`). A row under ``PLAN_MIN_NUMEL`` values
+gathers all its bins on the first question instead.
 
 The compiled pass sums integers: in bin j every value is ``low_j + ulp_j m`` with m the
 bit pattern's low ``SHIFT`` bits, so the bin's sum is ``n low + ulp sum(m)`` and its sum
@@ -24,11 +25,12 @@ of squares ``n low^2 + 2 low ulp sum(m) + ulp^2 sum(m^2)``, each rounded once to
 signed bit patterns (the sign the top bit of the bin index), so the signed sum is the
 positive bins' sum less the negative bins'.
 
-:class:`RowHistogram` answers what the threshold estimators ask of a row (the interface of
-:class:`~gradstat.stats.passes.RowPasses`) and what a distribution fit needs: the moments
-of every non-zero |x|, the k-th largest |x|, sums of a smooth function over every value
-(the log-likelihood, the log sum; quadratic in each bin, error below 1e-8 relative), and
-KS and Anderson-Darling on the whole row (:mod:`gradstat.stats.histogram_fit`).
+:class:`RowHistogram` answers what the threshold estimators ask of a row (the interface
+:class:`~gradstat.stats.row_statistics.RowStatistics`) and what a distribution fit
+needs: the moments of every non-zero |x|, the k-th largest |x|, sums of a smooth
+function over every value (the log-likelihood, the log sum; quadratic in each bin,
+error below 1e-8 relative), and KS and Anderson-Darling on the whole row
+(:mod:`gradstat.stats.histogram_fit`).
 
 Three builds of the bins and of a gather, the same numbers: numpy (``*_numpy``: the
 plain references), numba (``*_compiled``, :mod:`gradstat.stats._histogram_loops`; CPU
@@ -40,31 +42,35 @@ from __future__ import annotations
 
 import math
 import sys
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from gradstat.stats import passes as row_passes
-from gradstat.stats.passes import ExceedanceSums, MagnitudeSums
+from gradstat.stats import passes, row_kernels
 from gradstat.stats.row_kernels import float32_limit
+from gradstat.stats.row_statistics import (
+    ExceedanceSums,
+    MagnitudeSums,
+    require_finite_sums,
+    zeros_selected,
+)
 
 #: Bits below the bin index: 23 - 15 = 8 mantissa bits in the bin, 2^8 bins an octave.
 SHIFT = 15
 #: Bins of non-negative finite float32 values, and one more for +inf (thresholds).
 NBINS = (0x7F800000 >> SHIFT) + 1
-#: Bins either side of each bin a tentative run missed that the gather reads too.
-MARGIN = 1
-#: Rows from this size gather the bins a tentative run asks for; shorter: every bin.
+#: Rows from this size gather only the bins asked for; shorter: every bin at once.
 PLAN_MIN_NUMEL = 1 << 21
+#: Bins either side of each bin a sketch read that a planned gather reads too.
+MARGIN = 1
 #: Bit patterns below this are subnormal.
 NORMAL_BITS = 0x00800000
 #: Signed bin j + SIGN_BIN holds the negative values of bin j (the compiled pass).
 SIGN_BIN = 1 << (31 - SHIFT)
 _CHUNK = 1 << 18
 #: The compiled loops start (numba's import, about 0.7 s once a process) from this size.
-COMPILED_MIN_NUMEL = row_passes.COMPILED_MIN_NUMEL
+COMPILED_MIN_NUMEL = passes.COMPILED_MIN_NUMEL
 
 
 @dataclass(frozen=True)
@@ -214,9 +220,7 @@ def gather_compiled(row: np.ndarray, bins, counts: np.ndarray) -> np.ndarray:
 def _loops():
     """:mod:`gradstat.stats._histogram_loops`, imported on first use (numba's start)."""
     if "gradstat.stats._histogram_loops" not in sys.modules:
-        from gradstat.stats import row_kernels
-
-        row_kernels._loops()  # the same cache folder rule as the row loops
+        row_kernels.loops()  # the same cache folder rule as the row loops
     from gradstat.stats import _histogram_loops
 
     return _histogram_loops
@@ -229,128 +233,81 @@ def bin_edges(bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return low, high
 
 
-def _plain(values: torch.Tensor) -> np.ndarray | None:
-    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
-        return values.reshape(-1).numpy()
-    return None
-
-
 class RowHistogram:
-    """The bins of one row ``values`` (signed, float32) and what they answer. NaN and Inf
+    """The binned :class:`~gradstat.stats.row_statistics.RowStatistics` of one row
+    ``values`` (signed, float32), and what a distribution fit asks besides. NaN and Inf
     stay out of the bins (``bins.nonfinite`` counts them); the answers that scan the row
     itself (thresholds at or below 0) want a finite row.
 
-    ``compiled``: the numba pass may build the bins of a long CPU row (False: numpy's);
-    other devices and dtypes use torch's. A bin's values are gathered on the first
-    question they must answer (see the module); ``gathers`` counts those passes. Counts
-    and sums are exact (float64 sums); :meth:`exceed` returns its set grouped by bin, not
-    in the row's order.
+    ``compiled``: whether the numba pass builds the bins of a CPU float32 row (None:
+    from ``COMPILED_MIN_NUMEL`` values; False: numpy's); other devices and dtypes use
+    torch's. A bin's values are gathered when asked for (:meth:`prefetch`, or the first
+    question that needs them); ``gathers`` counts those passes, ``gathered`` the values
+    they read. Counts and sums are
+    exact (float64 sums); :meth:`exceed` returns its set grouped by bin, not in the
+    row's order.
     """
 
-    def __init__(self, values: torch.Tensor, *, compiled: bool = True) -> None:
+    def __init__(self, values: torch.Tensor, *, compiled: bool | None = None) -> None:
         self.values = values.reshape(-1)
-        row = _plain(self.values) if values.dtype == torch.float32 else None
-        self._row = row
-        self._kept: dict[int, np.ndarray] = {}
-        if row is not None and compiled and row.size >= COMPILED_MIN_NUMEL:
-            self.mode = "compiled"
-            self.bins = bin_sums_compiled(row)
+        row = self._row = passes.plain_row(self.values)
+        if compiled is None:
+            compiled = row is not None and row.size >= COMPILED_MIN_NUMEL
+        if row is not None and compiled:
+            self.mode, self.bins = "compiled", bin_sums_compiled(row)
         elif row is not None:
-            self.mode = "numpy"
-            self.bins = bin_sums_numpy(row)
+            self.mode, self.bins = "numpy", bin_sums_numpy(row)
         else:
-            self.mode = "torch"
-            self.bins = bin_sums_torch(self.values.float())
-        counts = self.bins.counts
+            self.mode, self.bins = "torch", bin_sums_torch(self.values.float())
         # above[j]: the |x| in bins j and up; the same for the sums (float64)
         self.above = np.zeros(NBINS + 1, np.int64)
-        self.above[:-1] = np.cumsum(counts[::-1])[::-1]
+        self.above[:-1] = np.cumsum(self.bins.counts[::-1])[::-1]
         self._above_sums = np.zeros(NBINS + 1)
         self._above_sums[:-1] = np.cumsum(self.bins.sums[::-1])[::-1]
         self._above_squares = np.zeros(NBINS + 1)
         self._above_squares[:-1] = np.cumsum(self.bins.squares[::-1])[::-1]
         self.nonzeros = int(self.above[0])
-        self.gathers = 0
-        self._missing: set[int] | None = None
+        self.gathers = self.gathered = 0
+        self._kept: dict[int, np.ndarray] = {}
         self._sums: MagnitudeSums | None = None
         self._exceedance: dict[tuple[float, bool], ExceedanceSums] = {}
-        #: answers that depend on the row alone, kept for the estimators (a tentative run
-        #: and the run after it: e.g. DGC's sampled threshold)
-        self.memo: dict = {}
 
     @property
     def numel(self) -> int:
         return self.values.numel()
 
-    @property
-    def plans(self) -> bool:
-        """Whether the row is long enough to gather only the bins asked for
-        (``PLAN_MIN_NUMEL``): its records are computed tentatively first."""
-        return self.numel >= PLAN_MIN_NUMEL
+    # --- which bins -------------------------------------------------------------------
+    def occupied(self) -> np.ndarray:
+        """The bins holding some |x|, ascending."""
+        return np.flatnonzero(self.bins.counts)
+
+    def bin_of(self, threshold: float) -> int:
+        """The bin that holds ``|x| = threshold`` (0 for a threshold at or below 0,
+        ``NBINS`` past the largest float32 and for NaN)."""
+        if not threshold > 0:
+            return NBINS if threshold != threshold else 0
+        with np.errstate(over="ignore"):
+            return min(int(np.float32(threshold).view(np.uint32)) >> SHIFT, NBINS)
+
+    def top_bins(self, count: int) -> np.ndarray:
+        """The occupied bins that hold the ``count`` largest |x| (ascending)."""
+        first = int(np.count_nonzero(self.above[:-1] >= min(count, self.nonzeros))) - 1
+        bins = self.occupied()
+        return bins[bins >= max(first, 0)]
 
     # --- the values of the bins --------------------------------------------------------
-    @contextmanager
-    def tentative(self):
-        """Inside: a bin whose values were not read answers with stand-ins (its count
-        spread evenly over it) and is noted. On leaving, when a bin was noted (yields a
-        list that then holds the noted bins): forget the answers and gather those bins,
-        ``MARGIN`` either side, in one pass; the caller computes its answers again."""
-        self._missing = set()
-        missed: list[int] = []
-        try:
-            yield missed
-        finally:
-            missed.extend(sorted(self._missing))
-            self._missing = None
-        if missed:
-            self._sums = None
-            self._exceedance.clear()
-            near = np.add.outer(np.array(missed), np.arange(-MARGIN, MARGIN + 1)).ravel()
-            self.prefetch(near[(near >= 0) & (near < NBINS)])
-
-    def _spread(self, bins: np.ndarray) -> np.ndarray:
-        """Stand-ins for the values of ``bins`` in a tentative run: count[j] values evenly
-        spread over each bin j (float32, grouped by bin)."""
-        sizes = self.bins.counts[bins]
-        low, high = bin_edges(bins)
-        first = np.repeat(np.cumsum(sizes) - sizes, sizes)
-        at = (np.arange(int(sizes.sum())) - first + 0.5) / np.repeat(sizes, sizes)
-        return (np.repeat(low, sizes) + at * np.repeat(high - low, sizes)).astype(np.float32)
-
-    def _values(self, bins: np.ndarray) -> np.ndarray:
-        """The |x| of the (ascending, occupied) ``bins``, grouped by bin: read ones, or
-        in a tentative run stand-ins for those not read."""
-        self.prefetch(bins)
-        parts = [
-            self._kept[j] if j in self._kept else self._spread(np.array([j]))
-            for j in (int(b) for b in bins)
-        ]
-        return np.concatenate(parts) if parts else np.empty(0, np.float32)
-
-    def bin_values(self, j: int) -> np.ndarray:
-        """The |x| of bin ``j`` (float32, unordered within the bin)."""
-        if not self.bins.counts[j]:
-            return np.empty(0, np.float32)
-        return self._values(np.array([j]))
-
-    def _tail(self, j: int) -> np.ndarray:
-        """The |x| of the bins above bin ``j``, grouped by bin."""
-        bins = self.occupied()
-        return self._values(bins[bins > j])
-
     def prefetch(self, bins) -> None:
-        """Read the values of those of ``bins`` not yet read in one pass over the row (a
-        row under ``PLAN_MIN_NUMEL``: every bin's); in a tentative run, note them."""
+        """Read the values of those of ``bins`` not yet read, in one pass over the row (a
+        row under ``PLAN_MIN_NUMEL``: every bin's)."""
         asked = np.unique(np.asarray(bins, np.int64))
+        asked = asked[(asked >= 0) & (asked < NBINS)]
         wanted = [int(j) for j in asked if self.bins.counts[j] and int(j) not in self._kept]
-        if self._missing is not None:
-            self._missing.update(wanted)
-            return
-        if not self.plans:
+        if wanted and self.numel < PLAN_MIN_NUMEL:
             wanted = [int(j) for j in self.occupied() if int(j) not in self._kept]
         if not wanted:
             return
         self.gathers += 1
+        self.gathered += int(self.bins.counts[wanted].sum())
         if self.mode == "compiled":
             out = gather_compiled(self._row, wanted, self.bins.counts)
         elif self.mode == "numpy":
@@ -362,18 +319,37 @@ class RowHistogram:
         for at, j in enumerate(wanted):
             self._kept[j] = out[starts[at] : starts[at + 1]]
 
+    def values_of(self, bins: np.ndarray) -> np.ndarray:
+        """The |x| of the (ascending) ``bins``, grouped by bin, each bin's unordered."""
+        self.prefetch(bins)
+        parts = [self._kept[j] for j in (int(b) for b in bins) if self.bins.counts[j]]
+        return np.concatenate(parts) if parts else np.empty(0, np.float32)
+
+    def sketch(self) -> BinSketch:
+        """This row's answers from its bins alone, for planning (:class:`BinSketch`)."""
+        sketch = object.__new__(BinSketch)
+        sketch.__dict__.update(self.__dict__)
+        sketch._sums, sketch._exceedance, sketch.touched = None, {}, set()
+        return sketch
+
+    def planned(self, sketch: BinSketch) -> None:
+        """Gather in one pass the bins ``sketch`` read and ``MARGIN`` either side (a
+        level the sketch computed from stand-ins may fall just across a bin edge)."""
+        touched = np.fromiter(sketch.touched, np.int64, len(sketch.touched))
+        self.prefetch(np.add.outer(touched, np.arange(-MARGIN, MARGIN + 1)).ravel())
+
     def _split(self, limit: np.float32) -> tuple[int, np.ndarray]:
         """(bin of ``limit``, that bin's |x| >= limit)."""
         bits = int(np.float32(limit).view(np.uint32))
         j = bits >> SHIFT
         if j >= NBINS:
             return NBINS, np.empty(0, np.float32)
+        values = self.values_of(np.array([j]))
         if bits & ((1 << SHIFT) - 1) == 0:  # on the bin's lower edge: all of it
-            return j, self.bin_values(j) if self.bins.counts[j] else np.empty(0, np.float32)
-        values = self.bin_values(j) if self.bins.counts[j] else np.empty(0, np.float32)
+            return j, values
         return j, values[values.view(np.uint32) >= bits]
 
-    # --- what the threshold estimators ask (RowPasses' interface) --------------------
+    # --- what the threshold estimators ask (RowStatistics) ---------------------------
     def sums(self, log: bool = False) -> MagnitudeSums:
         """Count, sum and sum of squares of |x|, signed sum and maximum; the sum of
         ln|x| over the non-zeros when ``log`` (quadratic in each bin)."""
@@ -381,19 +357,18 @@ class RowHistogram:
             b = self.bins
             maximum = float(np.uint32(b.top_bits).view(np.float32))
             total, squares = float(b.sums.sum()), float(b.squares.sum())
-            row_passes._require_finite_sums(total, squares)
+            require_finite_sums(total, squares)
             self._sums = MagnitudeSums(
                 self.numel, self.nonzeros, total, squares, math.nan, b.signed_total, maximum
             )
         if log and math.isnan(self._sums.log_sum):
-            log_sum = self.expectation(np.log)
-            self._sums = MagnitudeSums(**{**self._sums.__dict__, "log_sum": log_sum})
+            self._sums = replace(self._sums, log_sum=self.expectation(np.log))
         return self._sums
 
     def count(self, threshold: float, inclusive: bool = False) -> int:
         """How many |x| exceed ``threshold`` (``>=`` when ``inclusive``), exactly."""
-        if row_passes.zeros_selected(threshold, inclusive):
-            return row_passes.count(self.values, threshold, inclusive)
+        if zeros_selected(threshold, inclusive):
+            return passes.count(self.values, threshold, inclusive)
         limit = float32_limit(threshold, inclusive)
         if limit != limit:
             return 0
@@ -403,12 +378,11 @@ class RowHistogram:
     def exceed(self, threshold: float, inclusive: bool = False) -> torch.Tensor:
         """The |x| above ``threshold`` (``>=`` when ``inclusive``), grouped by bin."""
         limit = float32_limit(threshold, inclusive)
-        if row_passes.zeros_selected(threshold, inclusive) or limit != limit:
-            return row_passes.exceed(self.values, threshold, inclusive)
+        if zeros_selected(threshold, inclusive) or limit != limit:
+            return passes.exceed(self.values, threshold, inclusive)
         j, part = self._split(limit)
-        if j >= NBINS:
-            return torch.from_numpy(part)
-        return torch.from_numpy(np.concatenate([part, self._tail(j)]))
+        bins = self.occupied()
+        return torch.from_numpy(np.concatenate([part, self.values_of(bins[bins > j])]))
 
     def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
         """Count, float64 sum and sum of squares, and minimum of :meth:`exceed`'s set."""
@@ -416,8 +390,8 @@ class RowHistogram:
         if key in self._exceedance:
             return self._exceedance[key]
         limit = float32_limit(threshold, inclusive)
-        if row_passes.zeros_selected(threshold, inclusive) or limit != limit:
-            above = row_passes.exceed(self.values, threshold, inclusive).double()
+        if zeros_selected(threshold, inclusive) or limit != limit:
+            above = passes.exceed(self.values, threshold, inclusive).double()
             n = above.numel()
             result = ExceedanceSums(
                 n,
@@ -436,35 +410,48 @@ class RowHistogram:
                 minimum = float(part.min())
             elif n:
                 first = nxt + int(np.flatnonzero(self.bins.counts[nxt:])[0])
-                minimum = float(self.bin_values(first).min())
+                minimum = float(self.values_of(np.array([first])).min())
             else:
                 minimum = math.nan
             result = ExceedanceSums(n, total, squares, minimum)
         self._exceedance[key] = result
         return result
 
-    # --- what a distribution fit asks ------------------------------------------------
-    def kth_largest(self, k: int, at_least: float = 0.0) -> float:
-        """The k-th largest |x| (1 <= k <= nonzeros), exactly (``at_least``: the
-        interface of :meth:`RowPasses.kth_largest`, not needed here)."""
+    def kth_largest(self, k: int, at_least: float | None = None) -> float:
+        """The k-th largest |x| (1 <= k <= nonzeros), exactly, from its bin's values
+        (``at_least`` is not needed: the counts say which bin)."""
         if not 1 <= k <= self.nonzeros:
             raise ValueError(f"k={k} outside 1..{self.nonzeros}")
         j = int(np.count_nonzero(self.above[:-1] >= k)) - 1
         rank = k - int(self.above[j + 1])  # from the top of bin j, 1-based
-        values = self.bin_values(j)
+        values = self.values_of(np.array([j]))
         return float(np.partition(values, values.size - rank)[values.size - rank])
 
-    def occupied(self) -> np.ndarray:
-        """The bins holding some |x|, ascending."""
-        return np.flatnonzero(self.bins.counts)
-
+    # --- what a distribution fit asks ------------------------------------------------
     def _exact_sum(self, function, bins: np.ndarray) -> float:
         """sum of ``function(|x|)`` over the values of ``bins``, each value itself."""
         if bins.size == 0:
             return 0.0
-        self.prefetch(bins)
-        values = np.concatenate([self.bin_values(int(j)) for j in bins])
-        return float(np.sum(function(values.astype(np.float64))))
+        return float(np.sum(function(self.values_of(bins).astype(np.float64))))
+
+    def rough_bins(self, function) -> tuple[np.ndarray, np.ndarray]:
+        """The occupied bins :meth:`expectation` sums value by value: (subnormal bins,
+        bins of normal floats where ``function`` is not finite on the edges or the
+        points it takes)."""
+        bins = self.occupied()
+        normal = bins[bins >= (NORMAL_BITS >> SHIFT)]
+        return bins[bins < (NORMAL_BITS >> SHIFT)], normal[~self._smooth(function, normal)[0]]
+
+    @staticmethod
+    def _smooth(function, bins: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """Whether ``function`` is finite on each bin's edges and at its centre c and
+        c +- h/2 (h the half-width), and (c, h, f(c - h/2), f(c), f(c + h/2))."""
+        low, high = bin_edges(bins)
+        c, h = (low + high) / 2.0, (high - low) / 2.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            left, mid, right = function(c - h / 2), function(c), function(c + h / 2)
+            ends = function(low) + function(high)
+        return np.isfinite(left + mid + right + ends), (c, h, left, mid, right)
 
     def expectation(self, function) -> float:
         """sum of ``function(|x|)`` over the non-zeros: in each bin of normal floats the
@@ -472,27 +459,43 @@ class RowHistogram:
         half-width), summed with the bin's count, sum and sum of squares (exact for
         quadratics; the error per value is of order h^3 times the third derivative: with
         h 2^-9 of the value, 1e-8 relative and less for ln and the fitted log-densities);
-        each subnormal value itself (their bins are wide relative to their values), and
-        each value of a bin where ``function`` is not finite on its edges or those points."""
-        counts = self.bins.counts
-        bins = np.flatnonzero(counts)
+        each value itself in the bins of :meth:`rough_bins` (subnormal bins are wide
+        relative to their values; a log-density is -inf past the end of a bounded
+        support)."""
+        bins = self.occupied()
+        normal = bins[bins >= (NORMAL_BITS >> SHIFT)]
+        smooth, (c, h, left, mid, right) = self._smooth(function, normal)
         exact = self._exact_sum(function, bins[bins < (NORMAL_BITS >> SHIFT)])
-        bins = bins[bins >= (NORMAL_BITS >> SHIFT)]
-        if bins.size == 0:
-            return exact
-        low, high = bin_edges(bins)
-        c, h = (low + high) / 2.0, (high - low) / 2.0
-        left, mid, right = function(c - h / 2), function(c), function(c + h / 2)
-        # a bin's values taken one by one where function is not finite on its edges or
-        # points (e.g. a log-density's -inf past the end of a bounded support)
-        smooth = np.isfinite(left + mid + right + function(low) + function(high))
         if not smooth.all():
-            exact += self._exact_sum(function, bins[~smooth])
-            bins, c, h = bins[smooth], c[smooth], h[smooth]
-            left, mid, right = left[smooth], mid[smooth], right[smooth]
-        m = counts[bins].astype(np.float64)
+            exact += self._exact_sum(function, normal[~smooth])
+        if not smooth.any():
+            return exact
+        bins, c, h = normal[smooth], c[smooth], h[smooth]
+        left, mid, right = left[smooth], mid[smooth], right[smooth]
+        m = self.bins.counts[bins].astype(np.float64)
         s1 = self.bins.sums[bins] - m * c  # sum of (x - c)
         s2 = self.bins.squares[bins] - 2.0 * c * self.bins.sums[bins] + m * c * c
         slope = (right - left) / h
         curve = (right - 2.0 * mid + left) / (h * h / 4.0)
         return exact + float(np.sum(m * mid + slope * s1 + 0.5 * curve * s2))
+
+
+class BinSketch(RowHistogram):
+    """A :class:`RowHistogram` that reads nothing: the values of a bin not gathered yet
+    are stand-ins (its count spread evenly over the bin), so counts, sums and levels come
+    out approximate; :attr:`touched` notes every bin an answer read. What it is for:
+    running the questions once to learn which bins the exact answers will read."""
+
+    touched: set[int]
+
+    def values_of(self, bins: np.ndarray) -> np.ndarray:
+        occupied = [int(j) for j in bins if self.bins.counts[j]]
+        self.touched.update(occupied)
+        parts = [self._kept[j] if j in self._kept else self._spread(j) for j in occupied]
+        return np.concatenate(parts) if parts else np.empty(0, np.float32)
+
+    def _spread(self, j: int) -> np.ndarray:
+        """count[j] values evenly spread over bin j (float32)."""
+        size = int(self.bins.counts[j])
+        low, high = (edge[0] for edge in bin_edges(np.array([j])))
+        return (low + (np.arange(size) + 0.5) / size * (high - low)).astype(np.float32)

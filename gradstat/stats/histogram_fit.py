@@ -98,34 +98,47 @@ class _Edges:
     def sorted_values(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The sorted |x| of the bins at positions ``at`` (ascending), and each one's bin
         position: the bins are disjoint intervals, so one sort orders them all."""
-        self.hist.prefetch(self.bins[at])
-        parts = [self.hist.bin_values(int(self.bins[i])) for i in at]
-        sizes = [part.size for part in parts]
-        values = np.sort(np.concatenate(parts)).astype(np.float64) if parts else np.empty(0)
-        return values, np.repeat(at, sizes)
+        values = np.sort(self.hist.values_of(self.bins[at])).astype(np.float64)
+        return values, np.repeat(at, self.hist.bins.counts[self.bins[at]])
 
 
-def ks(dist: Distribution, hist: RowHistogram) -> float:
-    """Kolmogorov-Smirnov D = sup |F_n - F| of every non-zero |x| (see the module)."""
-    edges = _Edges(dist, hist)
+def _refined(edges: _Edges, hist: RowHistogram) -> tuple[np.ndarray, float]:
+    """(positions of the bins :func:`ks` refines, ascending; D at the bin edges)."""
     e_low, e_high, f_low, f_high = edges.e_low, edges.e_high, edges.f_low, edges.f_high
     d = float(max(np.abs(e_low - f_low).max(), np.abs(e_high - f_high).max()))
     bound = np.maximum(e_high - f_low, f_high - e_low)
     tolerance = 0.0 if hist.nonzeros <= REFINE_MIN else KS_TOLERANCE  # small: exact
     candidates = np.flatnonzero(bound > d + tolerance)
-    if candidates.size == 0:
-        return d
     order = candidates[np.argsort(-bound[candidates], kind="stable")]
     sizes = hist.bins.counts[edges.bins[order]]
     budget = max(REFINE_SHARE * hist.nonzeros, REFINE_MIN)
-    taken = order[np.cumsum(sizes) <= budget]
-    x, at = edges.sorted_values(np.sort(taken))
+    return np.sort(order[np.cumsum(sizes) <= budget]), d
+
+
+def ks(dist: Distribution, hist: RowHistogram) -> float:
+    """Kolmogorov-Smirnov D = sup |F_n - F| of every non-zero |x| (see the module)."""
+    edges = _Edges(dist, hist)
+    taken, d = _refined(edges, hist)
+    if taken.size == 0:
+        return d
+    x, at = edges.sorted_values(taken)
     f = _evaluate(edges.magnitudes.cdf, x)
     first = np.r_[0, np.flatnonzero(np.diff(at)) + 1]  # each bin's first value
     n = edges.n
     within = np.arange(1, x.size + 1) - np.repeat(first, np.diff(np.r_[first, x.size]))
     rank = (n - hist.above[edges.bins[at]]) + within  # 1-based, in the whole row
     return max(d, float(np.max(rank / n - f)), float(np.max(f - (rank - 1) / n)))
+
+
+def score_bins(dist: Distribution, hist: RowHistogram) -> np.ndarray:
+    """The bins whose values :func:`loglik`, :func:`ks` and :func:`anderson_darling` of
+    ``dist`` read: known from the bins' counts and sums and the fit alone, so that a
+    caller gathers them with its other bins in one pass."""
+    edges = _Edges(dist, hist)
+    magnitudes = dist.magnitudes()
+    rough = hist.rough_bins(lambda x: _evaluate(magnitudes.logpdf, x))
+    tied = edges.bins[_tied(hist, edges.bins)]
+    return np.concatenate([*rough, edges.bins[_refined(edges, hist)[0]], tied])
 
 
 def _constant(e, c, a, b) -> np.ndarray:

@@ -1,33 +1,42 @@
-"""Passes over a full gradient vector, shared by the threshold estimators.
+"""The exact row statistics: :class:`RowPasses`, passes over the row's own values.
 
-Each pass runs in cache-sized chunks (abs, compare and compact in one go, temporaries
-stay in L2/L3); sums are accumulated per chunk in float32 (torch's cascade summation)
-and across chunks in float64.
+Each pass over a whole row runs in cache-sized chunks (abs, compare and compact in one
+go); sums are accumulated per chunk in float32 (torch's cascade summation) and across
+chunks in float64, or in float64 throughout by the compiled loops of a long CPU row.
 
-:class:`RowPasses` answers every question the estimators ask of one row (its sums,
-non-zeros and maximum from one pass; how many magnitudes exceed a threshold; which
-ones) and keeps what it found for the next question: ``fit`` runs about 40 estimator
-calls on each row, which scanned the row some 40 times; now the sums are one pass and a
-count scans the smallest set of exceedances kept so far that holds the answer.
+:class:`RowPasses` answers what the threshold estimators ask of one row
+(:class:`~gradstat.stats.row_statistics.RowStatistics`) and keeps what it found for the
+next question: a replay runs several estimators on a row, and ``fit`` about 40, each
+asking for sums and counts; the sums are one pass, and a count scans the smallest set of
+exceedances kept so far that holds the answer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from gradstat.errors import DataError
 from gradstat.stats import row_kernels
+from gradstat.stats.row_statistics import (
+    ExceedanceSums,
+    MagnitudeSums,
+    require_finite_sums,
+    zeros_selected,
+)
+from gradstat.stats.topk_sets import PREFILTER_MIN_NUMEL, PREFILTER_SAMPLE
 
 _CHUNK = 1 << 20  # 4 MiB of float32: few parallel regions, temporaries stay in L2/L3
-#: Elements per chunk of a numpy count or filter (1 MiB of float32, the mask 256 KiB).
+#: Elements per chunk of a numpy compaction (1 MiB of float32, the mask 256 KiB).
 _SCAN_CHUNK = 1 << 18
 #: Exceedance sets a :class:`RowPasses` keeps, in elements, as a share of the row.
 POOL_SHARE = 1.0
+#: Rows shorter than this are not scanned by the compiled loops unless asked: numba's
+#: start (about 0.7 s once per process) would outweigh what they save (8M values: about
+#: 45 ms a row of ``fit``), and a process that handles small rows never loads it.
+COMPILED_MIN_NUMEL = 1 << 22
 
 
 def chunks(values: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -65,91 +74,18 @@ def compress(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     counts = [int(np.count_nonzero(mask[lo:hi])) for lo, hi in spans]
     out = np.empty(sum(counts), dtype=values.dtype)
     at = 0
-    for (lo, hi), count in zip(spans, counts, strict=True):
-        np.compress(mask[lo:hi], values[lo:hi], out=out[at : at + count])
-        at += count
+    for (lo, hi), kept in zip(spans, counts, strict=True):
+        np.compress(mask[lo:hi], values[lo:hi], out=out[at : at + kept])
+        at += kept
     return torch.from_numpy(out)
 
 
-def compress_in_place(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``x[keep]`` for a flat ``x`` the caller owns, written over its front and returned as
-    a view of it (on a GPU, a new tensor): no second row. Chunk by chunk through a
-    chunk-sized scratch; each chunk's kept values land at or before where they were, after
-    the chunk is read. (Fit's split of a 32M-value row peaked 420 MB over the row with a
-    compacted copy.)"""
-    if x.device.type != "cpu":
-        return x[keep]
-    values, mask = x.numpy(), keep.numpy()
-    scratch = np.empty(min(values.size, _SCAN_CHUNK), dtype=values.dtype)
-    at = 0
-    for lo in range(0, values.size, _SCAN_CHUNK):
-        part = mask[lo : lo + _SCAN_CHUNK]
-        kept = int(np.count_nonzero(part))
-        np.compress(part, values[lo : lo + _SCAN_CHUNK], out=scratch[:kept])
-        values[at : at + kept] = scratch[:kept]
-        at += kept
-    return x[:at]
-
-
-def drop_zeros_in_place(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(``x`` without its exact zeros, how many there were) for a flat ``x`` the caller
-    owns: :func:`compress_in_place` of ``x != 0`` (on a GPU, a new tensor)."""
-    kept = compress_in_place(x, x != 0)
-    return kept, x.numel() - kept.numel()
-
-
-#: Rows (or pools) shorter than this are not scanned by the compiled loops: numba's start
-#: (about 0.7 s once per process) would outweigh what they save (8M values: about 45 ms a
-#: row of ``fit``), and a process that fits small captures never loads it.
-COMPILED_MIN_NUMEL = 1 << 22
-
-
-def _plain_row(values: torch.Tensor, min_numel: int = 0) -> np.ndarray | None:
-    """The float32 values as numpy when the compiled loops can scan them (contiguous, on
-    the CPU, at least ``min_numel`` of them), else None."""
-    if (
-        values.device.type == "cpu"
-        and values.dtype == torch.float32
-        and values.is_contiguous()
-        and values.numel() >= min_numel
-    ):
+def plain_row(values: torch.Tensor) -> np.ndarray | None:
+    """The values as a flat numpy row when the compiled loops can scan them (float32,
+    contiguous, on the CPU), else None."""
+    if values.device.type == "cpu" and values.dtype == torch.float32 and values.is_contiguous():
         return values.reshape(-1).numpy()
     return None
-
-
-def nonzeros(values: torch.Tensor, compiled: bool = True) -> int:
-    """Number of non-zero elements: of a long CPU row one compiled count (8M values:
-    1.3 ms against 19 ms for the abs and minimum below and a count; ``compiled=False``:
-    never); else a cheap minimum first (gradients rarely hold zeros)."""
-    row = _plain_row(values, COMPILED_MIN_NUMEL) if compiled else None
-    if row is not None:
-        return row_kernels.count_nonzero(row)
-    if values.numel() and float(values.abs().amin()) > 0:
-        return values.numel()
-    return int(torch.count_nonzero(values))
-
-
-@dataclass(frozen=True)
-class MagnitudeSums:
-    """One pass of sums over a vector x: what SIDCo's first stage, Gaussian-k and
-    RedSync need. ``signed_total`` sums x, ``total`` |x|, ``squares`` x^2, ``maximum``
-    is max |x|; ``log_sum`` sums ln|x| over the non-zeros only (NaN unless asked for).
-    """
-
-    numel: int
-    nonzeros: int
-    total: float
-    squares: float
-    log_sum: float
-    signed_total: float = math.nan
-    maximum: float = math.nan
-
-
-def _require_finite_sums(total: float, squares: float) -> None:
-    """The check every way of taking a row's sums ends with: a NaN or Inf value makes
-    its sums NaN or Inf, which is a :class:`DataError`."""
-    if not (math.isfinite(total) and math.isfinite(squares)):
-        raise DataError("the values contain NaN or Inf; drop them before estimating")
 
 
 def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
@@ -169,18 +105,18 @@ def magnitude_sums(values: torch.Tensor, *, log: bool = False) -> MagnitudeSums:
     square_sum = float(torch.stack(squares).double().sum())
     if math.isinf(total + square_sum) and bool(torch.isfinite(values).all()):
         total, square_sum = _wide_sums(values)  # float32 overflowed: values over 1.8e19
-    _require_finite_sums(total, square_sum)
+    require_finite_sums(total, square_sum)
     signed_total = float(torch.stack(signed).double().sum())
     maximum = float(torch.stack(maxima).amax())
-    log_sum = log_magnitude_sum(values, n) if log else math.nan
+    log_sum = log_magnitude_sum(values) if log else math.nan
     return MagnitudeSums(numel, n, total, square_sum, log_sum, signed_total, maximum)
 
 
 def row_sums(row: np.ndarray) -> MagnitudeSums:
-    """:func:`magnitude_sums` (without the log sum) of a long float32 CPU row by the
-    compiled loops: one pass, float64 sums (:func:`row_kernels.magnitude_sums`)."""
+    """:func:`magnitude_sums` (without the log sum) of a float32 CPU row by the compiled
+    loops: one pass, float64 sums (:func:`row_kernels.magnitude_sums`)."""
     signed, total, squares, maximum, zeros = row_kernels.magnitude_sums(row)
-    _require_finite_sums(total, squares)
+    require_finite_sums(total, squares)
     return MagnitudeSums(row.size, row.size - zeros, total, squares, math.nan, signed, maximum)
 
 
@@ -193,70 +129,12 @@ def _wide_sums(values: torch.Tensor) -> tuple[float, float]:
     return total, squares
 
 
-def log_magnitude_sum(values: torch.Tensor, nonzeros: int) -> float:
-    """Sum of ln|x| over the ``nonzeros`` non-zero values (a zero counts as ln 1 = 0; a
-    pass of its own, for the gamma fits only). Regression: zeros were clamped to the
-    smallest normal float, and so were subnormal values, which lost ln(2^-126 / |x|)."""
+def log_magnitude_sum(values: torch.Tensor) -> float:
+    """Sum of ln|x| over the non-zero values (a zero counts as ln 1 = 0; a pass of its
+    own, for the gamma fits only). Regression: zeros were clamped to the smallest normal
+    float, and so were subnormal values, which lost ln(2^-126 / |x|)."""
     logs = [torch.where(a == 0, 1.0, a).log().sum() for a in (c.abs() for c in chunks(values))]
     return float(torch.stack(logs).double().sum())
-
-
-@dataclass(frozen=True)
-class ExceedanceSums:
-    """Count, float32 sum and sum of squares, and minimum of the magnitudes above a level
-    (what a later SIDCo stage fits); ``minimum`` is NaN when none is."""
-
-    n: int
-    total: float
-    squares: float
-    minimum: float
-
-
-def _pieces(a: np.ndarray) -> Iterator[np.ndarray]:
-    """A flat numpy vector in views of at most ``_SCAN_CHUNK`` elements."""
-    return (a[lo : lo + _SCAN_CHUNK] for lo in range(0, a.size, _SCAN_CHUNK))
-
-
-def pool_sums(magnitudes: np.ndarray, signed: np.ndarray) -> MagnitudeSums:
-    """:func:`magnitude_sums` (without the log sum) from the non-zero magnitudes a caller
-    already has and the signed row for its signed sum: float32 pairwise sums per chunk
-    (float64 for a chunk whose float32 sums overflow: values over 1.8e19), squares
-    through a chunk-sized scratch, float64 across chunks; no row-sized temporary
-    (32M values: 45 ms with :func:`pool_log_sum`, against 140-350 ms over the row's |x|)."""
-    total = squares = maximum = 0.0
-    scratch = np.empty(min(magnitudes.size, _SCAN_CHUNK), dtype=magnitudes.dtype)
-    for part in _pieces(magnitudes):
-        with np.errstate(over="ignore"):  # overflow: the float64 sums below
-            chunk_total = float(np.add.reduce(part))
-            chunk_squares = float(np.add.reduce(np.multiply(part, part, out=scratch[: part.size])))
-        if math.isinf(chunk_total + chunk_squares) and np.isfinite(part).all():
-            wide = part.astype(np.float64)
-            chunk_total, chunk_squares = float(wide.sum()), float(np.dot(wide, wide))
-        total, squares = total + chunk_total, squares + chunk_squares
-        maximum = max(maximum, float(part.max()))
-    _require_finite_sums(total, squares)
-    signed_total = sum(float(np.add.reduce(part)) for part in _pieces(signed))
-    n = magnitudes.size
-    return MagnitudeSums(signed.size, n, total, squares, math.nan, signed_total, maximum)
-
-
-def pool_log_sum(magnitudes: np.ndarray) -> float:
-    """Sum of ln x over non-zero magnitudes (:func:`log_magnitude_sum` without the
-    clamp): float32 logs into a chunk-sized scratch, pairwise sums per chunk."""
-    scratch = np.empty(min(magnitudes.size, _SCAN_CHUNK), dtype=magnitudes.dtype)
-    return sum(
-        float(np.add.reduce(np.log(part, out=scratch[: part.size]))) for part in _pieces(magnitudes)
-    )
-
-
-def zeros_selected(threshold: float, inclusive: bool) -> bool:
-    """Whether zeros pass ``|x| > threshold`` (``>=`` when inclusive) as float32 compares
-    (the threshold rounded to float32: a positive one under half the smallest subnormal
-    is 0), or the threshold is NaN: then sets of non-zero magnitudes cannot answer."""
-    if math.isnan(threshold):
-        return True
-    with np.errstate(over="ignore"):  # a huge threshold is +inf in float32
-        return threshold < 0 or (inclusive and np.float32(threshold) <= 0)
 
 
 def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
@@ -268,81 +146,76 @@ def _holds(pool: tuple[float, bool], threshold: float, inclusive: bool) -> bool:
 
 
 class RowPasses:
-    """The questions threshold estimators ask of one signed, finite row ``values``,
-    each answered from as little of the row as possible and kept.
+    """The exact :class:`~gradstat.stats.row_statistics.RowStatistics` of one signed,
+    finite row ``values``, each answer from as little of the row as possible, and kept.
 
-    * :meth:`sums` (:func:`magnitude_sums`, with the log sum on request): one pass;
-    * :meth:`count` and :meth:`exceed` of ``|x| > t`` (``>=`` when inclusive): run over
-      the smallest kept *pool* that holds the answer. The first pool is the non-zero
-      magnitudes when the caller has them (e.g. ``fit``'s); without them a long CPU row
-      is scanned itself by compiled loops (|x| compared in float32 as numpy compares, no
-      row-sized |x|: 8M values 2.7-7.7 ms against 9.6-25 ms), elsewhere |x| is taken
-      once. Every :meth:`exceed` result becomes a pool, and so does the set a count found
-      when it is at most a quarter of the pool it scanned. Pools keep the row's order, so
+    * :meth:`sums`: one pass (with the log sum on request, a second);
+    * :meth:`count` and :meth:`exceed`: over the smallest kept *pool* that holds the
+      answer. The compiled loops scan a CPU float32 row itself (|x| compared in float32
+      as numpy compares, no row-sized |x|: 8M values 2.7-7.7 ms against 9.6-25 ms);
+      otherwise the first pool is the row's non-zero |x|, taken once. Every
+      :meth:`exceed` result becomes a pool, and so does the set a count found when it
+      is at most a quarter of the pool it scanned. Pools keep the row's order, so
       results equal those of a scan of ``values`` itself. Kept pools hold at most
       ``POOL_SHARE`` of the row (the least recently used go first).
+    * :meth:`kth_largest`: the top k of the pool above a level at least k values reach.
 
-    ``nonzeros``: the row's count of non-zero values, when the caller already has it.
-
-    One instance per row; numpy's loops over pools on the CPU (a count of 8M values in
-    2.5 ms, torch's chunked abs/compare/count in 8 ms), torch's elsewhere.
+    ``compiled``: whether the compiled loops scan the row and its pools (None: a CPU
+    float32 row of ``COMPILED_MIN_NUMEL`` values or more); ``nonzeros``: the row's count
+    of non-zero values, when the caller already has it. :attr:`scans` counts the passes
+    over the whole row.
     """
 
     def __init__(
-        self,
-        values: torch.Tensor,
-        magnitudes: torch.Tensor | None = None,
-        *,
-        compiled: bool = True,
-        nonzeros: int | None = None,
+        self, values: torch.Tensor, *, compiled: bool | None = None, nonzeros: int | None = None
     ) -> None:
         self.values = values.reshape(-1)
-        self._magnitudes = magnitudes
-        self._given = magnitudes is not None  # the sums come from them (not from |x|)
+        row = plain_row(self.values)
+        if compiled is None:
+            compiled = row is not None and row.size >= COMPILED_MIN_NUMEL
+        self._row = row if compiled else None
+        self._magnitudes: torch.Tensor | None = None
         self._sums: MagnitudeSums | None = None
-        self._nonzeros = nonzeros  # given by a caller that counted them, else counted once
+        self._nonzeros = nonzeros
         self._pools: list[list] = []  # [floor, inclusive, exceedances, last use]
         self._uses = 0
-        self._mask = np.empty(0, dtype=bool)
         self._exceedance_sums: dict[tuple[float, bool], ExceedanceSums] = {}
-        #: whether the compiled loops scan the row and its pools (a long CPU float32 row,
-        #: unless the caller keeps its process free of numba: ``compiled=False``)
-        self._compiled = compiled and _plain_row(self.values, COMPILED_MIN_NUMEL) is not None
+        self.scans = 0
 
     @property
     def numel(self) -> int:
         return self.values.numel()
 
     def sums(self, log: bool = False) -> MagnitudeSums:
-        """:func:`magnitude_sums` of the row (with the log sum when ``log``); from the
-        caller's non-zero magnitudes when both are CPU float32 vectors (:func:`pool_sums`,
-        :func:`pool_log_sum`), from the compiled loops over a long CPU row
-        (:func:`row_sums`: a replay of SIDCo-P on 4 x 32M spent 1.5 of its 3.3 s in the
-        chunked torch sums)."""
-        plain = _plain_row(self._magnitudes) if self._given else None
-        signed = _plain_row(self.values)
-        pooled = plain is not None and signed is not None
-        if self._sums is None and pooled:
-            self._sums = pool_sums(plain, signed)
-        elif self._sums is None and self._compiled:
-            self._sums = row_sums(self.values.numpy())
-        elif self._sums is None:
-            self._sums = magnitude_sums(self.values, log=log)
-        if log and math.isnan(self._sums.log_sum):  # only the log pass is missing
-            if pooled:
-                log_sum = pool_log_sum(plain)
+        """:func:`magnitude_sums` of the row (with the log sum when ``log``), by the
+        compiled loops where they scan the row (:func:`row_sums`: a replay of SIDCo-P
+        on 4 x 32M spent 1.5 of its 3.3 s in the chunked torch sums)."""
+        if self._sums is None:
+            self.scans += 1
+            if self._row is not None:
+                self._sums = row_sums(self._row)
             else:
-                log_sum = log_magnitude_sum(self.values, self._sums.nonzeros)
-            self._sums = replace(self._sums, log_sum=log_sum)
+                self._sums = magnitude_sums(self.values, log=log)
+        if log and math.isnan(self._sums.log_sum):  # only the log pass is missing
+            self.scans += 1
+            self._sums = replace(self._sums, log_sum=log_magnitude_sum(self.values))
         return self._sums
 
     @property
     def nonzeros(self) -> int:
-        """Non-zero elements: from the sums when they are in, else a cheap minimum first."""
+        """Non-zero elements: from the sums when they are in, else counted once (by the
+        compiled loops: 8M values in 1.3 ms; else a cheap minimum first, gradients
+        rarely hold zeros)."""
         if self._sums is not None:
             return self._sums.nonzeros
         if self._nonzeros is None:
-            self._nonzeros = nonzeros(self.values, self._compiled)
+            self.scans += 1
+            if self._row is not None:
+                self._nonzeros = row_kernels.count_nonzero(self._row)
+            elif self.numel and float(self.values.abs().amin()) > 0:
+                self._nonzeros = self.numel
+            else:
+                self._nonzeros = int(torch.count_nonzero(self.values))
         return self._nonzeros
 
     def magnitudes(self) -> torch.Tensor:
@@ -355,6 +228,7 @@ class RowPasses:
     def count(self, threshold: float, inclusive: bool = False) -> int:
         """How many |x| exceed ``threshold`` (``>=`` when ``inclusive``)."""
         if zeros_selected(threshold, inclusive):
+            self.scans += 1
             return count(self.values, threshold, inclusive)
         pool = self._pool(threshold, inclusive)
         found = self._scan(pool, threshold, inclusive, keep=False)
@@ -366,6 +240,7 @@ class RowPasses:
     def exceed(self, threshold: float, inclusive: bool = False) -> torch.Tensor:
         """The |x| above ``threshold`` (``>=`` when ``inclusive``), in the row's order."""
         if zeros_selected(threshold, inclusive):
+            self.scans += 1
             return exceed(self.values, threshold, inclusive)
         for kept in self._pools:
             if kept[0] == threshold and kept[1] == inclusive:
@@ -375,16 +250,33 @@ class RowPasses:
         self._keep(threshold, inclusive, found)
         return found
 
-    def kth_largest(self, k: int, at_least: float) -> float:
-        """The k-th largest |x|, where at least k of them are >= ``at_least`` (the top k
-        of that set: ``torch.topk``)."""
-        candidates = self.exceed(at_least, inclusive=True)
+    def kth_largest(self, k: int, at_least: float | None = None) -> float:
+        """The k-th largest |x| (1 <= k <= nonzeros): the top k of the |x| >= ``at_least``,
+        a level at least k of them reach. Without one, a long row's level is an upper
+        quantile of a strided sample that about 1.5 k pass (as DGC's sampled threshold,
+        Lin et al. 2018; when fewer than k do, every non-zero |x|)."""
+        if at_least is None:
+            at_least = self._sampled_level(k)
+        candidates = self.exceed(at_least, inclusive=True) if at_least > 0 else None
+        if candidates is None or candidates.numel() < k:
+            candidates = self.magnitudes()
         return float(torch.topk(candidates, k, sorted=False).values.amin())
 
+    def _sampled_level(self, k: int) -> float:
+        """The level :meth:`kth_largest` starts from: the ``ceil(1.5 k s / d) + 32``-th
+        largest of ``s`` strided samples of |x| (0: a short or dense row, no level)."""
+        d = self.numel
+        if d < PREFILTER_MIN_NUMEL or 2 * k >= d:
+            return 0.0
+        sample = self.values[:: d // PREFILTER_SAMPLE].abs()
+        rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
+        return float(torch.topk(sample, rank, sorted=False).values.amin())
+
     def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
-        """Sums of :meth:`exceed`'s set, kept per level: ``fit`` runs each SIDCo variant at
-        every ratio and stage count, and all runs of more than one stage fit the same
-        exceedances of stage 1 (8M values: 9 sums of a 2M-value set a row became 3)."""
+        """Sums of :meth:`exceed`'s set (float32 sums, float64 across chunks), kept per
+        level: ``fit`` runs each SIDCo variant at every ratio and stage count, and all
+        runs of more than one stage fit the same exceedances of stage 1 (8M values: 9
+        sums of a 2M-value set a row became 3)."""
         key = (threshold, inclusive)
         if key not in self._exceedance_sums:
             above = self.exceed(threshold, inclusive)
@@ -398,10 +290,9 @@ class RowPasses:
 
     def _pool(self, threshold: float, inclusive: bool) -> torch.Tensor | None:
         """The smallest kept set that holds every |x| the query selects; None: the row
-        itself, a CPU row whose magnitudes were not given (see the class docstring)."""
-        best, chosen = self._magnitudes, None
-        if best is None and not self._compiled:
-            best = self.magnitudes()
+        itself, which the compiled loops scan (see the class docstring)."""
+        best = None if self._row is not None else self.magnitudes()
+        chosen = None
         for kept in self._pools:
             smaller = best is None or kept[2].numel() < best.numel()
             if smaller and _holds((kept[0], kept[1]), threshold, inclusive):
@@ -423,30 +314,17 @@ class RowPasses:
 
     def _scan(self, pool: torch.Tensor | None, threshold: float, inclusive: bool, keep: bool):
         """Count (``keep=False``) or compact (``keep=True``) the pool's elements that pass
-        (pool None: the row's |x|); float32 on the CPU by the compiled loops (a pool of
-        8M: 1.1 ms a count, 2.7-7.7 ms a compaction, against 3.6-10 ms for numpy's
-        compare and compress), else numpy's or torch's."""
-        row = _plain_row(self.values if pool is None else pool) if self._compiled else None
-        if row is not None:  # the row's |x| or a pool of them: compiled passes
-            if keep:
-                return torch.from_numpy(row_kernels.magnitudes_at_least(row, threshold, inclusive))
-            return row_kernels.count_at_least(row, threshold, inclusive)
-        assert pool is not None
-        if pool.device.type != "cpu":
-            mask = pool >= threshold if inclusive else pool > threshold
-            return pool[mask] if keep else int(torch.count_nonzero(mask))
-        limit = row_kernels.float32_limit(threshold, inclusive)  # as the compiled loops
-        if self._mask.size < min(pool.numel(), _SCAN_CHUNK):
-            self._mask = np.empty(min(pool.numel(), _SCAN_CHUNK), dtype=bool)
-        a, total, parts = pool.numpy(), 0, []
-        for lo in range(0, a.size, _SCAN_CHUNK):
-            part = a[lo : lo + _SCAN_CHUNK]
-            mask = self._mask[: part.size]
-            np.greater_equal(part, limit, out=mask)
-            if keep:
-                parts.append(np.compress(mask, part))  # boolean indexing: 3x slower
-            else:
-                total += np.count_nonzero(mask)
-        if not keep:
-            return int(total)
-        return torch.from_numpy(np.concatenate(parts) if parts else a[:0].copy())
+        (pool None: the row's |x|): by the compiled loops where they scan the row (a
+        pool of 8M: 1.1 ms a count, 2.7-7.7 ms a compaction, against 3.6-10 ms for
+        numpy's compare and compress), else torch's compare (in the pool's dtype)."""
+        if pool is None or self._row is not None:
+            row = self._row if pool is None else plain_row(pool)
+            if pool is None:
+                self.scans += 1
+            if row is not None:
+                if keep:
+                    found = row_kernels.magnitudes_at_least(row, threshold, inclusive)
+                    return torch.from_numpy(found)
+                return row_kernels.count_at_least(row, threshold, inclusive)
+        passing = pool >= threshold if inclusive else pool > threshold
+        return compress(pool, passing) if keep else int(torch.count_nonzero(passing))

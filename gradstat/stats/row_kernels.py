@@ -24,11 +24,6 @@ waits on memory).
 Each function has a plain numpy twin of the same name and contract in
 :mod:`gradstat.stats.row_plain`, which the tests compare it with and
 ``benchmarks/scale.py --plain loops`` runs in its place (docs/large.md, "Fast paths").
-
-Two rows can be added in one pass (:func:`scan_row_pair`): the compensated sum is then
-read and written once for both, the two Kahan updates in learner order as before, so the
-same bits. A top-k set analysis pairs its learners' rows this way; a step's last pair
-also makes the mean, in the sum's row (:class:`MeanOf`).
 """
 
 from __future__ import annotations
@@ -93,17 +88,17 @@ class Found(NamedTuple):
 
 
 def _found(
-    loops: ModuleType, x: np.ndarray, threshold: np.float32, room: Room, count: int
+    compiled: ModuleType, x: np.ndarray, threshold: np.float32, room: Room, count: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``count`` candidates a first pass found in ``room``, or, when they did not
     fit, a second pass (candidates only) into a room of that size."""
     if count > room.size:
         room = Room(count)
-        loops.candidates(x, threshold, room.indices, room.magnitudes, 0, 0)
+        compiled.candidates(x, threshold, room.indices, room.magnitudes, 0, 0)
     return room.indices[:count], room.magnitudes[:count]
 
 
-def _loops() -> ModuleType:
+def loops() -> ModuleType:
     """:mod:`gradstat.stats._row_loops`, imported on first use (see :func:`load`), so only
     a process that scans a row on the CPU pays numba's start. numba caches the machine
     code beside the module, or in the user's cache folder; where neither can be written
@@ -141,71 +136,15 @@ def scan_row(
     (a compensated sum, float32, as long as ``x``), also adds ``x`` to it, or makes it
     ``x`` when ``first``. ``room``: for the candidates; when more are found, a second
     pass (candidates only) into a larger one."""
-    loops = _loops()
+    compiled = loops()
     if total is None:
-        mode = loops.SUM_NONE
+        mode = compiled.SUM_NONE
         total = error = x  # unused
     else:
-        mode = loops.SUM_FIRST if first else loops.SUM_ADD
+        mode = compiled.SUM_FIRST if first else compiled.SUM_ADD
     limit = float32_limit(threshold)
-    count, flags = loops.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
-    return Found(*_found(loops, x, limit, room, count), _finite(flags))
-
-
-class MeanOf(NamedTuple):
-    """A step's last pair makes the mean of its ``n`` rows (:func:`scan_row_pair`), with
-    its candidates ``|mean| >= threshold`` in ``room``."""
-
-    n: int
-    threshold: float | None
-    room: Room
-
-
-class PairFound(NamedTuple):
-    """What :func:`scan_row_pair` found: each row's :class:`Found`, and for a last pair the
-    mean's candidates (indices, magnitudes) and sum of squares, as :func:`mean_row`'s."""
-
-    a: Found
-    b: Found
-    mean: tuple[np.ndarray, np.ndarray, float] | None = None
-
-
-def scan_row_pair(
-    rows: tuple[np.ndarray, np.ndarray],
-    thresholds: tuple[float | None, float | None],
-    rooms: tuple[Room, Room],
-    total: np.ndarray,
-    error: np.ndarray,
-    first: bool = False,
-    mean: MeanOf | None = None,
-) -> PairFound:
-    """:func:`scan_row` of two rows in turn, each added to the compensated sum (the first
-    one making it, when ``first``), in one pass: the sum is read and written once for
-    both. The same results as two calls.
-
-    ``mean``: these are a step's last two rows of ``mean.n``; the pass leaves the mean
-    in ``total`` instead of the sum, :func:`mean_row`'s ``(total - error) / n`` bit for
-    bit, with its candidates and sum of squares, and does not write ``error``: one pass
-    where a last pair and :func:`mean_row` would read and write the sum twice."""
-    loops = _loops()
-    a, b = rows
-    limits = float32_limit(thresholds[0]), float32_limit(thresholds[1])
-    n, mean_limit = (
-        (0, float32_limit(None)) if mean is None else (mean.n, float32_limit(mean.threshold))
-    )
-    room = rooms[1] if mean is None else mean.room  # n = 0: never written
-    outs = rooms[0].indices, rooms[1].indices, rooms[0].magnitudes, rooms[1].magnitudes
-    mean_outs = room.indices, room.magnitudes
-    a_count, b_count, mean_count, a_flags, b_flags, squares = loops.scan_pair(
-        a, b, total, error, first, *limits, *outs, np.float32(n), mean_limit, *mean_outs
-    )
-    return PairFound(
-        Found(*_found(loops, a, limits[0], rooms[0], a_count), _finite(a_flags)),
-        Found(*_found(loops, b, limits[1], rooms[1], b_count), _finite(b_flags)),
-        None
-        if mean is None
-        else (*_found(loops, total, mean_limit, room, mean_count), float(squares)),
-    )
+    count, flags = compiled.scan(x, total, error, mode, limit, room.indices, room.magnitudes)
+    return Found(*_found(compiled, x, limit, room, count), _finite(flags))
 
 
 def mean_row(
@@ -220,51 +159,51 @@ def mean_row(
     float32 (torch's ``sub`` and ``div_``, bit for bit) into ``mean``, in one pass with its
     candidates ``|mean| >= threshold`` (indices and magnitudes, as :func:`scan_row`) and
     its sum of squares in float64."""
-    loops = _loops()
+    compiled = loops()
     limit = float32_limit(threshold)
-    count, squares = loops.mean_scan(
+    count, squares = compiled.mean_scan(
         total, error, np.float32(n), mean, limit, room.indices, room.magnitudes
     )
-    return *_found(loops, mean, limit, room, count), float(squares)
+    return *_found(compiled, mean, limit, room, count), float(squares)
 
 
 def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
     """The indices (int64, ascending) of ``|x| >= threshold`` (``>`` unless ``inclusive``)
     in the float32 row ``x``, compared in float32 as numpy compares a float32 array with a
     Python float (NaN never selected); one pass, two when more than ``ROOM`` are found."""
-    loops = _loops()
+    compiled = loops()
     limit = float32_limit(threshold, inclusive)
     room = Room(min(ROOM, x.size))
-    count = loops.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
-    return _found(loops, x, limit, room, count)[0]
+    count = compiled.candidates(x, limit, room.indices, room.magnitudes, 0, 0)
+    return _found(compiled, x, limit, room, count)[0]
 
 
 def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
     """|x| (float32) of the values :func:`indices_at_least` selects, in the row's order: the
     same as compacting ``abs(x)`` with numpy's ``>=`` (``>``), without a row-sized
     ``abs(x)``: a count, then the compaction into an array of that size."""
-    loops = _loops()
+    compiled = loops()
     limit = float32_limit(threshold, inclusive)
-    out = np.empty(int(loops.count_at_least(x, limit)) + 1, dtype=np.float32)
-    return out[: loops.compact_at_least(x, limit, out)]
+    out = np.empty(int(compiled.count_at_least(x, limit)) + 1, dtype=np.float32)
+    return out[: compiled.compact_at_least(x, limit, out)]
 
 
 def count_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> int:
     """How many values :func:`indices_at_least` selects (one pass in vector instructions)."""
-    return int(_loops().count_at_least(x, float32_limit(threshold, inclusive)))
+    return int(loops().count_at_least(x, float32_limit(threshold, inclusive)))
 
 
 def magnitude_sums(x: np.ndarray) -> tuple[float, float, float, float, int]:
     """(sum x, sum |x|, sum x^2, max |x|, how many x_j == 0) of a float32 row in one pass
     over cache-sized pieces, the sums in float64. A NaN or Inf makes the sums NaN or Inf."""
-    signed, total, squares, bits, zeros = _loops().magnitude_sums(x)
+    signed, total, squares, bits, zeros = loops().magnitude_sums(x)
     maximum = float(np.array(bits, dtype=np.int32).view(np.float32))
     return float(signed), float(total), float(squares), maximum, int(zeros)
 
 
 def count_nonzero(x: np.ndarray) -> int:
     """How many values of the float32 row are not zero (NaN counts, as numpy counts it)."""
-    return x.size - int(_loops().zeros_in(x))
+    return x.size - int(loops().zeros_in(x))
 
 
 def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -> tuple[int, float]:
@@ -273,20 +212,18 @@ def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -
     each product and sum rounded as written), which take three passes. Returns the new
     ``v``'s zeros and float64 sum of squares, taken while each piece is in cache: what
     DGC's threshold and the memory's norm would otherwise read the row again for."""
-    zeros, squares = _loops().momentum_add_stats(
-        u, v, np.ascontiguousarray(g), np.float32(momentum)
-    )
+    zeros, squares = loops().momentum_add_stats(u, v, np.ascontiguousarray(g), np.float32(momentum))
     return int(zeros), float(squares)
 
 
 def squared_norm(x: np.ndarray) -> float:
     """sum x^2 of a float32 row, accumulated in float64."""
-    return float(_loops().sum_squares(x))
+    return float(loops().sum_squares(x))
 
 
 def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, float, float, float]:
     """(||r||^2, ||e||^2, e . r, ||e - r||^2) of two float32 rows, in float64, one pass."""
-    ref_sq, est_sq, dot, err = _loops().error_sums(estimate, reference)
+    ref_sq, est_sq, dot, err = loops().error_sums(estimate, reference)
     return float(ref_sq), float(est_sq), float(dot), float(err)
 
 
@@ -294,12 +231,12 @@ def add_squares(x: np.ndarray, g: np.ndarray) -> float:
     """``x += g`` in place (float32, as numpy adds) and the new ``x``'s sum of squares
     (float64), in one pass: error feedback's ``p = m + g`` and ||p||^2, from which the
     new memory's norm follows without reading it again."""
-    return float(_loops().add_squares(x, np.ascontiguousarray(g)))
+    return float(loops().add_squares(x, np.ascontiguousarray(g)))
 
 
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """``total += x`` (float32) in one pass that also tells whether every x is finite."""
-    return _finite(_loops().add_checked(np.ascontiguousarray(x), total))
+    return _finite(loops().add_checked(np.ascontiguousarray(x), total))
 
 
 def add_and_candidates(
@@ -310,7 +247,7 @@ def add_and_candidates(
     when None) and the sum of squares (float64) of the other values: error feedback's
     corrected row ``p = m + g``, its top-k candidates, and the part of its norm no top-k
     can send. When more are found than ``room`` holds, a second pass."""
-    loops = _loops()
+    compiled = loops()
     limit = float32_limit(threshold)
-    count, squares = loops.add_candidates(x, g, limit, room.indices, room.magnitudes)
-    return *_found(loops, x, limit, room, count), float(squares)
+    count, squares = compiled.add_candidates(x, g, limit, room.indices, room.magnitudes)
+    return *_found(compiled, x, limit, room, count), float(squares)

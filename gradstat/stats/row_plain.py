@@ -18,13 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradstat.stats.row_kernels import (
-    Found,
-    MeanOf,
-    PairFound,
-    Room,
-    float32_limit,
-)
+from gradstat.stats.row_kernels import Found, Room, float32_limit
 
 
 def compensated_add(s: Any, c: Any, x: Any) -> tuple[Any, Any]:
@@ -79,24 +73,6 @@ def mean_row(
     np.divide(total - error, np.float32(n), out=mean)
     indices = _at_least(mean, threshold)
     return indices, np.abs(mean[indices]), _squares(mean)
-
-
-def scan_row_pair(
-    rows: tuple[np.ndarray, np.ndarray],
-    thresholds: tuple[float | None, float | None],
-    rooms: tuple[Room, Room],
-    total: np.ndarray,
-    error: np.ndarray,
-    first: bool = False,
-    mean: MeanOf | None = None,
-) -> PairFound:
-    """:func:`~gradstat.stats.row_kernels.scan_row_pair`: two :func:`scan_row`, then for
-    a step's last pair the mean into ``total`` (:func:`mean_row`)."""
-    a = scan_row(rows[0], thresholds[0], rooms[0], total, error, first)
-    b = scan_row(rows[1], thresholds[1], rooms[1], total, error)
-    if mean is None:
-        return PairFound(a, b)
-    return PairFound(a, b, mean_row(total, error, mean.n, total, mean.threshold, mean.room))
 
 
 def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:

@@ -38,7 +38,8 @@ from gradstat.errors import UsageError
 from gradstat.stats import mle
 from gradstat.stats.density import check_k
 from gradstat.stats.distributions import Exponential, Gamma, GenPareto
-from gradstat.stats.passes import ExceedanceSums, MagnitudeSums, RowPasses
+from gradstat.stats.passes import RowPasses
+from gradstat.stats.row_statistics import ExceedanceSums, MagnitudeSums, RowStatistics
 
 ZEROS: tuple[str, ...] = ("exclude", "include")
 STAGE_FITS: tuple[str, ...] = ("moments", "mle")
@@ -182,11 +183,11 @@ def sidco(
     stages: int,
     zeros: str = "exclude",
     stage_fit: str = "moments",
-    shared: RowPasses | None = None,
+    shared: RowStatistics | None = None,
 ) -> Stages:
     """SIDCo's threshold for ``k`` of the magnitudes of ``values`` (see the module
     docstring): ``first`` and ``later`` name the stage fits (exp, gpd, gamma);
-    ``shared``: the passes over ``values`` kept from earlier calls (``fit`` runs every
+    ``shared``: the row statistics of ``values`` kept from earlier calls (``fit`` runs every
     SIDCo variant on a row with one: stage 1 sits at density 0.25 whatever the target
     when there is more than one stage, so its exceedances serve every such call)."""
     check_choices(zeros, stage_fit)
@@ -215,14 +216,6 @@ def sidco(
     used = len(thresholds)
     selected = passes.count(_level(eta, floor))
     return Stages(eta, selected, densities[:used], tuple(thresholds))
-
-
-def first_stage_level(passes: RowPasses, first: str, zeros: str = "exclude") -> float:
-    """Stage 1's threshold of every run of more than one stage whose target density is
-    under 0.25 (stage 1 then sits at 0.25, whatever the target): the ``first`` family's
-    moments fit, as :func:`sidco` takes it. Its exceedances are what stage 2 fits."""
-    sums = passes.sums(log=first == "gamma")
-    return QUANTILES[first](first_stage_moments(sums, zeros), FIRST_STAGE_DENSITY)
 
 
 def _level(eta: float, floor: float | None) -> float:

@@ -6,7 +6,7 @@ threshold and the number of elements it selects; estimation quality q = selected
 function, the distribution it fits, whether it takes SIDCo's stage count, whether it
 selects ``>=``); docs/methods.md section 2 gives each rule with its source:
 
-* ``topk``: exact top-k (``torch.topk``); threshold = the k-th largest |g|.
+* ``topk``: exact top-k; threshold = the k-th largest |g|.
 * ``hard``: a fixed threshold lambda, select |g| >= lambda.
 * ``sidco-exp`` / ``sidco-gpd`` / ``sidco-gamma-gpd``: SIDCo's multi-stage fits
   (:mod:`gradstat.stats.sidco`; Abdelmoniem et al. 2021, arXiv 2101.10761).
@@ -17,10 +17,12 @@ selects ``>=``); docs/methods.md section 2 gives each rule with its source:
   arXiv 1808.04357) until k < count < 2k; ``redsync-sidco``: the SIDCo reference's
   implementation of it (at most 3 probes).
 
-Speed: no estimator but ``topk`` sorts or selects over the whole vector; passes over the
-full vector are chunked (:mod:`gradstat.stats.passes`). Exact zeros are excluded from
-the fits and from the density (``zeros="exclude"``, the quantile targeted is k / nnz)
-unless ``zeros="include"`` asks for the SIDCo reference's rule. Values must be finite
+Speed: no estimator sorts or selects over the whole vector; every question about it
+goes through its :class:`~gradstat.stats.row_statistics.RowStatistics` (passes over the
+vector, :mod:`gradstat.stats.passes`, or its bins, :mod:`gradstat.stats.histogram`).
+Exact zeros are excluded from the fits and from the density (``zeros="exclude"``, the
+quantile targeted is k / nnz) unless ``zeros="include"`` asks for the SIDCo reference's
+rule. Values must be finite
 (the analysis layer drops NaN/Inf first); a non-finite statistic raises
 :class:`DataError`.
 """
@@ -38,6 +40,7 @@ from gradstat.defaults import FIT_ESTIMATORS
 from gradstat.errors import DataError, UsageError
 from gradstat.stats.density import check_k, k_for
 from gradstat.stats.passes import RowPasses
+from gradstat.stats.row_statistics import RowStatistics
 from gradstat.stats.sidco import check_choices, sidco
 
 
@@ -75,27 +78,28 @@ class ThresholdResult:
 @dataclass(frozen=True)
 class Settings:
     """What an estimator may be asked beyond the density: SIDCo's ``stages``, the hard
-    ``threshold``, DGC's sampling ``generator``, how fits treat exact ``zeros``, how
-    later SIDCo stages fit (``stage_fit``), and the passes over the vector
-    (``shared``: :class:`RowPasses`, kept from call to call on the same vector)."""
+    ``threshold``, DGC's sampling ``generator`` (or its ``sampled`` threshold, drawn
+    already: :func:`dgc_threshold`), how fits treat exact ``zeros``, how later SIDCo
+    stages fit (``stage_fit``), and the questions asked of the vector (``shared``: its
+    :class:`RowStatistics`, kept from call to call on the same vector)."""
 
     stages: int = 3
     threshold: float | None = None
     generator: torch.Generator | None = None
     zeros: str = "exclude"
     stage_fit: str = "moments"
-    shared: RowPasses | None = None
+    shared: RowStatistics | None = None
+    sampled: float | None = None
 
 
 @dataclass(frozen=True)
 class Estimator:
     """One registered threshold estimator.
 
-    ``select(values, k, settings)`` returns the threshold and its count (``settings.shared``
-    holds the passes over ``values``: :func:`estimate_threshold` makes them); ``dist`` names
-    the distribution it fits (None: none); ``staged``: it takes SIDCo's stage count;
-    ``inclusive``: it selects ``|x| >= threshold``; ``first_stage``: a SIDCo variant's
-    stage-1 family (exp, gpd, gamma).
+    ``select(values, k, settings)`` returns the threshold and its count
+    (``settings.shared`` answers the questions about ``values``: :func:`estimate_threshold`
+    makes one); ``dist`` names the distribution it fits (None: none); ``staged``: it takes
+    SIDCo's stage count; ``inclusive``: it selects ``|x| >= threshold``.
     """
 
     select: Callable[[torch.Tensor, int, Settings], ThresholdResult]
@@ -103,7 +107,6 @@ class Estimator:
     dist: str | None = None
     staged: bool = False
     inclusive: bool = False
-    first_stage: str | None = None
 
 
 def _sidco(first: str, later: str) -> Callable[[torch.Tensor, int, Settings], ThresholdResult]:
@@ -131,11 +134,9 @@ def _sidco(first: str, later: str) -> Callable[[torch.Tensor, int, Settings], Th
 
 
 def _topk(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
-    check_k(k, settings.shared.nonzeros)
-    kth = float(torch.topk(values.reshape(-1).abs(), k, sorted=False).values.amin())
-    if math.isnan(kth):
-        raise DataError("the values contain NaN; drop them before estimating")
-    return ThresholdResult(kth, k, k)
+    """The k-th largest |g| (its sums first: NaN or Inf is an error)."""
+    check_k(k, settings.shared.sums().nonzeros)
+    return ThresholdResult(settings.shared.kth_largest(k), k, k)
 
 
 def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
@@ -145,30 +146,18 @@ def _hard(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     return ThresholdResult(threshold, settings.shared.count(threshold, inclusive=True), k)
 
 
-def _dgc_sampled(flat: torch.Tensor, k: int, settings: Settings) -> float:
-    """DGC's first threshold: the smallest of the top ceil(sample * delta) of a 1% sample
-    (at least 2/delta). Kept in ``settings.shared.memo`` where the shared passes have
-    one (:class:`~gradstat.stats.histogram.RowHistogram`: a tentative run and the run after
-    it draw the sample once), under the generator's state, which a kept answer
-    advances as the draw did."""
+def dgc_threshold(values: torch.Tensor, k: int, generator: torch.Generator | None) -> float:
+    """DGC's first threshold for ``k`` of ``values``: the smallest of the top
+    ceil(sample * delta) |x| of a uniform 1% sample (at least 2/delta) drawn with
+    ``generator`` (random reads: 84k of 8M values cost 10-20 ms)."""
+    flat = values.reshape(-1)
     d = flat.numel()
     density = k / d
     size = min(d, max(math.ceil(0.01 * d), math.ceil(2.0 / density)))
-    generator, memo = settings.generator, getattr(settings.shared, "memo", None)
-    key = None
-    if memo is not None and generator is not None:
-        key = (size, k, bytes(generator.get_state().numpy()))
-        if key in memo:
-            threshold, state = memo[key]
-            generator.set_state(state)
-            return threshold
     index = torch.randint(d, (size,), generator=generator, device="cpu")
-    sample = flat[index.to(flat.device)].abs()
+    sample = flat.index_select(0, index.to(flat.device)).abs()  # x[index]: 5-10x slower
     top = max(1, math.ceil(size * density))
-    threshold = float(torch.topk(sample, top, sorted=False).values.amin())
-    if key is not None:
-        memo[key] = (threshold, generator.get_state())
-    return threshold
+    return float(torch.topk(sample, top, sorted=False).values.amin())
 
 
 def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
@@ -179,7 +168,9 @@ def _dgc(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     a threshold above 0): a count of the non-zeros is a pass over the row, 7 of the 65 ms
     of a replayed DGC step of 32M values."""
     flat = values.reshape(-1)
-    threshold = _dgc_sampled(flat, k, settings)
+    threshold = settings.sampled
+    if threshold is None:
+        threshold = dgc_threshold(flat, k, settings.generator)
     if not math.isfinite(threshold):  # x0.8 would never bring NaN or Inf down
         raise DataError("the values contain NaN or Inf; drop them before estimating")
     counted, shared = False, settings.shared
@@ -221,7 +212,7 @@ def _gaussiank(values: torch.Tensor, k: int, settings: Settings) -> ThresholdRes
     return ThresholdResult(threshold, selected, k)
 
 
-def _mean_max(passes: RowPasses) -> tuple[float, float]:
+def _mean_max(passes: RowStatistics) -> tuple[float, float]:
     """Mean of |x| over every element (zeros included, as RedSync has it) and max |x|."""
     sums = passes.sums()
     return sums.total / sums.numel, sums.maximum
@@ -230,7 +221,8 @@ def _mean_max(passes: RowPasses) -> tuple[float, float]:
 def _redsync(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
     """RedSync: binary search of t in [0, 1] for eta = mean + t (max - mean) of |x| until
     k < count < 2k (up to 40 probes): raise eta when count >= 2k, lower it when count <= k.
-    Counts run on the smallest set of exceedances kept so far (:class:`RowPasses`)."""
+    Counts run on the smallest set of exceedances kept so far (:class:`RowPasses`), or
+    on the row's bins."""
     passes = settings.shared
     check_k(k, passes.nonzeros)
     mean, top = _mean_max(passes)
@@ -271,20 +263,12 @@ def _redsync_sidco(values: torch.Tensor, k: int, settings: Settings) -> Threshol
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "topk": Estimator(_topk, "exact top-k (torch.topk)", inclusive=True),
+    "topk": Estimator(_topk, "exact top-k", inclusive=True),
     "hard": Estimator(_hard, "fixed threshold |g| >= lambda", inclusive=True),
-    "sidco-exp": Estimator(
-        _sidco("exp", "exp"), "SIDCo-E: exponential stages", "exp", True, first_stage="exp"
-    ),
-    "sidco-gpd": Estimator(
-        _sidco("gpd", "gpd"), "SIDCo-P: GPD stages", "gpd", True, first_stage="gpd"
-    ),
+    "sidco-exp": Estimator(_sidco("exp", "exp"), "SIDCo-E: exponential stages", "exp", True),
+    "sidco-gpd": Estimator(_sidco("gpd", "gpd"), "SIDCo-P: GPD stages", "gpd", True),
     "sidco-gamma-gpd": Estimator(
-        _sidco("gamma", "gpd"),
-        "SIDCo-GP: gamma, then GPD stages",
-        "gamma+gpd",
-        True,
-        first_stage="gamma",
+        _sidco("gamma", "gpd"), "SIDCo-GP: gamma, then GPD stages", "gamma+gpd", True
     ),
     "dgc": Estimator(_dgc, "DGC: top-k of a 1% sample", inclusive=True),
     "gaussiank": Estimator(_gaussiank, "Gaussian-k: normal quantile, 2 adjustments", "normal"),
@@ -318,7 +302,8 @@ def estimate_threshold(
     generator: torch.Generator | None = None,
     zeros: str = "exclude",
     stage_fit: str = "moments",
-    shared: RowPasses | None = None,
+    shared: RowStatistics | None = None,
+    sampled: float | None = None,
 ) -> ThresholdResult:
     """Estimate the threshold that keeps about ``k = k_for(ratio, values.numel())``.
 
@@ -327,7 +312,10 @@ def estimate_threshold(
     ``hard`` estimator's lambda, ``generator`` DGC's sampling generator; ``zeros``
     (``exclude``/``include``) and ``stage_fit`` (``moments``/``mle``) choose how the
     fitting estimators (SIDCo, Gaussian-k) treat exact zeros and later SIDCo stages;
-    ``shared`` keeps SIDCo's full-vector passes for further calls on the same ``values``.
+    ``shared``: the :class:`RowStatistics` of ``values``, kept for further calls on the
+    same ``values`` (default: a fresh :class:`RowPasses`); ``sampled``: DGC's sampled
+    threshold when the caller drew it (:func:`dgc_threshold`; the draw is the slow part
+    of a DGC call).
     Raises :class:`UsageError` for an unknown estimator or choice, a ratio outside
     (0, 1), a stage count below 1 or k above the number of non-zeros;
     :class:`DataError` for an all-zero or non-finite vector.
@@ -341,7 +329,7 @@ def estimate_threshold(
     if values.numel() == 0:
         raise DataError("no values to threshold (empty vector)")
     shared = shared or RowPasses(values)
-    settings = Settings(stages, threshold, generator, zeros, stage_fit, shared)
+    settings = Settings(stages, threshold, generator, zeros, stage_fit, shared, sampled)
     result = entry.select(values, k_for(ratio, values.numel()), settings)
     return replace(result, estimator=estimator, inclusive=entry.inclusive)
 
@@ -352,6 +340,7 @@ __all__ = [
     "Estimator",
     "Settings",
     "ThresholdResult",
+    "dgc_threshold",
     "estimate_threshold",
     "get_estimator",
 ]

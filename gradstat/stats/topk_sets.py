@@ -23,7 +23,6 @@ top-k(|mean_i g_i|) (ScaleCom, Chen et al. 2021, arXiv 2104.11125).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +50,9 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     Exact: the same set as ``torch.topk(x.abs(), k)`` (ties broken either way). Long rows
     are first cut to candidates ``|x| >= t``, with ``t`` an upper quantile of a strided
     sample chosen so that about 1.5 k (plus a margin) survive (:func:`prefilter_threshold`),
-    as DGC's sampled threshold does (Lin et al. 2018; docs/methods.md 2); ``torch.topk``
-    then runs on the candidates only. Whenever fewer than k survive, that row falls back to
-    ``torch.topk`` on all of it, so the result never depends on the sample.
+    as DGC's sampled threshold does (Lin et al. 2018; docs/methods.md 2); the top k of
+    the candidates follow (:func:`top_of`), or when fewer than k survive, of all of the
+    row, so the result never depends on the sample.
     """
     d = x.shape[-1]
     if not 0 < k <= d:
@@ -63,8 +62,34 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     for i, row in enumerate(rows):
         threshold = prefilter_threshold(row, k)
         candidates = None if threshold is None else indices_above(row, threshold)
-        out[i] = top_of_candidates(row, k, candidates)
+        out[i] = top_of(row, k, candidates)[0]
     return out.reshape(*x.shape[:-1], k)
+
+
+def top_of(
+    row: torch.Tensor,
+    k: int,
+    candidates: torch.Tensor | None = None,
+    magnitudes: torch.Tensor | None = None,
+    complete: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k of a flat row as (indices, |row| at each), gradstat's one top-k
+    selection, from the row's candidates ``|row| >= t`` (indices; ``magnitudes``: their
+    |row| when a scan kept them): the top k of the candidates when more than k pass,
+    all of them when at most k do and they are ``complete`` (no other value can be in
+    the top k: a row's floor) or exactly k do; otherwise (fewer than k passed a sampled
+    t, or no candidates) the top k of the whole row. (Gathers by ``index_select``: on
+    the CPU ``row[indices]`` of a long row took 20x as long.)"""
+    n = -1 if candidates is None else candidates.numel()
+    if n < k and not (complete and candidates is not None):
+        indices = torch.topk(row.abs(), k, sorted=False).indices
+        return indices, row.index_select(0, indices).abs()
+    if magnitudes is None:
+        magnitudes = row.index_select(0, candidates).abs()
+    if n <= k:
+        return candidates, magnitudes
+    keep = torch.topk(magnitudes, k, sorted=False).indices
+    return candidates.index_select(0, keep), magnitudes.index_select(0, keep)
 
 
 def prefilter_threshold(
@@ -101,14 +126,6 @@ def sample_positions(d: int) -> slice:
     return slice(None, None, d // PREFILTER_SAMPLE)
 
 
-def top_of_candidates(row: torch.Tensor, k: int, candidates: torch.Tensor | None) -> torch.Tensor:
-    """The top-k indices of a flat row from its candidates ``|row| >= t`` (exact when at
-    least k; else, or without candidates, ``torch.topk`` of the whole row)."""
-    if candidates is not None and candidates.numel() >= k:
-        return candidates[torch.topk(row[candidates].abs(), k, sorted=False).indices]
-    return torch.topk(row.abs(), k, sorted=False).indices
-
-
 def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> tuple[torch.Tensor, float | None]:
     """``p += g`` in place, then ``topk_indices(p, k)``: error feedback's corrected row and
     its top-k; also the sum of squares (float64) of ``p`` outside those k, the squared
@@ -133,7 +150,7 @@ def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> tuple[torch.Tenso
     )
     candidates, magnitudes = torch.from_numpy(indices), torch.from_numpy(magnitudes)
     if candidates.numel() < k:  # the sample misled: a top-k of the whole row
-        return top_of_candidates(p, k, None), None
+        return top_of(p, k)[0], None
     keep = torch.topk(magnitudes, k, sorted=False).indices
     left = torch.ones(magnitudes.numel(), dtype=torch.bool)
     left[keep] = False
@@ -162,50 +179,6 @@ def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -
             )
         ]
     )
-
-
-def kth_largest(
-    magnitudes: torch.Tensor,
-    ks: list[int],
-    at_least: Callable[[float], torch.Tensor] | None = None,
-) -> list[float]:
-    """The k-th largest of ``magnitudes`` (a flat non-negative vector) for each k in ``ks``.
-
-    Exact, from one pass and one partition of candidates: as ``topk_indices``, the vector
-    is first cut to the candidates ``>= t`` with ``t`` an upper quantile of a strided
-    sample (about 1.5 max(ks) survive), which are partitioned once for every k; if fewer
-    than max(ks) survive, ``torch.topk`` of the whole vector. ``at_least(t)``: the
-    magnitudes ``>= t`` from whoever keeps them (``fit``'s :class:`RowPasses`, which
-    then keeps the candidates for its counts); default, a chunked scan.
-    """
-    d, kmax = magnitudes.numel(), max(ks)
-    if not 0 < kmax <= d:
-        raise ValueError(f"k={kmax} must be in 1..{d}")
-    if d >= PREFILTER_MIN_NUMEL and 2 * kmax < d:
-        sample = magnitudes[:: d // PREFILTER_SAMPLE]
-        s = sample.numel()
-        rank = min(s, math.ceil(1.5 * kmax * s / d) + 32)
-        t = float(torch.topk(sample, rank, sorted=False).values.amin())
-        if at_least is not None:
-            candidates = at_least(t)
-        else:
-            candidates = torch.cat([c[c >= t] for c in magnitudes.split(PREFILTER_CHUNK)])
-        if candidates.numel() >= kmax:
-            return _kth_of(candidates, ks)
-    top = torch.topk(magnitudes, kmax, sorted=True).values
-    return [float(top[k - 1]) for k in ks]
-
-
-def _kth_of(candidates: torch.Tensor, ks: list[int]) -> list[float]:
-    """The k-th largest candidate for each k: one multi-point partition on the CPU
-    (O(n)), a sort elsewhere."""
-    n = candidates.numel()
-    if candidates.device.type == "cpu":
-        positions = sorted({n - k for k in ks})
-        ordered = np.partition(candidates.numpy(), positions)
-        return [float(ordered[n - k]) for k in ks]
-    top = torch.sort(candidates, descending=True).values
-    return [float(top[k - 1]) for k in ks]
 
 
 def set_overlaps(indices: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,7 +287,8 @@ def energy_captured(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """
     # accumulated in float64 chunk by chunk: no float64 copy of x, no float32 rounding
     total = sum(torch.linalg.vector_norm(c, dtype=torch.float64).square() for c in x.split(1 << 20))
-    return x[indices].double().square().sum(dim=-1) / total
+    chosen = x.index_select(0, indices.reshape(-1)).reshape(indices.shape)
+    return chosen.double().square().sum(dim=-1) / total
 
 
 def contraction_ok(
