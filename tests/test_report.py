@@ -185,10 +185,10 @@ def test_one_time_per_configuration_and_no_repeated_rows(real_capture):
 
 def test_the_equivalent_command_wraps_between_words_only():
     """Regression: at 390 px the report broke `--error-budget` across lines at its hyphen."""
-    from gradstat.report.html import _command_html
+    from gradstat.report.html import command_html
 
     text = "gradstat recommend /runs/a-b/cap --error-budget 0.5 --compressors fp16,sidco-gpd"
-    code = _command_html(text)
+    code = command_html(text)
     for word in ("--error-budget 0.5", "--compressors", "sidco-gpd", "fp16"):
         assert f'<span class="word">{word}</span>' in code
     assert '<span class="path">/runs/a-b/cap</span>' in code

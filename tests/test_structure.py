@@ -161,7 +161,7 @@ LAYERS = {
     "compressors": 2,
     "store": 1,
     **dict.fromkeys(("", "errors", "cancel", "sizes", "threads", "formatting"), 0),
-    **dict.fromkeys(("defaults", "lazy"), 0),
+    **dict.fromkeys(("defaults", "lazy", "atomic", "untrusted"), 0),
 }
 #: At the side, inside training: these may import each other and the layers up to
 #: ``SIDE_REACH`` (the math and the store); only the command line imports them.

@@ -137,7 +137,7 @@ def table_html(df: pd.DataFrame, max_rows: int = 40, css_class: str = "") -> str
     )
 
 
-def _command_html(text: str) -> str:
+def command_html(text: str) -> str:
     """A command line as code that wraps only between its words and after a comma, never
     inside one such as ``--error-budget`` (at 390 px a browser broke it at its hyphen);
     a path may break anywhere."""
@@ -167,10 +167,10 @@ def _is_command(text: str) -> bool:
 
 def _facts(df: pd.DataFrame) -> str:
     """A two-column label/value table without a header row; a value that is a gradstat
-    command reads as code (:func:`_command_html`)."""
+    command reads as code (:func:`command_html`)."""
     rows = "".join(
         f"<tr><td>{html.escape(str(k))}</td><td>"
-        + (_command_html(str(v)) if _is_command(str(v)) else html.escape(str(v)))
+        + (command_html(str(v)) if _is_command(str(v)) else html.escape(str(v)))
         + "</td></tr>"
         for k, v in df.itertuples(index=False)
     )
