@@ -304,11 +304,12 @@ class Reference:
         return self._dense(sent, math.ceil(self.d / 4) + 4, "allgather")
 
 
-def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
-    """Top-k with residual error feedback, step by step, in numpy, for a user's GRACE-style
-    top-k: ``k = max(1, int(d * ratio))``; per step ``k``, the union (how many elements
-    any learner sent), the relative error of the mean of what the learners sent against
-    the mean gradient, and the mean norm of the learners' memories."""
+def ef_topk(grads: np.ndarray, ratio: float, feedback: bool = True) -> list[dict]:
+    """Top-k with residual error feedback (none unless ``feedback``), step by step, in
+    numpy, for a user's GRACE-style top-k: ``k = max(1, int(d * ratio))``; per step
+    ``k``, the union (how many elements any learner sent), the relative error of the mean
+    of what the learners sent against the mean gradient, and the mean norm of the
+    learners' memories."""
     n, steps, d = grads.shape
     k = max(1, int(d * ratio))
     memory = np.zeros((n, d), dtype=np.float32)
@@ -319,7 +320,7 @@ def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
         for i in range(n):
             chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
             sent[i, chosen] = p[i, chosen]
-        memory = p - sent
+        memory = p - sent if feedback else memory
         mean = grads[:, s].astype(np.float64).mean(axis=0)
         estimate = sent.astype(np.float64).mean(axis=0)
         out.append(

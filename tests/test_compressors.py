@@ -446,6 +446,40 @@ def test_parse_compressors_and_bad_names():
         scheme("clt-k:beta=0", 0.1, 100)
 
 
+def test_memory_and_collective_are_named_in_the_spec():
+    specs = parse_compressors(
+        "terngrad+residual,clt-k:beta=0.5+none,fp16:collective=allgather,"
+        "dgc+residual:beta=0.5,threshold:threshold=1e+3"
+    )
+    assert [s.label for s in specs] == [
+        "terngrad+residual",
+        "clt-k:beta=0.5+none",
+        "fp16:collective=allgather",
+        "dgc+residual:beta=0.5",
+        "threshold:threshold=1000",
+    ]
+    memories = [type(scheme(s.label, 0.05, 400).memory).__name__ for s in specs]
+    assert memories == [
+        "ResidualMemory",
+        "NoMemory",
+        "NoMemory",
+        "ResidualMemory",
+        "ResidualMemory",
+    ]
+    assert scheme("dgc", 0.05, 400).memory.momentum == 0.9
+    assert scheme("fp16:collective=allgather", None, 400).compressor.collective == "allgather"
+    for bad, match in [
+        ("topk+zip", "unknown memory 'zip'"),
+        ("topk+residual:gamma=1", "memory residual has no parameter 'gamma'"),
+        ("topk+none+none", r"COMPRESSOR\+MEMORY"),
+        ("topk:collective=allreduce", "payloads do not add up"),
+        ("clt-k:collective=allgather", "exchange is its own"),
+        ("fp16:collective=ring", "allgather or allreduce"),
+    ]:
+        with pytest.raises(UsageError, match=match):
+            parse_compressors(bad)
+
+
 def test_sidco_compressors_take_the_reference_choices():
     (spec,) = parse_compressors("sidco-gpd:stages=3:stage_fit=mle:zeros=include")
     assert spec.label == "sidco-gpd:stages=3:zeros=include:stage_fit=mle"

@@ -55,8 +55,10 @@ def replay_records(capsys, capture, compressors: str, *extra: str) -> list[dict]
     return json.loads(result.stdout)["records"]
 
 
-def assert_matches_reference(records: list[dict], grads: np.ndarray, own_memory=False) -> None:
-    reference = ef_topk(grads, RATIO)
+def assert_matches_reference(
+    records: list[dict], grads: np.ndarray, own_memory=False, feedback=True
+) -> None:
+    reference = ef_topk(grads, RATIO, feedback)
     assert [r["step"] for r in records] == [r["step"] for r in reference]
     d = grads.shape[2]
     for record, expected in zip(records, reference, strict=True):
@@ -81,8 +83,8 @@ def write(path: Path, text: str) -> Path:
 
 def test_file_compressor_replays_as_the_error_feedback_recursion(synthetic_capture, capsys):
     path, grads = synthetic_capture
-    records = replay_records(capsys, path, f"{EXAMPLE}:TopK", "--jobs", "1")
-    assert {r["compressor"] for r in records} == {f"{EXAMPLE}:TopK"}
+    records = replay_records(capsys, path, f"{EXAMPLE}:TopK+residual", "--jobs", "1")
+    assert {r["compressor"] for r in records} == {f"{EXAMPLE}:TopK+residual"}
     assert_matches_reference(records, grads)
 
 
@@ -92,14 +94,14 @@ def test_module_compressor_from_the_working_directory_in_worker_processes(
     path, grads = synthetic_capture
     write(tmp_path / "work" / "mine.py", EXAMPLE.read_text())
     monkeypatch.chdir(tmp_path / "work")
-    specs = "mine:TopK,mine:Quantize:bits=6"
+    specs = "mine:TopK+residual,mine:Quantize:bits=6"
     one = replay_records(capsys, path, specs, "--jobs", "1")
     two = replay_records(capsys, path, specs, "--jobs", "2")
     drop = ("compress_seconds",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in one] == [
         {k: v for k, v in r.items() if k not in drop} for r in two
     ]
-    assert_matches_reference([r for r in one if r["compressor"] == "mine:TopK"], grads)
+    assert_matches_reference([r for r in one if r["compressor"] == "mine:TopK+residual"], grads)
     quantized = [r for r in one if r["compressor"] == "mine:Quantize:bits=6"]
     d = grads.shape[2]
     assert {r["bytes_per_learner"] for r in quantized} == {d + 4}  # int8 codes, one scale
@@ -109,7 +111,7 @@ def test_module_compressor_from_the_working_directory_in_worker_processes(
 
 def test_recommend_ranks_it_among_the_built_ins(synthetic_capture, capsys):
     path, _ = synthetic_capture
-    mine = f"{EXAMPLE}:TopK"
+    mine = f"{EXAMPLE}:TopK+residual"
     result = run_cli(
         capsys, "recommend", path, "--error-budget", "0.9", "--compressors", f"{mine},topk",
         "--ratios", "0.1,0.05", "--jobs", "1", "--json",
@@ -151,10 +153,69 @@ def test_ratio_and_seed_reach_the_constructor_by_name(synthetic_capture, capsys,
                 return torch.zeros(ctx).index_put_((indices,), values)
         """,
     )
-    spec = f"{mine}:TopK:mode=fast"
+    spec = f"{mine}:TopK:mode=fast+residual"
     records = replay_records(capsys, path, spec, "--jobs", "1", "--seed", "5")
     assert {r["compressor"] for r in records} == {spec}
     assert_matches_reference(records, grads)
+
+
+def test_without_a_memory_a_class_runs_as_grace_runs_it(synthetic_capture, capsys, tmp_path):
+    """A class that names no memory runs without error feedback (GRACE's default);
+    ``+residual`` adds it, ``+none`` keeps it off for a class that brings one; a
+    function is accepted wherever a class is, for the compressor and the memory."""
+    path, grads = synthetic_capture
+    mine = write(
+        tmp_path / "made.py",
+        f"""
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("example", {str(EXAMPLE)!r})
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+
+
+        def topk(compress_ratio):
+            return example.TopK(compress_ratio)
+
+
+        class Residual:
+            def __init__(self):
+                self.residuals = {{}}
+
+            def compensate(self, tensor, name):
+                return tensor + self.residuals.get(name, 0.0)
+
+            def update(self, tensor, name, compressor, tensors, ctx):
+                self.residuals[name] = tensor - compressor.decompress(tensors, ctx)
+
+
+        def residual():
+            return Residual()
+
+
+        class KeepsOne(example.TopK):
+            memory = Residual
+        """,
+    )
+    specs = [f"{EXAMPLE}:TopK", f"{mine}:topk+{mine}:residual", f"{mine}:KeepsOne+none"]
+    records = replay_records(capsys, path, ",".join(specs), "--jobs", "1")
+    by = {spec: [r for r in records if r["compressor"] == spec] for spec in specs}
+    assert_matches_reference(by[specs[0]], grads, feedback=False)
+    assert_matches_reference(by[specs[1]], grads, own_memory=True)
+    assert_matches_reference(by[specs[2]], grads, feedback=False)
+
+
+def test_an_entry_point_with_a_built_ins_name_is_refused(capsys, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    write(site / "shadow.py", EXAMPLE.read_text())
+    info = site / "shadow-0.1.dist-info"
+    write(info / "METADATA", "Metadata-Version: 2.1\nName: shadow\nVersion: 0.1\n")
+    write(info / "entry_points.txt", "[gradstat.compressors]\ntopk = shadow:TopK\n")
+    monkeypatch.syspath_prepend(str(site))
+    result = run_cli(capsys, "replay", tmp_path / "nothing", "--compressors", "topk")
+    assert_clean_error(result, 2)
+    assert "entry point 'topk' (shadow:TopK)" in result.stderr
+    assert "rename it" in result.stderr
 
 
 def test_random_draws_follow_the_seed(synthetic_capture, capsys):
@@ -292,7 +353,7 @@ def grace(tmp_path, monkeypatch):
 
 def test_grace_classes_run_unchanged(synthetic_capture, capsys, grace):
     path, grads = synthetic_capture
-    specs = f"grace_dl.torch.compressor.topk:TopKCompressor,{grace}:TopKWithGraceMemory"
+    specs = f"grace_dl.torch.compressor.topk:TopKCompressor+residual,{grace}:TopKWithGraceMemory"
     records = replay_records(capsys, path, specs, "--jobs", "1")
     plain, with_memory = specs.split(",")
     assert_matches_reference([r for r in records if r["compressor"] == plain], grads)
@@ -304,7 +365,7 @@ def test_grace_aggregate_and_average_are_used(synthetic_capture, capsys, grace):
     """GRACE's signSGD (``average=False``, a majority-vote ``aggregate``) with gradstat's
     residual memory, against the recursion in numpy."""
     path, grads = synthetic_capture
-    spec = "grace_dl.torch.compressor.signsgd:SignSGDCompressor"
+    spec = "grace_dl.torch.compressor.signsgd:SignSGDCompressor+residual"
     records = replay_records(capsys, path, spec, "--jobs", "1")
     n, steps, d = grads.shape
     memory = np.zeros((n, d), dtype=np.float32)
@@ -370,7 +431,9 @@ def test_entry_points_are_listed_and_replay(synthetic_capture, capsys, tmp_path,
     assert listed.code == 0
     assert "epkg-topk" in listed.stdout and "epkg:TopK" in listed.stdout
     assert "topk" in listed.stdout and "MODULE:CLASS" in listed.stdout
-    assert_matches_reference(replay_records(capsys, path, "epkg-topk", "--jobs", "1"), grads)
+    assert_matches_reference(
+        replay_records(capsys, path, "epkg-topk+residual", "--jobs", "1"), grads
+    )
 
 
 # --- their mistakes, named -------------------------------------------------------------
@@ -511,7 +574,7 @@ def test_trains_through_capture_and_compares(real_capture, tmp_path, capsys, mon
     digits CNN of ``real_capture``): the recorded sent rows are the recursion's, the bytes
     12k, and ``compare`` takes the run beside the dense one."""
     monkeypatch.chdir(ROOT)
-    spec = "examples/compressors.py:TopK"
+    spec = "examples/compressors.py:TopK+residual"
     out = tmp_path / "topk"
     result = run_cli(
         capsys, "capture", "--workload", "digits", "--steps", "4", "--nproc-per-node", "2",

@@ -279,8 +279,10 @@ def list_compressors(value: str | None) -> str | None:
 
 #: What the help of every option naming compressors says about the names.
 COMPRESSOR_NAMES = (
-    f"NAME[:PARAM=VALUE] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), or your "
-    "own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); 'list' describes them."
+    f"NAME[:PARAM=VALUE][+MEMORY] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), "
+    "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); MEMORY: none, "
+    "residual, dgc or your own (e.g. terngrad+residual); :collective=allgather|allreduce "
+    "on any; 'list' describes them."
 )
 Compressors = Annotated[
     str,

@@ -20,7 +20,7 @@ import torch
 
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import StepOutcome, Stream
-from gradstat.compressors.memory import TensorRows
+from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory, TensorRows
 from gradstat.errors import UsageError
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
 
@@ -64,6 +64,9 @@ class Entry:
     params: Mapping[str, float] = field(default_factory=dict)
     #: Among ``recommend``'s default candidates (reference behaviours run on request).
     candidate: bool = True
+    #: The collectives ``:collective=`` may choose (the first is the default); empty for a
+    #: compressor with an exchange of its own (CLT-k's broadcast, gTop-k's tree).
+    collectives: tuple[str, ...] = ("allgather",)
 
     def make(self, context: Context) -> Compressor:
         """One learner's compressor object."""
@@ -75,13 +78,17 @@ class Entry:
 
 
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
+#: Payloads that add up element-wise: all-reduced by default, all-gathered on request.
+_SUMS = ("allreduce", "allgather")
 #: Every built-in compressor: one module each, one line here.
 REGISTRY: dict[str, Entry] = {
-    "none": Entry("none", True, "dense float32 all-reduce", candidate=False),
-    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce"),
-    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce"),
+    "none": Entry("none", True, "dense float32 all-reduce", candidate=False, collectives=_SUMS),
+    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce", collectives=_SUMS),
+    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce", collectives=_SUMS),
     "topk": Entry("topk", False, "exact top-k, all-gather"),
-    "randomk": Entry("randomk", False, "random-k with a shared seed, all-reduce of values"),
+    "randomk": Entry(
+        "randomk", False, "random-k with a shared seed, all-reduce of values", collectives=()
+    ),
     "threshold": Entry(
         "estimated:build_threshold",
         False,
@@ -108,10 +115,16 @@ REGISTRY: dict[str, Entry] = {
         "estimated:build_sidco_gamma_gpd", False, "SIDCo-GP (gamma, then GPD)", _SIDCO
     ),
     "clt-k": Entry(
-        "cltk", False, "ScaleCom cyclic local top-k with low-pass memory", {"beta": 1.0}
+        "cltk",
+        False,
+        "ScaleCom cyclic local top-k with low-pass memory",
+        {"beta": 1.0},
+        collectives=(),
     ),
-    "gtopk": Entry("gtopk", False, "global top-k by tree merge"),
-    "powersgd": Entry("powersgd", True, "PowerSGD rank-r, warm-started", {"rank": 4}),
+    "gtopk": Entry("gtopk", False, "global top-k by tree merge", collectives=()),
+    "powersgd": Entry(
+        "powersgd", True, "PowerSGD rank-r, warm-started", {"rank": 4}, collectives=()
+    ),
     "signsgd": Entry("signsgd:build_majority", True, "signSGD with majority vote"),
     "ef-signsgd": Entry("signsgd:build_ef", True, "scaled sign with error feedback"),
     "qsgd": Entry(
@@ -124,11 +137,16 @@ REGISTRY: dict[str, Entry] = {
 @dataclass(frozen=True)
 class CompressorSpec:
     """A compressor name with its parameters (registry defaults filled in); ``custom``:
-    the entry of a compressor that is not a built-in (a user's class), else None."""
+    the entry of a compressor that is not a built-in (a user's class), else None;
+    ``memory``: the error-feedback memory named after ``+`` (a
+    :class:`~gradstat.compressors.spec.MemorySpec`; None: the compressor's own default);
+    ``collective``: ``allgather`` or ``allreduce`` given as ``:collective=``, else None."""
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
     custom: Entry | None = None
+    memory: Any = None
+    collective: str | None = None
 
     @property
     def entry(self) -> Entry:
@@ -139,7 +157,7 @@ class CompressorSpec:
         return self.entry.fixed_rate
 
     @property
-    def label(self) -> str:
+    def base_label(self) -> str:
         """``name`` plus the parameters that differ from the defaults."""
         changed = [
             f"{key}={CHOICES[key][int(value)] if key in CHOICES else format(value, 'g')}"
@@ -147,6 +165,36 @@ class CompressorSpec:
             if value != self.entry.params[key]
         ]
         return ":".join([self.name, *changed])
+
+    @property
+    def label(self) -> str:
+        """The spec as the user would write it: :attr:`base_label`, the collective and
+        ``+MEMORY`` where given."""
+        label = self.base_label
+        if self.collective is not None:
+            label += f":collective={self.collective}"
+        return label if self.memory is None else f"{label}+{self.memory.label}"
+
+
+def builtin_memory(name: str, params: Mapping[str, float]) -> Memory:
+    """A fresh built-in memory ``none``, ``residual`` or ``dgc`` with ``params``."""
+    if name == "residual":
+        return ResidualMemory(beta=params.get("beta", 1.0))
+    if name == "dgc":
+        return DGCMemory(momentum=params.get("momentum", 0.9))
+    return NoMemory()
+
+
+def scheme_memory(spec: CompressorSpec, compressor: Compressor) -> Memory:
+    """The memory of ``spec``'s scheme: the one named after ``+``, else the compressor's."""
+    if spec.memory is None:
+        return compressor.memory()
+    if spec.memory.builtin:
+        return builtin_memory(spec.memory.name, dict(spec.memory.params))
+    own = getattr(compressor, "memory", None)
+    if not getattr(compressor, "own_memory", False):
+        raise UsageError(f"{spec.label}: a memory of your own runs with a class of your own")
+    return own()
 
 
 class Scheme:
@@ -165,7 +213,7 @@ class Scheme:
         self.context = context
         self._learners: dict[int, Compressor] = {}
         self.compressor = self.for_learner(0)
-        self.memory = self.compressor.memory()
+        self.memory = scheme_memory(spec, self.compressor)
         self._velocity: torch.Tensor | None = None
         self._stream: Stream | None = None
 
@@ -173,7 +221,10 @@ class Scheme:
         """Learner ``learner``'s compressor object."""
         if learner not in self._learners:
             context = replace(self.context, learner=learner)
-            self._learners[learner] = self.spec.entry.make(context)
+            made = self.spec.entry.make(context)
+            if self.spec.collective is not None:
+                made.collective = self.spec.collective
+            self._learners[learner] = made
         return self._learners[learner]
 
     def step(self, grads: torch.Tensor, name: str = "model") -> StepOutcome:

@@ -97,8 +97,9 @@ class Blame:
     def __init__(self, label: str, cls: type) -> None:
         self.label = label
         self.cls = cls
+        owners = getattr(cls, "__mro__", (cls,))  # a class and its bases, or a function
         self.files = {
-            os.path.realpath(f) for f in (_defined_in(c) for c in cls.__mro__) if f is not None
+            os.path.realpath(f) for f in (_defined_in(c) for c in owners) if f is not None
         }
 
     def error(self, method: str, message: str, where: str | None) -> UserCodeError:
@@ -200,15 +201,23 @@ class UserCompressor(Compressor):
         self._calls = 0
         self._own_memory: Any = None
         self._memory = getattr(obj, "memory", None)
+        if isinstance(self._memory, str) and self._memory not in ("none", "residual"):
+            raise blame.wrong(
+                "memory", type(obj), f"is {self._memory!r}; use none, residual or a class"
+            )
 
     @property
     def own_memory(self) -> bool:
         """Whether the class brings its own (GRACE-shaped) error-feedback memory."""
-        return self._memory is not None
+        return self._memory is not None and not isinstance(self._memory, str)
 
     def memory(self) -> Memory:
-        """A class with its own memory applies it inside :meth:`compress`."""
-        return OwnMemory() if self.own_memory else ResidualMemory()
+        """A class with its own memory applies it inside :meth:`compress`; a class with
+        ``memory = "residual"`` gets gradstat's residual memory; any other none (GRACE's
+        default)."""
+        if self.own_memory:
+            return OwnMemory()
+        return ResidualMemory() if self._memory == "residual" else NoMemory()
 
     def _learner_memory(self) -> Any:
         memory = self._own_memory
