@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gradstat.analysis.cluster import buildup_model, fit_exponent
+from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import REGISTRY, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import (
@@ -23,16 +24,25 @@ from gradstat.compressors.targets import (
 from gradstat.compressors.work import CALIBRATION, Ops, compressor_work, seconds
 from gradstat.errors import UsageError
 from gradstat.stats.topk_sets import buildup_curve
+from gradstat.store import layer_table
 from tests.helpers import assert_clean_error, run_cli
 
 H100 = BUILTIN["h100"]
 
 
-def scheme(name: str, d: int = 4096, ratio: float | None = 0.01):
-    spec = parse_compressors(name)[0]
-    ratio = None if spec.fixed_rate else ratio
-    k = None if ratio is None else round(ratio * d)
-    return build_scheme(spec, ratio, k, numel=d, shapes=[(64, d // 64)], seed=0)
+class Built:
+    """A scheme's learner-0 compressor and its memory, as the cost model prices them."""
+
+    def __init__(self, name: str, d: int, ratio: float | None) -> None:
+        spec = parse_compressors(name)[0]
+        ratio = None if spec.fixed_rate else ratio
+        plan = build_plan(layer_table([("w", (64, d // 64))]))
+        built = build_scheme(spec, ratio, plan, seed=0)
+        self.compressor, self.memory = built.compressor(0, 0), built.memory
+
+
+def scheme(name: str, d: int = 4096, ratio: float | None = 0.01) -> Built:
+    return Built(name, d, ratio)
 
 
 def test_builtin_profiles_follow_their_datasheets():

@@ -22,12 +22,13 @@ RATIO = 0.05
 
 
 def quantized(g: np.ndarray, bits: int, seed: int, step: int, learner: int) -> np.ndarray:
-    """The example's stochastic quantizer on one learner's row, decoded: its uniform
-    draws come from torch's generator seeded with numpy's SeedSequence([seed, step,
-    learner]) (gradstat's contract for a user's random draws)."""
+    """The example's stochastic quantizer on one learner's row (the one message of the
+    model), decoded: its uniform draws come from torch's generator seeded from numpy's
+    SeedSequence([seed, step, learner + 1, message]) (gradstat's contract for a user's
+    random draws: the first 64-bit word, halved, modulo 2^32)."""
     levels = 2 ** (bits - 1) - 1
-    state = np.random.SeedSequence([seed, step, learner]).generate_state(1, np.uint32)[0]
-    torch.manual_seed(int(state))
+    word = np.random.SeedSequence([seed, step, learner + 1, 0]).generate_state(1, np.uint64)[0]
+    torch.manual_seed(int(word >> 1) % 2**32)
     noise = torch.rand(g.size).numpy()
     scale = np.float32(np.abs(g).max() / np.float32(levels))
     low = np.floor(g / scale)
@@ -381,41 +382,44 @@ def test_grace_aggregate_and_average_are_used(synthetic_capture, capsys, grace):
 
 
 def test_a_class_on_gradstats_protocol_runs_as_it_is(synthetic_capture, capsys, tmp_path):
-    """A subclass of gradstat's Compressor that brings an ``online`` form (a method that
-    needs every learner would): the replay runs that form against the simulated
-    communicator, with the same records as the recursion."""
+    """A subclass of gradstat's Compressor that brings its own exchange (a method that
+    needs every learner would): the replay drives it in lockstep, with the same records
+    as the recursion."""
     path, grads = synthetic_capture
-    top = f"{EXAMPLE}:TopK"
+    top = f"{EXAMPLE}:TopK+residual"
     mine = write(
         tmp_path / "protocol.py",
         f"""
         import importlib.util
 
         from gradstat.compressors.base import Compressor
-        from gradstat.compressors.online import local_online
+        from gradstat.compressors.memory import ResidualMemory
 
         spec = importlib.util.spec_from_file_location("example", {str(EXAMPLE)!r})
         example = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(example)
 
 
-        class OnlineTopK(example.TopK, Compressor):
+        class ExchangeTopK(example.TopK, Compressor):
             inside = False
 
-            def online(self, p, name, comm):
+            def memory(self):
+                return ResidualMemory()
+
+            def exchange(self, p, call):
                 self.inside = True
                 try:
-                    return local_online(self, p, name, comm)
+                    return (yield from super().exchange(p, call))
                 finally:
                     self.inside = False
 
             def compress(self, tensor, name):
-                assert self.inside, "compressed outside the online form"
+                assert self.inside, "compressed outside the exchange"
                 return super().compress(tensor, name)
         """,
     )
-    records = replay_records(capsys, path, f"{mine}:OnlineTopK,{top}", "--jobs", "1")
-    ours = [r for r in records if r["compressor"] == f"{mine}:OnlineTopK"]
+    records = replay_records(capsys, path, f"{mine}:ExchangeTopK,{top}", "--jobs", "1")
+    ours = [r for r in records if r["compressor"] == f"{mine}:ExchangeTopK"]
     assert_matches_reference(ours, grads)
 
 

@@ -30,10 +30,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gradstat.analysis.replay import scope_shapes
+from gradstat.analysis.replay import capture_plan, trained_options
 from gradstat.analysis.replay_stream import replay_streamed
-from gradstat.analysis.selection import k_for
-from gradstat.compressors.exchange import SparseRow, StepOutcome
+from gradstat.compressors.exchange import SparseRow, dense
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
@@ -118,14 +117,15 @@ def _run(cap: Capture, path: str) -> Run:
     )
 
 
-def _scheme(cap: Capture, compressor: dict, numel: int) -> Scheme:
+def _scheme(cap: Capture, compressor: dict, plan_from: Capture) -> Scheme:
+    """The replay of ``compressor`` over ``cap`` on the plan the compressed run
+    ``plan_from`` trained with (gradstat/hooks/compression.py records it)."""
     spec = parse_compressors(compressor["name"])[0]
-    ratio = compressor["ratio"]
-    k = None if ratio is None else k_for(ratio, numel)
-    shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
+    scope = cap.scopes("model")[0]
+    plan = capture_plan(cap, scope, **trained_options(plan_from))
     # the run's --seed seeded the hook's random draws (QSGD, TernGrad, a user's class)
     seed = int(cap.meta.get("seed") or 0)
-    return build_scheme(spec, ratio, k, numel=numel, shapes=shapes, seed=seed)
+    return build_scheme(spec, compressor["ratio"], plan, seed=seed)
 
 
 def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
@@ -136,62 +136,95 @@ def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
     return float((estimate.double() - reference).square().sum()) / denominator
 
 
+def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.Tensor:
+    """One flat row from each message's flat part (dense or sparse), in layer order."""
+    stop = max(offset + numel for m in scheme.plan.messages for offset, numel in m.slices)
+    row = torch.zeros(stop)
+    for message, part in zip(scheme.plan.messages, parts, strict=True):
+        flat, position = dense(part), 0
+        for offset, numel in message.slices:
+            row[offset : offset + numel] = flat[position : position + numel]
+            position += numel
+    return row
+
+
+def _parts(scheme: Scheme, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Each message's columns of ``rows[..., numel]``, in message order."""
+    return [
+        torch.cat([rows[..., o : o + k] for o, k in m.slices], dim=-1) for m in scheme.plan.messages
+    ]
+
+
 def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
-    """The update the learners applied: the compressor's aggregate of their sent rows
-    (their sum, or its own such as signSGD's majority vote), divided by their number
-    when it averages."""
-    compressor = scheme.compressor
-    total = compressor.aggregate(list(sent))
-    return total / sent.shape[0] if compressor.average else total
+    """The update the learners applied: per message, the compressor's aggregate of their
+    sent rows (their sum, or its own such as signSGD's majority vote), divided by their
+    number when it averages; a message sent dense, their mean."""
+    n = sent.shape[0]
+    parts = []
+    for m, part in enumerate(_parts(scheme, sent)):
+        if scheme.plan.messages[m].dense:
+            parts.append(part.mean(dim=0))
+            continue
+        compressor = scheme.compressor(0, m)
+        total = compressor.aggregate(list(part)).reshape(-1)
+        parts.append(total / n if compressor.average else total)
+    return _whole(scheme, parts)
 
 
-def _replayed(cap: Capture, scheme: Scheme, steps: Sequence[int]) -> Iterator[StepOutcome]:
-    """The streamed replay of ``scheme`` over ``steps`` of ``cap`` (scope ``model``)."""
+def _reference(scheme: Scheme, grads: torch.Tensor) -> torch.Tensor:
+    """The dense update each message is judged against (DGC: the momentum update)."""
+    means = _parts(scheme, grads.mean(dim=0))
+    return _whole(scheme, [scheme.reference(m, mean) for m, mean in enumerate(means)])
+
+
+def _replayed(cap: Capture, scheme: Scheme, steps: Sequence[int]) -> Iterator[tuple]:
+    """``(estimate, bytes per learner)`` of the streamed replay of ``scheme`` over
+    ``steps`` of ``cap`` (scope ``model``)."""
     scope = cap.scopes("model")[0]
     for _, (result,) in replay_streamed(cap, steps, cap.learners, [(scope, scheme)]):
-        yield result.outcome
-
-
-def _dense(estimate: torch.Tensor | SparseRow) -> torch.Tensor:
-    return estimate.dense() if isinstance(estimate, SparseRow) else estimate
+        by_message = sorted(result.messages, key=lambda outcome: outcome.index)
+        estimate = _whole(scheme, [outcome.estimate for outcome in by_message])
+        yield estimate, sum(t.nbytes for o in by_message for t in o.transfers)
 
 
 def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
     """Measured and self-replayed error and bytes of one compressed run, per step."""
     assert cap.compressor is not None
-    measured_scheme = _scheme(cap, cap.compressor, cap.numel)
-    replayed = _scheme(cap, cap.compressor, cap.numel)
+    measured_scheme = _scheme(cap, cap.compressor, cap)
+    replayed = _scheme(cap, cap.compressor, cap)
     rows = []
     outcomes = _replayed(cap, replayed, steps)
     for i, step in enumerate(steps):
         grads = cap.read_step(step)
         sent = cap.read_step(step, dataset="sent")
-        reference = measured_scheme.reference(grads.mean(dim=0))
+        reference = _reference(measured_scheme, grads)
         applied = _applied(measured_scheme, sent)
-        exchange = next(outcomes)
+        estimate, sent_bytes = next(outcomes)
         rows.append(
             {
                 "step": int(step),
                 "measured_rel_error": _rel_error(applied, reference),
                 "measured_bytes": float(cap.sent_bytes[:, i].mean()),
-                "replayed_rel_error": _rel_error(_dense(exchange.estimate), reference),
-                "replayed_bytes": exchange.bytes_per_learner,
+                "replayed_rel_error": _rel_error(estimate, reference),
+                "replayed_bytes": sent_bytes,
             }
         )
     return rows
 
 
-def _predicted(dense: Capture, compressor: dict, steps: Sequence[int]) -> dict[int, dict]:
-    """The open-loop replay of ``compressor`` over the dense run's gradients."""
-    scheme = _scheme(dense, compressor, dense.numel)
+def _predicted(dense_run: Capture, run: Capture, steps: Sequence[int]) -> dict[int, dict]:
+    """The open-loop replay of ``run``'s compressor and plan over the dense run's
+    gradients."""
+    assert run.compressor is not None
+    scheme = _scheme(dense_run, run.compressor, run)
     out = {}
-    outcomes = _replayed(dense, scheme, steps)
-    for step, grads in dense.iter_steps(steps):
-        reference = scheme.reference(grads.mean(dim=0))
-        exchange = next(outcomes)
+    outcomes = _replayed(dense_run, scheme, steps)
+    for step, grads in dense_run.iter_steps(steps):
+        reference = _reference(scheme, grads)
+        estimate, sent_bytes = next(outcomes)
         out[step] = {
-            "predicted_rel_error": _rel_error(_dense(exchange.estimate), reference),
-            "predicted_bytes": exchange.bytes_per_learner,
+            "predicted_rel_error": _rel_error(estimate, reference),
+            "predicted_bytes": sent_bytes,
         }
     return out
 
@@ -255,7 +288,7 @@ def _error_rows(cap: Capture, run: Run, dense: tuple[Capture, Run] | None) -> li
         if dense_cap.numel != cap.numel:
             raise UsageError(f"{run.path} and {dense_run.path} train different models")
         common = [s for s in run.steps if s in set(dense_run.steps)]
-        predicted = _predicted(dense_cap, run.compressor, common)
+        predicted = _predicted(dense_cap, cap, common)
     missing = {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
     return [
         {"run": run.name, "label": run.label, **row, **predicted.get(row["step"], missing)}

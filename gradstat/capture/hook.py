@@ -61,6 +61,7 @@ from gradstat.capture.hook_setup import (
     shared_run_id,
 )
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
+from gradstat.compressors.plan import ddp_bucket_caps
 from gradstat.errors import GradstatWarning
 from gradstat.store.dtypes import torch_dtype
 from gradstat.store.ranks import parse_ranks
@@ -68,6 +69,14 @@ from gradstat.store.schema import rank_file_name
 from gradstat.store.writer import finalize_root, write_root
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+def ddp_bucket_meta(model: Any) -> dict[str, int]:
+    """The DDP model's bucket caps for the capture's metadata (docs/format.md)."""
+    caps = ddp_bucket_caps(model)
+    if caps is None:
+        return {}
+    return {"ddp_bucket_cap_bytes": caps[0], "ddp_first_bucket_bytes": caps[1]}
 
 
 def _capture_hook(
@@ -141,8 +150,10 @@ class GradientCapture:
         # a gradstat compression hook: bind it to the model, record what it sent
         self._records_sent = hasattr(hook_state, "bind_for_capture")
         if self._records_sent:
-            hook_state.bind_for_capture(model.module, layers)
-            meta = {**(meta or {}), **compression_meta(hook_state)}
+            hook_state.bind_for_capture(model, layers)
+            meta = {**(meta or {}), **compression_meta(hook_state), **hook_state.plan_meta()}
+        if not self._units:  # DDP's bucket caps: a replay cuts its steps as DDP did
+            meta = {**ddp_bucket_meta(model), **(meta or {})}
         # hook first, files after: a model that cannot take the hook leaves nothing behind
         records = self.rank in self.recorded_ranks
         self._register(model, records)

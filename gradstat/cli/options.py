@@ -128,6 +128,33 @@ Scope = Annotated[
         help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
     ),
 ]
+Granularity = Annotated[
+    str | None,
+    typer.Option(
+        "--granularity",
+        metavar="G",
+        show_default="the capture's: bucket for DDP, else model",
+        help="How a step is cut into messages: model (the flat vector), tensor (each "
+        "parameter in its shape) or bucket[:MB] (DDP's buckets, bucket_cap_mb MB).",
+    ),
+]
+Dense = Annotated[
+    str | None,
+    typer.Option(
+        "--dense",
+        metavar="REGEX",
+        help="Parameters whose name matches are sent uncompressed (e.g. 'bias|norm').",
+    ),
+]
+DenseBelow = Annotated[
+    int,
+    typer.Option(
+        "--dense-below",
+        metavar="N",
+        callback=between(0),
+        help="Parameters of fewer than N values are sent uncompressed.",
+    ),
+]
 Ratios = Annotated[
     RatioList,
     typer.Option(

@@ -20,6 +20,7 @@ from gradstat.analysis.recommend import (
     recommend,
 )
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.replay_records import totals
 from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
@@ -39,10 +40,13 @@ from gradstat.cli.options import (
     ClusterSize,
     Compressors,
     Csv,
+    Dense,
+    DenseBelow,
     Detail,
     Device,
     Dpi,
     ErrorBudget,
+    Granularity,
     Jobs,
     Json,
     Latency,
@@ -147,6 +151,9 @@ def replay_command(
     rank: Rank = RANK,
     beta: Beta = BETA,
     scope: Scope = "model",
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     steps: Steps = None,
     learners: Learners = None,
     seed: Seed = SEED,
@@ -160,11 +167,14 @@ def replay_command(
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """What each compressor costs and loses, replayed with error feedback.
+    """What each compressor costs and loses, replayed as training communicates.
 
-    Replays compressors over consecutive recorded steps: density, estimation quality,
-    build-up, bytes, predicted communication time (alpha-beta model), relative error and
-    cosine against the true mean gradient, compression time.
+    Replays compressors over consecutive recorded steps, each step cut into messages as
+    training cuts it (--granularity), each compressor with its error-feedback memory
+    (COMPRESSOR+MEMORY: topk+residual, terngrad+none, mine.py:Top+mine.py:Memory):
+    density, estimation quality, build-up, bytes, predicted communication time
+    (alpha-beta model), relative error and cosine against the true mean gradient,
+    compression time. --detail adds a record per message.
 
     Example: gradstat replay captures/lm --compressors topk,clt-k --plot replay.png
     """
@@ -173,30 +183,46 @@ def replay_command(
     # the default set skips PowerSGD, with a warning, where the model has no matrix for
     # it; asked for by name, a compressor that cannot run fails
     optional = ("powersgd",) if compressors == REPLAYED else ()
-    params = ReplayParams(specs, ratios, link, seed=seed, optional=optional, threads=threads)
+    params = ReplayParams(
+        specs,
+        ratios,
+        link,
+        seed=seed,
+        optional=optional,
+        threads=threads,
+        granularity=granularity,
+        dense=dense,
+        dense_below=dense_below,
+        detail=detail,
+    )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
         run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
-    result = replay_result(records, link, len(run.learners), run.cost_learners)
+    result = replay_result(records, link, len(run.learners), run.cost_learners, run.plan.describe())
     result.document["world_size"] = cap.world_size
-    result.figure = lambda: _plot_replay(records)
+    result.figure = lambda: _plot_replay(totals(records))
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
-def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> Result:
-    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model."""
+def replay_result(
+    records: pd.DataFrame, link: Link, learners: int, n: int, plan: str = "model"
+) -> Result:
+    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model,
+    ``plan`` the granularity that ran (``Plan.describe``)."""
     summary = summarize_replay(records, link, n)
     views = []
     for scope, rows in summary.groupby("scope", sort=False):
         shown = _display(rows)
-        views += [_traffic_view(scope, rows, shown, learners, n, link), _error_view(scope, shown)]
+        traffic = _traffic_view(scope, rows, shown, learners, n, link, plan)
+        views += [traffic, _error_view(scope, shown)]
     return Result(
         records,
         summary=views,
         answer=replay_answer(summary),
         document={
+            "granularity": plan,
             "learners": learners,
             "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
@@ -208,14 +234,20 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
 
 
 def _traffic_view(
-    scope: str, rows: pd.DataFrame, shown: pd.DataFrame, learners: int, n: int, link: Link
+    scope: str,
+    rows: pd.DataFrame,
+    shown: pd.DataFrame,
+    learners: int,
+    n: int,
+    link: Link,
+    plan: str,
 ) -> View:
     """One scope's traffic and time table: ``rows`` its summary, ``shown`` as displayed,
-    ``learners`` replayed, ``n`` in the cost model on ``link``."""
+    ``learners`` replayed, ``n`` in the cost model on ``link``, at granularity ``plan``."""
     dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
     return View(
         f"replay of {learners} learners over {int(rows['steps'].max())} steps, scope "
-        f"{scope}: traffic and time (cost model: {n} learners)",
+        f"{scope}, granularity {plan}: traffic and time (cost model: {n} learners)",
         shown,
         {
             "compressor": "compressor",
@@ -245,13 +277,15 @@ def _error_view(scope: str, shown: pd.DataFrame) -> View:
         {
             "compressor": "compressor",
             "ratio": "ratio",
+            "memory": "memory",
             "density": "density",
             "rel_error": "rel error",
             "cosine": "cosine",
-            "memory_norm": "memory",
+            "memory_norm": "‖m‖",
         },
         "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
-        "dense momentum update); memory = error-feedback norm after the last step. "
+        "dense momentum update); memory = the error-feedback memory that ran (+MEMORY "
+        "names another), ‖m‖ = its norm after the last step. "
         "Relative errors above 1 are normal with error feedback: what a step sends "
         "includes residuals of earlier steps, which the mean gradient of that step "
         "does not.",
@@ -277,6 +311,9 @@ def recommend_command(
     ratios: Ratios = DEFAULT_RATIOS,
     rank: Rank = RANK,
     beta: Beta = BETA,
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     steps: Steps = None,
     seed: Seed = SEED,
     threads: Threads = THREADS,
@@ -299,7 +336,18 @@ def recommend_command(
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     profile = target_profile(target, target_file, threads)
     params = RecommendParams(
-        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile, threads
+        error_budget,
+        link,
+        cluster_size,
+        baseline.value,
+        specs,
+        ratios,
+        seed,
+        profile,
+        threads,
+        granularity,
+        dense,
+        dense_below,
     )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
@@ -339,8 +387,12 @@ def _write_recommendation(result: Recommendation, out: Path) -> None:
     err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 
-def _target_name(result: Recommendation) -> str:
-    return result.target.name if result.target is not None else "this machine"
+def _priced(result: Recommendation) -> str:
+    """How compression was priced: measured here, or estimated for another target."""
+    if result.priced == "measured":
+        return "measured here"
+    name = result.target.name if result.target is not None else "the target"
+    return f"estimated for {name} (work model)"
 
 
 def recommend_result(result: Recommendation) -> Result:
@@ -359,7 +411,8 @@ def recommend_result(result: Recommendation) -> Result:
         result.ranking,
         summary=[
             View(
-                f"candidates for {result.cost_learners} learners, budget {result.error_budget:g}",
+                f"candidates for {result.cost_learners} learners, budget "
+                f"{result.error_budget:g}, granularity {result.plan}",
                 _display(shown),
                 {
                     "compressor": "compressor",
@@ -370,9 +423,9 @@ def recommend_result(result: Recommendation) -> Result:
                     "ms": "ms/step",
                     "speedup": "speed-up",
                 },
-                f"{link_text(result.link)}; compression on {_target_name(result)}. Within "
+                f"{link_text(result.link)}; compression {_priced(result)}. Within "
                 "budget fastest first, then the rest by error; ms/step = predicted communication + "
-                "compression (on the target, from the work model; per candidate in --json); "
+                "compression (per candidate in --json); "
                 "speed-up over the "
                 f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),

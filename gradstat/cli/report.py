@@ -18,9 +18,12 @@ from gradstat.cli.options import (
     Capture,
     ClusterSize,
     Compressors,
+    Dense,
+    DenseBelow,
     Device,
     Dpi,
     ErrorBudget,
+    Granularity,
     Jobs,
     Latency,
     Memory,
@@ -75,6 +78,9 @@ def report_command(
     cluster_size: ClusterSize = None,
     target: Target = "cpu-here",
     target_file: TargetFile = None,
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     dpi: Dpi = REPORT_DPI,
     device: Device = "auto",
     memory: Memory = None,
@@ -109,6 +115,9 @@ def report_command(
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
         target_file=str(target_file) if target_file else None,
+        granularity=granularity,
+        dense=dense,
+        dense_below=dense_below,
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)

@@ -24,7 +24,7 @@ class Cast(Compressor):
         self.name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        return (tensor.to(self.dtype),), None
+        return (tensor.reshape(-1).to(self.dtype),), None
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return tensors[0].float()

@@ -20,7 +20,7 @@ class NoCompression(Compressor):
     sparse = False
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        return (tensor,), None
+        return (tensor.reshape(-1),), None
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return tensors[0]

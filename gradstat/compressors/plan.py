@@ -136,6 +136,17 @@ def parse_granularity(text: str) -> tuple[str, float | None]:
     return kind, cap
 
 
+def ddp_bucket_caps(model: object) -> tuple[int, int] | None:
+    """``(bucket cap, first bucket cap)`` in bytes of a DistributedDataParallel model
+    (None for another model): its ``bucket_bytes_cap``, and 1 MiB for the first bucket
+    where DDP uses its default caps (``bucket_bytes_cap_default``), else the cap."""
+    cap = getattr(model, "bucket_bytes_cap", None)
+    if not isinstance(cap, int):
+        return None
+    small_first = bool(getattr(model, "bucket_bytes_cap_default", False))
+    return cap, DDP_FIRST_BUCKET_BYTES if small_first else cap
+
+
 def ddp_buckets(
     layers: Sequence[LayerLike], cap_bytes: int, first_bytes: int, element_size: int = 4
 ) -> list[list[LayerLike]]:

@@ -50,7 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.registry import CHOICES, REGISTRY, CompressorSpec, Context, Entry
+from gradstat.compressors.registry import (
+    CHOICES,
+    REGISTRY,
+    CompressorSpec,
+    Context,
+    Entry,
+    grace_k,
+)
 from gradstat.compressors.user import (
     Blame,
     adapter,
@@ -359,13 +366,11 @@ def _entry(spec: UserSpec) -> Entry:
             seed=ctx.seed,
             learner=ctx.learner,
         )
-        if spec.collective is not None:
-            made.collective = spec.collective
-        if spec.memory is not None and hasattr(made, "_memory"):  # the one named wins
-            made._memory = None if spec.memory.builtin else spec.memory.factory()
         return made
 
-    return Entry(build, found.ratio_name is None, found.summary, collectives=COLLECTIVES)
+    return Entry(
+        build, found.ratio_name is None, found.summary, collectives=COLLECTIVES, k_rule=grace_k
+    )
 
 
 def _joined(name: str, params: Sequence[tuple[str, Value]]) -> str:

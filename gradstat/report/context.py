@@ -44,6 +44,10 @@ class ReportSettings:
     target: Target | None = None
     #: Where ``target`` came from (``--target-file``), for the equivalent command.
     target_file: str | None = None
+    #: The replay's plan: granularity (None: the capture's own) and dense exclusions.
+    granularity: str | None = None
+    dense: str | None = None
+    dense_below: int = 0
 
 
 @dataclass
@@ -71,7 +75,15 @@ class ReportContext:
     def replay(self) -> tuple[Replay, pd.DataFrame]:
         s = self.settings
         params = ReplayParams(
-            s.compressors, s.ratios, s.link, cost_learners=s.cost_learners, skip_unfit=True
+            s.compressors,
+            s.ratios,
+            s.link,
+            cost_learners=s.cost_learners,
+            skip_unfit=True,
+            granularity=s.granularity,
+            dense=s.dense,
+            dense_below=s.dense_below,
+            tolerate=True,  # a candidate that fails is one warning; the others still run
         )
         run = Replay(self.cap, self.selection, params, compute=self.compute)
         return run, run.run(self.progress("replay"))
