@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradstat.analysis.replay_block import replay_rows
 from gradstat.compressors import (
     REGISTRY,
     DGCMemory,
@@ -52,14 +53,14 @@ def scheme(name: str, ratio: float | None, d: int, shapes=(), seed: int = 0, gra
 def memory_rows(s, n: int, d: int) -> torch.Tensor:
     """The residual memory rows of scheme ``s`` (zeros before its first step; one block)."""
     m = getattr(s.memory, "m", None)
-    if m is None or not hasattr(s, "_steps"):
+    if m is None or not hasattr(s, "rows_replayed"):
         return torch.zeros(n, d)
     return torch.stack([m[0].load(i).clone() for i in range(n)])
 
 
 def step(s, g: torch.Tensor):
     """One step of scheme ``s``: the outcome, its estimate and what each learner sent."""
-    out = s.step(g)
+    out = replay_rows(s, g)
     return out, out.estimate, out.sent
 
 
@@ -157,7 +158,7 @@ def test_estimated_sparsifiers_select_what_their_threshold_selects(name):
     x = laplace((3, 5000), seed=4)
     spec = f"{name}:stages=2" if name.startswith("sidco") else name
     s = scheme(spec, 0.01, 5000)
-    exchange = s.step(x)
+    exchange = replay_rows(s, x)
     sent = exchange.sent  # DGC's memory: its v = g at the first step
     for row, learner_sent, selected in zip(x, sent, exchange.selected, strict=True):
         support = np.nonzero(learner_sent.numpy())[0]
@@ -175,14 +176,14 @@ def test_estimated_sparsifiers_select_what_their_threshold_selects(name):
 def test_hard_threshold_is_calibrated_once_then_fixed():
     x = laplace((2, 1000), seed=5)
     s = scheme("threshold", 0.02, 1000)
-    first = s.step(x)
+    first = replay_rows(s, x)
     lam = sorted(np.abs(x[0].numpy()))[-20]
     assert s.compressor(0, 0).threshold == pytest.approx(lam)
     assert s.compressor(1, 0).threshold == s.compressor(0, 0).threshold  # broadcast
     assert first.selected[0] == 20
     assert first.selected[1] == int((np.abs(x[1].numpy()) >= lam).sum())
     m = memory_rows(s, 2, 1000)
-    second = s.step(2 * x)
+    second = replay_rows(s, 2 * x)
     assert second.selected[0] == int((np.abs(2 * x[0].numpy() + m[0].numpy()) >= lam).sum()) > 20
 
 
@@ -220,7 +221,7 @@ def test_ef_signsgd_and_majority_vote():
     assert payload_bytes(tensors) == math.ceil(77 / 8) + 4
     expected = np.abs(x[0].numpy()).mean() * np.where(x[0].numpy() >= 0, 1.0, -1.0)
     np.testing.assert_allclose(ef.decompress(tensors, ctx).numpy(), expected, rtol=1e-6)
-    vote = scheme("signsgd", None, 77).step(x)
+    vote = replay_rows(scheme("signsgd", None, 77), x)
     signs = np.where(x.numpy() >= 0, 1.0, -1.0)
     scale = np.abs(x.numpy()).mean(axis=1).mean()
     np.testing.assert_allclose(vote.estimate.numpy(), np.sign(signs.sum(0)) * scale, rtol=1e-6)
@@ -278,7 +279,7 @@ def test_powersgd_matches_numpy_power_iteration_with_warm_start():
     for t in range(3):
         x = laplace((3, 136), seed=20 + t)
         p_rows = (x + memory_rows(s, 3, 136)).double().numpy()
-        exchange = s.step(x)
+        exchange = replay_rows(s, x)
         m = p_rows[:, :120].reshape(3, 12, 10)
         p = np.mean(m @ q, axis=0)
         p_hat, _ = np.linalg.qr(p)
@@ -296,7 +297,7 @@ def test_powersgd_recovers_a_shared_rank_one_matrix_exactly():
     rng = np.random.default_rng(1)
     m = np.outer(rng.normal(size=30), rng.normal(size=20)).astype(np.float32)
     x = torch.from_numpy(np.stack([m.reshape(-1)] * 2))
-    exchange = scheme("powersgd:rank=1", None, 600, shapes=[(30, 20)]).step(x)
+    exchange = replay_rows(scheme("powersgd:rank=1", None, 600, shapes=[(30, 20)]), x)
     np.testing.assert_allclose(exchange.estimate.numpy(), m.reshape(-1), rtol=1e-4, atol=1e-5)
 
 
@@ -308,7 +309,7 @@ def test_powersgd_keeps_no_residual_for_parameters_sent_uncompressed():
     for t in range(3):
         x = laplace((3, 136), seed=40 + t)
         corrected = x + memory_rows(s, 3, 136)
-        exchange = s.step(x)
+        exchange = replay_rows(s, x)
         memory = memory_rows(s, 3, 136)
         assert torch.count_nonzero(memory[:, 120:]) == 0
         expected = corrected[:, :120] - exchange.estimate[:120]
@@ -409,7 +410,7 @@ def test_every_registered_compressor_runs_and_reports_exact_bytes():
     d = 400
     for name, entry in REGISTRY.items():
         s = scheme(name, None if entry.fixed_rate else 0.05, d, shapes=[(20, 20)])
-        exchange = s.step(laplace((2, d)))
+        exchange = replay_rows(s, laplace((2, d)))
         assert exchange.estimate.shape == (d,)
         assert exchange.bytes_per_learner > 0, name
     expected = {
@@ -428,7 +429,7 @@ def test_every_registered_compressor_runs_and_reports_exact_bytes():
         s = scheme(name, None if REGISTRY[name].fixed_rate else 0.05, d, shapes=[(20, 20)])
         if name == "powersgd":
             s = scheme("powersgd:rank=2", None, d, shapes=[(20, 20)])
-        assert s.step(laplace((2, d))).bytes_per_learner == want, name
+        assert replay_rows(s, laplace((2, d))).bytes_per_learner == want, name
 
 
 def test_parse_compressors_and_bad_names():
@@ -490,7 +491,7 @@ def test_sidco_compressors_take_the_reference_choices():
     built = scheme(spec.label, 0.01, 20_000)
     compressor = built.compressor(0, 0)
     assert (compressor.zeros, compressor.stage_fit) == ("include", "mle")
-    exchange = built.step(x)
+    exchange = replay_rows(built, x)
     for row, selected in zip(x, exchange.selected, strict=True):
         expected = estimate_threshold(
             row, 0.01, "sidco-gpd", stages=3, zeros="include", stage_fit="mle"
@@ -509,7 +510,7 @@ def test_a_density_applies_to_each_message_by_the_compressors_rule():
         "topk", 0.001, 590, shapes=[(8, 1, 3, 3), (8,), (10, 50), (10,)], granularity="tensor"
     )
     assert [s.k(m) for m in range(4)] == [1, 1, 1, 1]
-    out = s.step(laplace((2, 590)))
+    out = replay_rows(s, laplace((2, 590)))
     assert out.selected == [4, 4]
     (spec,) = parse_compressors("topk")
     with pytest.raises(UsageError, match="give it a ratio"):

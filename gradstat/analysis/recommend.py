@@ -6,7 +6,7 @@ and the others still run. Its predicted time per step is the alpha-beta communic
 time (docs/methods.md 5, for ``cost_learners`` learners, every message's collectives)
 plus one learner's compression time: on this machine (``--target cpu-here``, the
 default) *measured*, its own code timed on the capture's messages at the cluster size
-(:mod:`gradstat.compressors.pricing`); on another target *estimated*, the work model
+(:mod:`gradstat.analysis.pricing`); on another target *estimated*, the work model
 (:mod:`gradstat.compressors.work`, a generic count for a user's class) timed with the
 target's profile (:mod:`gradstat.compressors.targets`). The time the replay took here is
 kept as ``measured_compress_seconds``. Among the candidates whose
@@ -30,11 +30,11 @@ import pandas as pd
 from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
+from gradstat.analysis.pricing import measure_price
 from gradstat.analysis.progress import Progress, no_progress
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
-from gradstat.compressors.pricing import measure_price
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.compressors.work import seconds

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gradstat.analysis.replay_block import MessageOutcome
 from gradstat.analysis.replay_stream import SchemeStep
 from gradstat.compressors.cost import Link, allreduce_seconds, collective_seconds
 from gradstat.compressors.exchange import SparseRow
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.simulated import MessageOutcome
 from gradstat.stats.row_kernels import error_sums as row_error_sums
 from gradstat.stats.row_kernels import squared_norm
 

@@ -4,7 +4,7 @@
 of the flat row: the model, a bucket, a few tensors; :mod:`gradstat.compressors.plan`)
 it reads each learner's block once (a reading thread reads the next learner's while
 this one is replayed, checks it finite and adds it to the block's reference sum) and
-hands it to every scheme's :class:`~gradstat.compressors.simulated.BlockStep`: the
+hands it to every scheme's :class:`~gradstat.analysis.replay_block.BlockStep`: the
 learner's memory forms the corrected vectors and its compressor compresses them; once
 every learner's block is in, each message is exchanged in lockstep and the memories
 keep what was not sent. The memories' rows live in a :mod:`~gradstat.analysis.ef_store`
@@ -24,9 +24,10 @@ import torch
 
 from gradstat.analysis.ef_store import MemoryRows
 from gradstat.analysis.finite import require_finite
+from gradstat.analysis.replay_block import BlockStep, MessageOutcome
 from gradstat.analysis.row_workspace import Workspace
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.simulated import BlockStep, MessageOutcome, take
+from gradstat.compressors.simulated import take
 from gradstat.errors import GradstatError
 from gradstat.stats.row_kernels import add_checked
 from gradstat.store import Capture, Scope

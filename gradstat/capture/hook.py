@@ -149,11 +149,7 @@ class GradientCapture:
         self._reset_state()
         # a gradstat compression hook: bind it to the model, record what it sent
         self._records_sent = hasattr(hook_state, "bind_for_capture")
-        if self._records_sent:
-            hook_state.bind_for_capture(model, layers)
-            meta = {**(meta or {}), **compression_meta(hook_state), **hook_state.plan_meta()}
-        if not self._units:  # DDP's bucket caps: a replay cuts its steps as DDP did
-            meta = {**ddp_bucket_meta(model), **(meta or {})}
+        meta = self._training_meta(model, layers, hook_state, meta)
         # hook first, files after: a model that cannot take the hook leaves nothing behind
         records = self.rank in self.recorded_ranks
         self._register(model, records)
@@ -170,6 +166,16 @@ class GradientCapture:
             ranks = self.recorded_ranks
             write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
         self.writer = self._start_writer(dtype, max_queue, compression, run_id) if records else None
+
+    def _training_meta(self, model: Any, layers: str | None, state: Any, meta: Any) -> dict:
+        """``meta`` with how training communicated: DDP's bucket caps (a replay cuts its
+        steps as DDP did) and a gradstat compression hook's compressor and plan (bound to
+        the model here: it records what the hook sent)."""
+        meta = {**(ddp_bucket_meta(model) if not self._units else {}), **(meta or {})}
+        if self._records_sent:
+            state.bind_for_capture(model, layers)
+            meta = {**meta, **compression_meta(state), **state.plan_meta()}
+        return meta
 
     def _start_writer(
         self, dtype: str, max_queue: int, compression: str, run_id: str

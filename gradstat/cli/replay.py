@@ -138,6 +138,11 @@ def _display(summary: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def plan_options(granularity: str | None, dense: str | None, dense_below: int) -> dict:
+    """``--granularity``, ``--dense`` and ``--dense-below`` as the analyses' keywords."""
+    return {"granularity": granularity, "dense": dense, "dense_below": dense_below}
+
+
 def link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
@@ -169,31 +174,20 @@ def replay_command(
 ) -> None:
     """What each compressor costs and loses, replayed as training communicates.
 
-    Replays compressors over consecutive recorded steps, each step cut into messages as
-    training cuts it (--granularity), each compressor with its error-feedback memory
-    (COMPRESSOR+MEMORY: topk+residual, terngrad+none, mine.py:Top+mine.py:Memory):
-    density, estimation quality, build-up, bytes, predicted communication time
-    (alpha-beta model), relative error and cosine against the true mean gradient,
-    compression time. --detail adds a record per message.
+    Each step cut into messages as training cuts it (--granularity), each compressor
+    with its memory (COMPRESSOR+MEMORY: topk+residual, terngrad+none): density,
+    quality, build-up, bytes, predicted communication time, relative error and cosine
+    against the mean gradient, compression time; --detail: a record per message too.
 
     Example: gradstat replay captures/lm --compressors topk,clt-k --plot replay.png
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    # the default set skips PowerSGD, with a warning, where the model has no matrix for
-    # it; asked for by name, a compressor that cannot run fails
+    # the default set skips PowerSGD where the model has no matrix for it; by name it fails
     optional = ("powersgd",) if compressors == REPLAYED else ()
+    plan = plan_options(granularity, dense, dense_below)
     params = ReplayParams(
-        specs,
-        ratios,
-        link,
-        seed=seed,
-        optional=optional,
-        threads=threads,
-        granularity=granularity,
-        dense=dense,
-        dense_below=dense_below,
-        detail=detail,
+        specs, ratios, link, seed=seed, optional=optional, threads=threads, detail=detail, **plan
     )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
@@ -201,8 +195,7 @@ def replay_command(
         run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
     result = replay_result(records, link, len(run.learners), run.cost_learners, run.plan.describe())
-    result.document["world_size"] = cap.world_size
-    result.figure = lambda: _plot_replay(totals(records))
+    result.document["world_size"], result.figure = cap.world_size, lambda: _plot_replay(records)
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
@@ -295,7 +288,7 @@ def _error_view(scope: str, shown: pd.DataFrame) -> View:
 def _plot_replay(records: pd.DataFrame):
     from gradstat.plots.replay import plot_replay
 
-    return plot_replay(records)
+    return plot_replay(totals(records))  # a step's totals, not its messages
 
 
 def recommend_command(
@@ -335,20 +328,9 @@ def recommend_command(
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     profile = target_profile(target, target_file, threads)
-    params = RecommendParams(
-        error_budget,
-        link,
-        cluster_size,
-        baseline.value,
-        specs,
-        ratios,
-        seed,
-        profile,
-        threads,
-        granularity,
-        dense,
-        dense_below,
-    )
+    plan = plan_options(granularity, dense, dense_below)
+    given = (error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile)
+    params = RecommendParams(*given, threads, **plan)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)

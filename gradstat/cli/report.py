@@ -32,7 +32,7 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
-from gradstat.cli.replay import Target, TargetFile, target_profile
+from gradstat.cli.replay import Target, TargetFile, plan_options, target_profile
 from gradstat.compressors.cost import Link
 from gradstat.errors import UsageError
 from gradstat.store import open_capture
@@ -93,16 +93,12 @@ def report_command(
     answers and the assumptions behind them, then the capture and its loss curve,
     distribution fits and estimator quality, similarity, build-up, temporal overlap,
     the replay comparison and the recommendation, each with a paragraph on what it
-    shows.
-
-    Compression is priced with one hardware profile for the whole page; pass the
-    --out file of `gradstat recommend` as --target-file to quote that recommendation's
-    numbers exactly.
+    shows. Compression is priced once for the whole page; pass the --out file of
+    `gradstat recommend` as --target-file to quote its numbers exactly.
 
     Example: gradstat report captures/lm -o report.html --cluster-size 64
     """
-    # matplotlib and seaborn load here, not on every gradstat command
-    from gradstat.report.build import build_report
+    from gradstat.report.build import build_report  # matplotlib and seaborn load here
     from gradstat.report.context import ReportSettings
 
     settings = ReportSettings(
@@ -115,9 +111,7 @@ def report_command(
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
         target_file=str(target_file) if target_file else None,
-        granularity=granularity,
-        dense=dense,
-        dense_below=dense_below,
+        **plan_options(granularity, dense, dense_below),
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)

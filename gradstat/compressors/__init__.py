@@ -8,8 +8,9 @@ implements it, :mod:`~gradstat.compressors.memory` holds the error-feedback memo
 :mod:`~gradstat.compressors.simulated` (replay) drive the exchanges,
 :mod:`~gradstat.compressors.registry` names every built-in and builds a scheme,
 :mod:`~gradstat.compressors.spec` parses what users name, and
-:mod:`~gradstat.compressors.cost` / :mod:`~gradstat.compressors.work` /
-:mod:`~gradstat.compressors.pricing` turn bytes and work into seconds.
+:mod:`~gradstat.compressors.cost` / :mod:`~gradstat.compressors.work` turn bytes and
+work into predicted seconds (this machine's prices are measured:
+:mod:`gradstat.analysis.pricing`).
 """
 
 from gradstat.lazy import lazy_attributes
@@ -37,7 +38,6 @@ _HOMES = {
     "Context": "registry",
     "Entry": "registry",
     "Scheme": "registry",
-    "StepOutcome": "registry",
     "build_scheme": "registry",
     "parse_compressors": "spec",
 }

@@ -13,9 +13,9 @@ the payloads are separate. A plain GRACE class (``compress`` and ``decompress``,
   ``average = True`` (GRACE's flag) the sum is divided by the number of learners.
   ``"allreduce"``: the payload tensors are summed element-wise, then decompressed once
   (for payloads that add up: casts, the dense baseline).
-* Bytes on the wire are the payload tensors' sizes (:func:`~gradstat.compressors.exchange.nbytes`).
-* Elements sent: ``sparse = True``: ``tensors[0]`` holds the indices sent; ``False``:
-  every element; ``None``: counted from the payload (:func:`payload_count`).
+* Bytes on the wire are the payload tensors' sizes; elements sent: ``sparse = True``:
+  ``tensors[0]`` holds the indices; ``False``: every element; ``None``: counted from the
+  payload (:func:`payload_count`).
 * :meth:`~Compressor.memory`: none (GRACE's default); :meth:`~Compressor.work`: the cost
   model's count of one learner's work on another target (a generic estimate).
 

@@ -10,7 +10,7 @@ import torch
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, passes, stack_ops
+from gradstat.compressors.work import Ops, Work, passes
 
 
 class Cast(Compressor):
@@ -34,7 +34,7 @@ class Cast(Compressor):
 
     def work(self, numel: int, memory: Memory) -> Work:
         encode = memory.work(numel) + passes(1.5, numel)
-        return Work(encode, Ops(), passes(1.5, numel), stack_ops(numel), "one")
+        return Work(encode, Ops(), passes(1.5, numel), "one")
 
 
 def build_fp16(ctx: Any) -> Compressor:

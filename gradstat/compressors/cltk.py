@@ -22,7 +22,7 @@ from gradstat.compressors.exchange import (
 )
 from gradstat.compressors.memory import Memory, ResidualMemory
 from gradstat.compressors.topk import top_indices
-from gradstat.compressors.work import Ops, Work, passes, scatter, topk
+from gradstat.compressors.work import Work, passes, scatter, topk
 
 
 class CLTK(Compressor):
@@ -67,7 +67,7 @@ class CLTK(Compressor):
 
     def work(self, numel: int, memory: Memory) -> Work:
         local = memory.work(numel) + passes(1, numel) + scatter(self.k)
-        return Work(local, topk(numel, self.k), scatter(self.k), Ops(), "one")
+        return Work(local, topk(numel, self.k), scatter(self.k), "one")
 
 
 def build(ctx: Any) -> Compressor:

@@ -25,6 +25,7 @@ from gradstat.compressors.exchange import (
     Round,
     Sent,
     Shared,
+    drive,
     nbytes,
 )
 
@@ -44,15 +45,10 @@ class TorchCommunicator:
 
     def run(self, exchange: Generator) -> Sent:
         """Drive ``exchange`` to its end; its outcome, with the overhead bytes it took."""
-        before, reply = self.overhead_bytes, None
-        while True:
-            try:
-                op = exchange.send(reply)
-            except StopIteration as stop:
-                result: Sent = stop.value
-                result.overhead_bytes += self.overhead_bytes - before
-                return result
-            reply = self.answer(op)
+        before = self.overhead_bytes
+        result = drive(exchange, self.answer)
+        result.overhead_bytes += self.overhead_bytes - before
+        return result
 
     def answer(self, op: Any) -> Any:
         """What this learner receives for ``op``."""

@@ -35,7 +35,7 @@ from gradstat.compressors.base import Compressor, Exchange
 from gradstat.compressors.exchange import Broadcast, Call, Tensors
 from gradstat.compressors.memory import DGCMemory, Memory, ResidualMemory
 from gradstat.compressors.topk import Sparsifier, sparse_payload
-from gradstat.compressors.work import Ops, Work, passes, scatter, stack_ops, union_ops
+from gradstat.compressors.work import Ops, Work, passes, scatter
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.sidco import STAGE_FITS, ZEROS, AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
@@ -170,7 +170,7 @@ class EstimatedSparsifier(Sparsifier):
             sample = self._sample()
             local += Ops(random=sample, topk_in=sample, topk_out=sample * self.ratio)
         local += passes(1, d)  # a dense zero vector
-        return Work(local, Ops(), scatter(k), stack_ops(d) + union_ops(k), "all")
+        return Work(local, Ops(), scatter(k), "all")
 
 
 def build(estimator: str) -> Any:

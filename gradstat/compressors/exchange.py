@@ -14,12 +14,10 @@ yields, and what the driver sends back:
   every learner (decoding the gathered payloads and aggregating them): training runs it
   on every learner, the replay once for all of them.
 
-Training drives the generator with ``torch.distributed``
-(:class:`~gradstat.compressors.communicator.TorchCommunicator`), the replay drives every
-learner's generator in lockstep with a simulated communicator
-(:mod:`gradstat.compressors.simulated`). What a driver sends back is the driver's: read
-it, do not write into it (the replay hands every learner the same reply); the gathered
-payloads are copies of what the learners sent.
+Training drives it with ``torch.distributed`` (:mod:`gradstat.compressors.communicator`),
+the replay every learner's in lockstep (:mod:`gradstat.compressors.simulated`). A reply
+is the driver's: read it, do not write into it (the replay hands every learner the same
+one); gathered payloads are copies of what the learners sent.
 """
 
 from __future__ import annotations
@@ -140,6 +138,17 @@ class Sent:
         if callable(self.sent):
             self.sent = self.sent()
         return self.sent
+
+
+def drive(exchange: Any, answer: Callable[[Any], Any]) -> Sent:
+    """Run one learner's ``exchange`` to its end, ``answer(op)`` replying to each op."""
+    reply = None
+    while True:
+        try:
+            op = exchange.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        reply = answer(op)
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ class GTopK(Compressor):
         k = self.k
         merge = Ops(sort=3 * k, topk_in=2 * k, topk_out=k, bytes=2 * k * 3 * (I + F), launches=8)
         local = memory.work(numel) + topk(numel, k) + passes(1, numel) + scatter(k)
-        return Work(local, Ops(), merge, passes(1, numel), "tree")
+        return Work(local, Ops(), merge, "tree")
 
 
 def build(ctx: Any) -> Compressor:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -237,20 +238,6 @@ class DGCMemory(Memory):
         return passes(3 + 3 + 3 + 2 * 2.25, numel, 6) + Ops(compare=numel)
 
 
-class Reshaped:
-    """A built-in compressor as a GRACE memory sees it: ``decompress`` in the shape the
-    compressor was handed."""
-
-    def __init__(self, compressor: Any, shape: tuple[int, ...]) -> None:
-        self.compressor, self.shape = compressor, shape
-
-    def decompress(self, tensors: Any, ctx: Any) -> torch.Tensor:
-        return self.compressor.decompress(tensors, ctx).reshape(self.shape)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.compressor, name)
-
-
 class UserMemory(Memory):
     """A user's memory in GRACE's shape, one object per learner made by ``make()``
     (its class or function); ``blame`` names failures in the user's code
@@ -284,7 +271,10 @@ class UserMemory(Memory):
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
         shape = call.shape
-        seen = getattr(compressor, "grace", None) or Reshaped(compressor, shape)
+        seen = getattr(compressor, "grace", None)  # a user's own object, else a built-in's
+        if seen is None:  # decoding in the shape the compressor was handed, as GRACE's
+            decode = compressor.decompress
+            seen = SimpleNamespace(decompress=lambda t, c: decode(t, c).reshape(shape))
         payload = list(sent.payload)
         update = rows.update
         self.blame.call("memory.update", update, p.view(shape), call.name, seen, payload, sent.ctx)

@@ -8,13 +8,11 @@ the flat row, in ``named_parameters`` order) by :func:`build_plan` at a granular
 * ``tensor``: one message per parameter, handed to the compressor in its shape (as
   GRACE compresses each tensor, docs/methods.md 6);
 * ``bucket[:MB]``: DistributedDataParallel's gradient buckets, each one flat message in
-  the order DDP hands them to its communication hook. DDP's rule, reproduced from its
-  behaviour: parameters in reverse registration order (the order their gradients become
-  ready in backward) fill a bucket until it holds at least its cap; the first bucket's
-  cap is 1 MiB and the others' ``bucket_cap_mb`` (25 by default; DDP counts it in MiB);
-  a ``bucket_cap_mb`` given explicitly caps the first bucket too. DDP puts every
-  parameter in one bucket for its first iteration and rebuilds them by this rule before
-  the second; the DDP hook compresses the plan's messages whatever bucket carried them;
+  the order DDP hands them to its hook. DDP's rule, from its behaviour: parameters in
+  reverse registration order (their gradients' order in backward) fill a bucket until it
+  holds at least its cap, 1 MiB for the first and ``bucket_cap_mb`` (25 by default, in
+  MiB) for the others, or the explicit ``bucket_cap_mb`` for all (DDP's first iteration
+  is one bucket; the hook compresses the plan's messages whatever bucket carried them);
 * ``unit``: FSDP2's ``fully_shard`` units (the next granularity, issue 37; refused).
 
 ``--dense REGEX`` and ``--dense-below N`` keep matching or small parameters out of the
@@ -34,9 +32,12 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from gradstat.errors import UsageError
+
+if TYPE_CHECKING:
+    from gradstat.store.schema import Layer
 
 GRANULARITIES = ("model", "tensor", "bucket", "unit")
 #: DDP's defaults: ``bucket_cap_mb`` (MiB) and the first bucket's cap (bytes).
@@ -45,15 +46,6 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20
 MIB = 1 << 20
 #: Values of consecutive tensors a replay reads (and holds per learner) together.
 BLOCK = 1 << 22
-
-
-class LayerLike(Protocol):
-    """What a plan needs of a layer table row (:class:`gradstat.store.schema.Layer`)."""
-
-    name: str
-    offset: int
-    numel: int
-    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -148,12 +140,12 @@ def ddp_bucket_caps(model: object) -> tuple[int, int] | None:
 
 
 def ddp_buckets(
-    layers: Sequence[LayerLike], cap_bytes: int, first_bytes: int, element_size: int = 4
-) -> list[list[LayerLike]]:
+    layers: Sequence[Layer], cap_bytes: int, first_bytes: int, element_size: int = 4
+) -> list[list[Layer]]:
     """DDP's buckets of ``layers`` (see the module docstring): in reverse order, a
     bucket closes once it holds at least its cap (``first_bytes`` for the first)."""
-    buckets: list[list[LayerLike]] = []
-    current: list[LayerLike] = []
+    buckets: list[list[Layer]] = []
+    current: list[Layer] = []
     size, limit = 0, first_bytes
     for layer in reversed(layers):
         current.append(layer)
@@ -167,8 +159,8 @@ def ddp_buckets(
 
 
 def _groups(
-    layers: Sequence[LayerLike], kind: str, cap_mb: float | None, first_bytes: int | None
-) -> list[tuple[str, list[LayerLike]]]:
+    layers: Sequence[Layer], kind: str, cap_mb: float | None, first_bytes: int | None
+) -> list[tuple[str, list[Layer]]]:
     if kind == "model":
         return [("model", list(layers))]
     if kind == "tensor":
@@ -180,7 +172,7 @@ def _groups(
     return [(f"bucket{i}", bucket) for i, bucket in enumerate(buckets)]
 
 
-def _message(name: str, layers: Sequence[LayerLike], kind: str, dense: bool) -> Message:
+def _message(name: str, layers: Sequence[Layer], kind: str, dense: bool) -> Message:
     shapes = tuple(tuple(layer.shape) for layer in layers)
     numel = sum(layer.numel for layer in layers)
     shape = shapes[0] if kind == "tensor" and len(layers) == 1 else (numel,)
@@ -224,7 +216,7 @@ def _block(messages: Sequence[Message], members: Sequence[int]) -> Block:
 
 
 def build_plan(
-    layers: Sequence[LayerLike],
+    layers: Sequence[Layer],
     granularity: str = "model",
     *,
     dense: str | None = None,
@@ -243,7 +235,7 @@ def build_plan(
     if dense_below < 0:
         raise UsageError(f"--dense-below {dense_below}: must be >= 0")
 
-    def sent_dense(layer: LayerLike) -> bool:
+    def sent_dense(layer: Layer) -> bool:
         return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
 
     messages: list[Message] = []

@@ -138,7 +138,7 @@ class PowerSGD(Compressor):
             shared += Ops(mm_flops=2 * a * b * r + 4 * a * r * r, bytes=3 * F * a * b, launches=6)
         for _, n in self.dense:
             shared += passes(3, n)
-        return Work(local, shared, Ops(), Ops(), "one")
+        return Work(local, shared, Ops(), "one")
 
 
 def fits(plan: Any, params: Mapping[str, float]) -> None:

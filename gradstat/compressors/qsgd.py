@@ -12,7 +12,7 @@ import torch
 from gradstat.compressors.base import Compressor, Exchange
 from gradstat.compressors.exchange import Call, Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, passes, stack_ops
+from gradstat.compressors.work import Ops, Work, passes
 
 
 class QSGD(Compressor):
@@ -64,7 +64,7 @@ class QSGD(Compressor):
         # pad (2), bucket norms (1), |p| (2), / norm (3), x s (2), noise, + (3), floor (2),
         # clamp (2), sign (2), x (3), to int8 (1.25); decode: to float, pad, x norm, / s
         encode = memory.work(numel) + passes(23.25, numel, 12) + Ops(random=numel)
-        return Work(encode, Ops(), passes(10.25, numel, 4), stack_ops(numel), "all")
+        return Work(encode, Ops(), passes(10.25, numel, 4), "all")
 
 
 def build(ctx: Any) -> Compressor:

@@ -61,7 +61,7 @@ class RandomK(Compressor):
 
     def work(self, numel: int, memory: Any) -> Work:
         local = memory.work(numel) + passes(1, numel) + scatter(self.k)
-        return Work(local, Ops(randperm=numel, launches=1), scatter(self.k), Ops(), "one")
+        return Work(local, Ops(randperm=numel, launches=1), scatter(self.k), "one")
 
 
 def build(ctx: Any) -> Compressor:

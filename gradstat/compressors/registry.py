@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.exchange import Call, SparseRow, Transfer
-from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory, TensorRows
+from gradstat.compressors.exchange import Call
+from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
 from gradstat.compressors.plan import Plan
-from gradstat.compressors.simulated import BlockStep, MessageOutcome, Reduce, sum_in_order
+from gradstat.compressors.simulated import Reduce, sum_in_order
 from gradstat.errors import UsageError
 from gradstat.stats.density import k_for
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
@@ -38,8 +38,8 @@ CHOICES: dict[str, tuple[str, ...]] = {"zeros": ZEROS, "stage_fit": STAGE_FITS}
 @dataclass(frozen=True)
 class Context:
     """What a compressor is built for, once per learner and message: its rate and ``k``
-    there, the message's size, the ``shape`` it is handed in and its parameters'
-    ``shapes``, the compressor's parameters, the scheme's ``seed``, the ``learner``."""
+    there, the message's size and its parameters' ``shapes``, the compressor's
+    parameters, the scheme's ``seed``, the ``learner``."""
 
     ratio: float | None
     k: int | None
@@ -48,7 +48,6 @@ class Context:
     params: Mapping[str, float]
     seed: int
     learner: int = 0
-    shape: tuple[int, ...] = ()
 
 
 def grace_k(ratio: float, numel: int) -> int:
@@ -159,21 +158,19 @@ REGISTRY: dict[str, Entry] = {
 
 @dataclass(frozen=True)
 class CompressorSpec:
-    """A compressor name with its parameters (registry defaults filled in); ``custom``:
-    the entry of a compressor that is not a built-in (a user's class), else None;
-    ``memory``: the error-feedback memory named after ``+`` (a
+    """A compressor name with its parameters (registry defaults filled in); ``memory``:
+    the error-feedback memory named after ``+`` (a
     :class:`~gradstat.compressors.spec.MemorySpec`; None: the compressor's own default);
     ``collective``: ``allgather`` or ``allreduce`` given as ``:collective=``, else None."""
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
-    custom: Entry | None = None
     memory: Any = None
     collective: str | None = None
 
     @property
     def entry(self) -> Entry:
-        return self.custom or REGISTRY[self.name]
+        return REGISTRY[self.name]
 
     @property
     def fixed_rate(self) -> bool:
@@ -206,26 +203,6 @@ def builtin_memory(name: str, params: Mapping[str, float]) -> Memory:
     if name == "dgc":
         return DGCMemory(momentum=params.get("momentum", 0.9))
     return NoMemory()
-
-
-@dataclass
-class StepOutcome:
-    """One step of every learner over the whole plan (:meth:`Scheme.step`): the aggregate
-    (flat, in the layer table's order), each message's outcome, the bytes each learner
-    put into every collective, the values each learner sent, the mean of the learners'
-    memory norms, the union of sparse sets and what each learner sent."""
-
-    estimate: torch.Tensor
-    messages: list[MessageOutcome]
-    transfers: tuple[Transfer, ...]
-    selected: list[int]
-    memory_norm: float
-    union: int | None
-    sent: torch.Tensor
-
-    @property
-    def bytes_per_learner(self) -> float:
-        return sum(t.nbytes for t in self.transfers)
 
 
 class Scheme:
@@ -274,10 +251,10 @@ class Scheme:
         key = (learner, message)
         if key not in self._objects:
             m = self.plan.messages[message]
+            params = dict(self.spec.params)
             context = Context(
-                self.ratio, self.k(message), m.numel, m.shapes, dict(self.spec.params),
-                self.seed, learner, m.shape,
-            )  # fmt: skip
+                self.ratio, self.k(message), m.numel, m.shapes, params, self.seed, learner
+            )
             made = self.spec.entry.make(context)
             if self.spec.collective is not None:
                 made.collective = self.spec.collective
@@ -318,51 +295,6 @@ class Scheme:
             values = [float(c.settings()[key]) for c in objects]
             settings[key] = sum(values) if key == "k" else sum(values) / len(values)
         return settings
-
-    def step(self, grads: torch.Tensor, step: int | None = None) -> StepOutcome:
-        """One step of every learner's flat rows ``grads[n, d]`` held in memory (tests,
-        benchmarks): each block of the plan through :class:`BlockStep`, the memory in RAM."""
-        n, d = grads.shape
-        if not hasattr(self, "_steps"):
-            self.memory.allocate(n, self.plan, TensorRows)
-            self._steps = 0
-        at = self._steps if step is None else step
-        self._steps += 1
-        estimate, sent = torch.zeros(d), torch.zeros(n, d)
-        outcomes = []
-        for b, block in enumerate(self.plan.blocks):
-            replay = BlockStep(self, b, at, n, keep_sent=True)
-            for i in range(n):
-                replay.learner(i, torch.cat([grads[i, o : o + k] for o, k in block.slices]))
-            for outcome in replay.finish():
-                message = self.plan.messages[outcome.index]
-                _scatter(estimate, message.slices, outcome.estimate)
-                for i in range(n):
-                    part = outcome.sent[i] if outcome.sent else grads[i]
-                    _scatter(sent[i], message.slices, part, whole=outcome.sent is None)
-                outcomes.append(outcome)
-        return _step_outcome(estimate, outcomes, sent, n)
-
-
-def _scatter(row: torch.Tensor, slices, vector, whole: bool = False) -> None:
-    """Put a message's flat ``vector`` (dense or sparse) at its ``slices`` of ``row``
-    (``whole``: ``vector`` is a full row, copy its slices)."""
-    flat = vector.dense() if isinstance(vector, SparseRow) else vector.reshape(-1)
-    position = 0
-    for offset, numel in slices:
-        source = flat[offset : offset + numel] if whole else flat[position : position + numel]
-        row[offset : offset + numel] = source
-        position += numel
-
-
-def _step_outcome(estimate, outcomes: list[MessageOutcome], sent, n: int) -> StepOutcome:
-    transfers = tuple(t for o in outcomes for t in o.transfers)
-    selected = [sum(o.selected[i] for o in outcomes) for i in range(n)]
-    squares = [sum(o.squares[i] for o in outcomes) for i in range(n)]
-    unions = [o.union for o in outcomes if o.union is not None]
-    union = sum(unions) if unions else None
-    norm = sum(math.sqrt(s) for s in squares) / n
-    return StepOutcome(estimate, outcomes, transfers, selected, norm, union, sent)
 
 
 def build_scheme(

@@ -15,7 +15,7 @@ import torch
 from gradstat.compressors.base import Compressor, pack_bits, unpack_bits
 from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
-from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, stack_ops, unpack_bits_ops
+from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
 
 class EFSignSGD(Compressor):
@@ -46,7 +46,7 @@ class EFSignSGD(Compressor):
         d = numel
         encode = memory.work(d) + passes(3, d, 2) + Ops(compare=d) + pack_bits_ops(d)
         decode = unpack_bits_ops(d) + passes(6 + (3 if self.majority else 0), d, 3)
-        return Work(encode, Ops(), decode, stack_ops(d), "all")
+        return Work(encode, Ops(), decode, "all")
 
 
 class SignSGD(EFSignSGD):

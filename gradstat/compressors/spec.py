@@ -1,55 +1,42 @@
 """Compressor specs: what a user names on the command line, parsed and checked.
 
 A compressor is named ``COMPRESSOR[+MEMORY]``. ``COMPRESSOR`` is a registry name
-(:mod:`gradstat.compressors.registry`) with ``:PARAM=VALUE`` parameters, or a user's own:
+(:mod:`gradstat.compressors.registry`) with ``:PARAM=VALUE`` parameters, or a user's own
+(``MODULE:CLASS``, ``FILE.py:CLASS``, an entry point: :mod:`gradstat.compressors.loader`;
+an entry point with a built-in's name is refused) with optional ``:PARAM=VALUE``
+constructor arguments (integers, floats, ``true`` / ``false`` or text).
+``:collective=allgather`` or ``:collective=allreduce`` (on any spec) chooses how the
+payloads travel. ``MEMORY`` is the error-feedback memory: ``none``, ``residual``
+(``:beta=`` for ScaleCom's low-pass form), ``dgc`` (``:momentum=``), or a user's class
+or function in GRACE's shape named as above with its parameters. Without ``+MEMORY`` a
+built-in runs with its own memory (docs/replay.md), a user's class with its ``memory``
+attribute, else none (GRACE's default).
 
-* ``MODULE:CLASS``: a class (or a function returning a compressor) importable from the
-  working directory or ``PYTHONPATH`` (``mypkg.compressors:TopK``);
-* ``path/to/file.py:CLASS``: one in a Python file (its folder joins the import path, so
-  the file may import its neighbours);
-* ``NAME``: an entry point of the group ``gradstat.compressors`` that an installed
-  package declares (``[project.entry-points."gradstat.compressors"] mytopk =
-  "mypkg.compressors:TopK"``), listed by ``--compressors list``; one that has a
-  built-in's name is refused;
-
-each followed by optional ``:PARAM=VALUE`` constructor arguments (integers, floats,
-``true`` / ``false`` or text). A constructor that takes ``compress_ratio`` (GRACE's name)
-or ``ratio`` is a sparsifier: each density of ``--ratios`` reaches it under that name; one
-that takes ``seed`` gets ``--seed`` unless the spec sets it. ``:collective=allgather`` or
-``:collective=allreduce`` (on any spec) chooses how the payloads travel.
-
-``MEMORY`` is the error-feedback memory: ``none``, ``residual`` (``:beta=`` for ScaleCom's
-low-pass form), ``dgc`` (``:momentum=``), or a user's class or function in GRACE's shape
-(``compensate(tensor, name)``, ``update(tensor, name, compressor, tensors, ctx)``) named
-as above with its parameters. Without ``+MEMORY`` a built-in runs with its own memory
-(docs/replay.md) and a user's class with its ``memory`` attribute, else none (GRACE's
-default).
-
-Mistakes in a spec (a file or module that does not import, no such class, a class
-without ``compress`` / ``decompress``, a parameter the constructor does not take) are
-:class:`~gradstat.errors.UsageError` (exit 2); a failure inside the user's code is a
-:class:`~gradstat.errors.UserCodeError` (exit 1). Both name the spec, and the user's file
-and line where there is one.
+Mistakes in a spec are :class:`~gradstat.errors.UsageError` (exit 2); a failure inside
+the user's code is a :class:`~gradstat.errors.UserCodeError` (exit 1). Both name the
+spec, and the user's file and line where there is one.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib
-import importlib.metadata
-import importlib.util
 import inspect
 import math
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from gradstat.compressors.base import Compressor
+from gradstat.compressors.loader import (
+    DOCS,
+    GROUP,
+    REQUIRED,
+    Value,
+    check_params,
+    entry_points,
+    is_file,
+    user_class,
+)
 from gradstat.compressors.registry import (
     CHOICES,
     REGISTRY,
@@ -58,22 +45,9 @@ from gradstat.compressors.registry import (
     Entry,
     grace_k,
 )
-from gradstat.compressors.user import (
-    Blame,
-    adapter,
-    shown_path,
-    user_frame,
-)
+from gradstat.compressors.user import Blame, UserCompressor
 from gradstat.errors import UsageError
 
-#: The entry-point group installed packages declare their compressors in.
-GROUP = "gradstat.compressors"
-#: Constructor parameters that take a sparsifier's density, in order of preference.
-RATIO_NAMES = ("compress_ratio", "ratio")
-#: The methods every compressor class must have, and every memory class.
-REQUIRED = ("compress", "decompress")
-MEMORY_REQUIRED = ("compensate", "update")
-DOCS = "docs/compressors.md"
 #: The built-in error-feedback memories named after ``+``, with their parameters.
 MEMORIES: dict[str, dict[str, float]] = {
     "none": {},
@@ -83,13 +57,6 @@ MEMORIES: dict[str, dict[str, float]] = {
 #: The collectives ``:collective=`` chooses from.
 COLLECTIVES = ("allgather", "allreduce")
 
-Value = int | float | bool | str
-
-
-def entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """Installed packages' compressors: entry-point name -> entry point."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
-
 
 def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
     """Whether ``part`` names a user's compressor rather than a registry one."""
@@ -97,11 +64,7 @@ def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
     if head in builtin:
         return False
     second = rest.split(":", 1)[0]
-    return _is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
-
-
-def _is_file(head: str) -> bool:
-    return head.endswith(".py") or "/" in head or os.sep in head
+    return is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
 
 
 def parse_value(text: str) -> Value:
@@ -140,184 +103,6 @@ def split_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
     return head, tuple(params.items())
 
 
-def _import_file(source: str, path: Path) -> Any:
-    if not path.is_file():
-        raise UsageError(f"{source}: no such file {path}")
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    name = f"gradstat_user_{re.sub(r'[^0-9A-Za-z_]', '_', resolved.stem)}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = str(resolved.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)  # the file may import its neighbours
-    spec = importlib.util.spec_from_file_location(name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{source}: {path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        del sys.modules[name]
-        raise _import_error(source, exc, {str(resolved)}) from exc
-    return module
-
-
-def _import_module(source: str, dotted: str) -> Any:
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)  # MODULE:CLASS from the working directory, as ``python -m``
-    try:
-        return importlib.import_module(dotted)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (dotted == exc.name or dotted.startswith(exc.name + ".")):
-            raise UsageError(
-                f"{source}: no module named {exc.name!r} in the working directory or on PYTHONPATH"
-            ) from None
-        raise _import_error(source, exc, set()) from exc
-    except BaseException as exc:
-        raise _import_error(source, exc, set()) from exc
-
-
-def _import_error(source: str, exc: BaseException, files: set[str]) -> UsageError:
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f"{shown_path(exc.filename)}:{exc.lineno}"
-        return UsageError(f"{source}: does not import: SyntaxError: {exc.msg} (at {where})")
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        raise exc
-    where = user_frame(exc, files)
-    at = f" (at {where})" if where else ""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return UsageError(f"{source}: does not import: {text}{at}")
-
-
-def _resolve(source: str, what: str) -> Any:
-    """The object ``source`` names: ``MODULE:NAME``, ``FILE.py:NAME`` or (a compressor)
-    an entry point's name."""
-    target = source
-    if ":" not in source:
-        found = entry_points().get(source) if what == "compressor" else None
-        if found is None and _is_file(source):
-            raise UsageError(f"{source}: name the class too, as {source}:CLASS")
-        if found is None:
-            raise UsageError(f"unknown {what} {source!r}")
-        target = found.value
-        if ":" not in target:
-            raise UsageError(f"{source}: entry point {target!r} names no MODULE:CLASS")
-    where, _, qualname = target.rpartition(":")
-    from_file = _is_file(where)
-    module = _import_file(source, Path(where)) if from_file else _import_module(source, where)
-    found: Any = module
-    for attribute in qualname.split("."):
-        found = getattr(found, attribute, None)
-        if found is None:
-            classes = sorted(
-                n
-                for n, v in vars(module).items()
-                if inspect.isclass(v) and callable(getattr(v, "compress", None))
-            )
-            hint = f" (it has: {', '.join(classes)})" if classes else ""
-            raise UsageError(f"{source}: {shown_path(where)} has no class {qualname!r}{hint}")
-    return found
-
-
-def _load_factory(source: str, what: str) -> Any:
-    """The class or function ``source`` names (see the module docstring); a class must
-    have the methods of a ``what`` (``compressor`` or ``memory``); a function's result is
-    checked when it is called."""
-    found = _resolve(source, what)
-    qualname = source.rpartition(":")[2]
-    if inspect.isfunction(found):
-        return found
-    if not inspect.isclass(found):
-        raise UsageError(
-            f"{source}: {qualname} is a {type(found).__name__}, not a class or function"
-        )
-    required = REQUIRED if what == "compressor" else MEMORY_REQUIRED
-    for method in required:
-        own = getattr(found, method, None)
-        if not callable(own) or own is getattr(Compressor, method, None):  # a placeholder
-            needs = ", ".join(f"{m}()" for m in required)
-            raise UsageError(
-                f"{source}: {qualname} has no {method} method (a {what} needs {needs}; {DOCS})"
-            )
-        if getattr(own, "__isabstractmethod__", False):
-            raise UsageError(f"{source}: {qualname}.{method} is abstract (GRACE's base class)")
-    return found
-
-
-@functools.cache
-def load_factory(source: str, what: str, cwd: str) -> Any:
-    """:func:`_load_factory`, once per process and working directory."""
-    return _load_factory(source, what)
-
-
-@dataclass(frozen=True)
-class UserClass:
-    """A user's class or function and what it takes."""
-
-    source: str
-    cls: Any
-    signature: inspect.Signature
-
-    @property
-    def ratio_name(self) -> str | None:
-        """The parameter the density goes to, ``None`` for a fixed-rate compressor."""
-        names = self.signature.parameters
-        return next((n for n in RATIO_NAMES if n in names), None)
-
-    @property
-    def takes_seed(self) -> bool:
-        return "seed" in self.signature.parameters
-
-    @property
-    def summary(self) -> str:
-        doc = inspect.getdoc(self.cls) or ""
-        return doc.split("\n\n")[0].replace("\n", " ") or self.cls.__name__
-
-
-def user_class(source: str, what: str = "compressor") -> UserClass:
-    """The class or function ``source`` names with its signature."""
-    cls = load_factory(source, what, os.getcwd())
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError):
-        signature = inspect.Signature()
-    return UserClass(source, cls, signature)
-
-
-def _check_params(part: str, found: UserClass, params: Mapping[str, Value]) -> None:
-    taken = [
-        name
-        for name, p in found.signature.parameters.items()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    name = found.cls.__name__
-    for key in params:
-        if key in RATIO_NAMES and found.ratio_name == key:
-            raise UsageError(f"{part}: give {name}'s density with --ratios, not {key}=")
-    fixed = {found.ratio_name: 0.5} if found.ratio_name else {}
-    if found.takes_seed:
-        fixed.setdefault("seed", 0)
-    try:
-        found.signature.bind(**{**fixed, **params})
-    except TypeError as exc:
-        message = str(exc)
-        missing = re.search(r"missing a required argument: '(\w+)'", message)
-        if missing:
-            raise UsageError(
-                f"{part}: {name} needs {missing.group(1)} (give {part}:{missing.group(1)}=VALUE)"
-            ) from None
-        unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
-        known = ", ".join(t for t in taken if t not in RATIO_NAMES) or "none"
-        what = f"no parameter {unexpected.group(1)!r}" if unexpected else message
-        raise UsageError(f"{part}: {name} takes {what} (its parameters: {known})") from None
-    for key, value in params.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"{part}: {key} must be finite")
-
-
 def build_user(
     label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed, learner=0
 ) -> Compressor:
@@ -341,13 +126,13 @@ def build_user(
     for method in REQUIRED:
         if not callable(getattr(obj, method, None)):
             raise blame.wrong(made, found.cls, f"returned an object without {method}()")
-    return adapter(obj)(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
+    return UserCompressor(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
 
 
 def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
     """``(source, params)`` of a user's spec, imported and checked (errors: exit 2)."""
     source, params = split_spec(part)
-    _check_params(part, user_class(source), dict(params))
+    check_params(part, user_class(source), dict(params))
     return source, params
 
 
@@ -418,7 +203,7 @@ class MemorySpec:
 
     def __post_init__(self) -> None:
         if not self.builtin:
-            _check_params(
+            check_params(
                 _joined(self.name, self.params), user_class(self.name, "memory"), dict(self.params)
             )
 
@@ -443,7 +228,7 @@ def parse_memory(text: str, part: str) -> MemorySpec:
     """The :class:`MemorySpec` of ``MEMORY[:PARAM=VALUE...]`` (errors: exit 2)."""
     name, *assignments = text.split(":")
     if name not in MEMORIES:
-        if not (_is_file(name) or (assignments and "=" not in assignments[0])):
+        if not (is_file(name) or (assignments and "=" not in assignments[0])):
             known = ", ".join(MEMORIES)
             raise UsageError(
                 f"{part}: unknown memory {name!r}; known: {known}, or your own as "

@@ -13,7 +13,7 @@ import torch
 from gradstat.compressors.base import Compressor, Exchange, pack_bits, unpack_bits
 from gradstat.compressors.exchange import Call, Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, stack_ops, unpack_bits_ops
+from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
 
 class TernGrad(Compressor):
@@ -53,7 +53,7 @@ class TernGrad(Compressor):
         d = numel
         encode = memory.work(d) + passes(17, d, 10) + Ops(random=d, compare=d)
         encode += pack_bits_ops(d)
-        return Work(encode, Ops(), unpack_bits_ops(d) + passes(6, d, 3), stack_ops(d), "all")
+        return Work(encode, Ops(), unpack_bits_ops(d) + passes(6, d, 3), "all")
 
 
 def build(ctx: Any) -> Compressor:

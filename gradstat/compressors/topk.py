@@ -17,7 +17,7 @@ import torch
 from gradstat.compressors.base import Compressor, index_dtype
 from gradstat.compressors.exchange import SparseRow, Tensors, sparse_mean
 from gradstat.compressors.memory import Memory, ResidualMemory
-from gradstat.compressors.work import Ops, Work, passes, scatter, stack_ops, topk, union_ops
+from gradstat.compressors.work import Ops, Work, passes, scatter, topk
 from gradstat.stats.topk_sets import topk_indices
 
 
@@ -74,7 +74,7 @@ class TopK(Sparsifier):
     def work(self, numel: int, memory: Memory) -> Work:
         d, k = numel, self.k
         local = memory.work(d) + topk(d, k) + passes(1, d)  # a dense zero vector
-        return Work(local, Ops(), scatter(k), stack_ops(d) + union_ops(k), "all")
+        return Work(local, Ops(), scatter(k), "all")
 
 
 def build(ctx: Any) -> Compressor:

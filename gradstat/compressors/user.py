@@ -1,24 +1,16 @@
 """A user's compressor class (GRACE's shape) on gradstat's protocol.
 
-A user's class needs two methods, GRACE's (Xu et al. 2021, ``grace_dl.torch.Compressor``):
-``compress(tensor, name) -> (tensors, ctx)`` (the tensors go on the wire, ``ctx`` stays
-with the learner) and ``decompress(tensors, ctx) -> tensor``. Optional, as in GRACE and
-gradstat's protocol (:mod:`gradstat.compressors.base`): ``aggregate(decompressed)``
-(default: their sum), ``average`` (default True: the aggregate is divided by the number
-of learners), ``collective`` (``"allgather"``, or ``"allreduce"`` for payloads that add
-up), ``sparse`` (how the elements sent are counted), ``describe(ctx)`` and ``memory``, a
-GRACE memory class or function (``compensate(tensor, name)`` / ``update(tensor, name,
-compressor, tensors, ctx)``, e.g. GRACE's ``ResidualMemory``) or ``"none"`` /
-``"residual"``; without it no error feedback runs (GRACE's default). A memory named in
-the spec (``+MEMORY``) wins.
-
-:class:`UserCompressor` runs such an object, one per learner and message: bytes on the
-wire are the payload tensors' sizes; each ``compress`` gets a copy of the vector and
-draws from torch's and numpy's global generators seeded from the run's seed, the
-recorded step, the learner and the message (their state outside is kept); a failure
-inside the user's code is a :class:`~gradstat.errors.UserCodeError` naming the spec, the
-method and the user's file and line. :class:`~gradstat.compressors.memory.UserMemory`
-runs a GRACE memory.
+A user's class needs GRACE's ``compress(tensor, name) -> (tensors, ctx)`` and
+``decompress(tensors, ctx) -> tensor`` (Xu et al. 2021); optional, as in GRACE and
+:mod:`gradstat.compressors.base`: ``aggregate``, ``average``, ``collective``, ``sparse``,
+``describe(ctx)`` and ``memory`` (a GRACE memory class or function, ``"none"`` or
+``"residual"``; without it none, GRACE's default; ``+MEMORY`` in the spec wins).
+:class:`UserCompressor` runs one per learner and message: bytes on the wire are the
+payload tensors' sizes; ``compress`` gets a copy of the vector and draws from torch's
+and numpy's global generators seeded from (seed, recorded step, learner, message), their
+state outside kept; a failure inside the user's code is a
+:class:`~gradstat.errors.UserCodeError` naming the spec, the method and the user's file
+and line (:class:`Blame`).
 """
 
 from __future__ import annotations
@@ -249,34 +241,18 @@ class UserCompressor(Compressor):
         describe = getattr(self.obj, "describe", None)
         return {} if describe is None else dict(self.blame.call("describe", describe, ctx))
 
-    def settings(self) -> dict[str, float]:
-        return {} if self.k is None else {"k": self.k}
-
-
-class UserAggregating(UserCompressor):
-    """A user's compressor with an ``aggregate`` of its own (the drivers divide by the
-    number of learners when ``average``, GRACE's communicators)."""
-
     def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        function = self.obj.aggregate
+        """The class's ``aggregate`` of the decoded vectors (GRACE's base class: their
+        sum), else their sum; the drivers divide by the learners when ``average``."""
+        function = getattr(self.obj, "aggregate", None)
+        if function is None:
+            return super().aggregate(tensors)
         total = self.blame.call("aggregate", function, list(tensors))
         if not isinstance(total, torch.Tensor) or total.numel() != self.numel:
             raise self.blame.wrong(
                 "aggregate", function, f"returned {_describe(total)}; expected a tensor"
             )
         return total.reshape(-1).to(torch.float32)
-
-
-def adapter(obj: Any) -> type[UserCompressor]:
-    """The adapter class for ``obj``: :class:`UserAggregating` where its class has an
-    ``aggregate`` other than a plain sum (GRACE's base class sums, which the replay keeps
-    as a running sum of one row)."""
-    own = getattr(type(obj), "aggregate", None)
-    plain = own is None or (
-        getattr(own, "__qualname__", "") == "Compressor.aggregate"
-        and (getattr(own, "__module__", "") or "").startswith("grace_dl")
-    )
-    return UserCompressor if plain else UserAggregating
 
 
 def user_memory(named: Any) -> Memory:

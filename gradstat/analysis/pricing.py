@@ -19,13 +19,12 @@ are measured (:mod:`gradstat.compressors.targets`).
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import AllGather, AllReduce, Broadcast, Round, Sent, Shared
+from gradstat.compressors.exchange import AllGather, AllReduce, Broadcast, Round, Shared, drive
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.simulated import take
@@ -52,15 +51,6 @@ class Loopback:
 
     def __init__(self, copies: int) -> None:
         self.copies = copies
-
-    def run(self, exchange: Generator) -> Sent:
-        reply = None
-        while True:
-            try:
-                op = exchange.send(reply)
-            except StopIteration as stop:
-                return stop.value
-            reply = self.answer(op)
 
     def answer(self, op: Any) -> Any:
         if isinstance(op, AllReduce):
@@ -97,7 +87,7 @@ def _stepper(scheme: Scheme, row: torch.Tensor, copies: int, learners: int):
                 call = scheme.call(0, m, at, learners)
                 p = memory.compensate(rows, call, take(part, ranges))
                 compressor = scheme.compressor(0, m)
-                outcome = loopback.run(compressor.exchange(p.view(call.shape), call))
+                outcome = drive(compressor.exchange(p.view(call.shape), call), loopback.answer)
                 memory.update(rows, call, p, outcome, compressor)
             memory.close(0, b, rows)
 
