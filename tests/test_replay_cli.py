@@ -180,7 +180,8 @@ def test_gaps_warn(capsys, tmp_path):
     [
         (["--compressors", "topk,zip"], "unknown compressor 'zip'"),
         (["--ratios", "1.5"], "outside (0, 1)"),
-        (["--ratios", "0.001"], "cannot honour ratio"),
+        (["--granularity", "layers"], "choose model, tensor or bucket"),
+        (["--dense", "("], "not a valid regex"),
         (["--bandwidth", "fast"], "--bandwidth 'fast'"),
         (["--latency", "soon"], "--latency 'soon'"),
         (["--plot", "out.gif"], "suffix"),

@@ -324,6 +324,77 @@ GRACE_RESIDUAL = """
 """
 
 
+GRACE_RANDOMK = """
+    import torch
+
+    from grace_dl.torch import Compressor
+
+
+    def sparsify(tensor, compress_ratio):
+        tensor = tensor.flatten()
+        numel = tensor.numel()
+        k = max(1, int(numel * compress_ratio))
+        indices = torch.randperm(numel, device=tensor.device)[:k]
+        return indices, tensor[indices]
+
+
+    class RandomKCompressor(Compressor):
+        def __init__(self, compress_ratio):
+            super().__init__()
+            self.global_step = 0
+            self.compress_ratio = compress_ratio
+
+        def compress(self, tensor, name):
+            h = sum(bytes(name, encoding="utf8"), self.global_step)
+            self.global_step += 1
+            torch.manual_seed(h)
+            indices, values = sparsify(tensor, self.compress_ratio)
+            return [values], (indices, tensor.numel(), tensor.size())
+
+        def decompress(self, tensors, ctx):
+            indices, numel, shape = ctx
+            (values,) = tensors
+            out = torch.zeros(numel, dtype=values.dtype)
+            out.scatter_(0, indices, values)
+            return out.view(shape)
+"""
+GRACE_THRESHOLD = """
+    import torch
+
+    from grace_dl.torch import Compressor
+
+
+    class ThresholdCompressor(Compressor):
+        def __init__(self, threshold):
+            super().__init__(tensors_size_are_same=False)
+            self.threshold = threshold
+
+        def compress(self, tensor, name):
+            shape = tensor.size()
+            tensor = tensor.flatten()
+            (indices,) = torch.where(tensor.abs() >= self.threshold)
+            return [tensor[indices], indices], (shape, tensor.numel())
+
+        def decompress(self, tensors, ctx):
+            shape, numel = ctx
+            values, indices = tensors
+            out = torch.zeros(numel, dtype=values.dtype)
+            out.scatter_(0, indices, values)
+            return out.view(shape)
+"""
+GRACE_NONE = """
+    from grace_dl.torch import Memory
+
+
+    class NoneMemory(Memory):
+        def compensate(self, tensor, name):
+            return tensor
+
+        def update(self, tensor, name, compressor, tensor_compressed, ctx):
+            pass
+"""
+
+
 @pytest.fixture
 def grace(tmp_path, monkeypatch):
     """A small ``grace_dl`` on the import path with GRACE's API (its top-k and residual
@@ -336,6 +407,9 @@ def grace(tmp_path, monkeypatch):
     write(site / "grace_dl" / "torch" / "compressor" / "signsgd.py", GRACE_SIGNSGD)
     write(site / "grace_dl" / "torch" / "memory" / "__init__.py", "")
     write(site / "grace_dl" / "torch" / "memory" / "residual.py", GRACE_RESIDUAL)
+    write(site / "grace_dl" / "torch" / "memory" / "none.py", GRACE_NONE)
+    write(site / "grace_dl" / "torch" / "compressor" / "randomk.py", GRACE_RANDOMK)
+    write(site / "grace_dl" / "torch" / "compressor" / "threshold.py", GRACE_THRESHOLD)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", f"{site}:{ROOT}")
     mine = write(
@@ -379,6 +453,145 @@ def test_grace_aggregate_and_average_are_used(synthetic_capture, capsys, grace):
         rel = ((vote - mean) ** 2).sum() / (mean**2).sum()
         assert record["rel_error"] == pytest.approx(rel, rel=1e-6)
         assert record["bytes_per_learner"] == d  # one uint8 per element
+
+
+def _grace_tensor_recursion(grads, layers, compressor, memory):
+    """A plain per-tensor recursion of GRACE's classes, one object each per learner and
+    tensor (``compressor(name)``, ``memory()``): per step the records' model totals."""
+    import torch as t
+
+    n, steps, _ = grads.shape
+    objects = {(i, layer.name): (compressor(), memory()) for i in range(n) for layer in layers}
+    out = []
+    for s in range(steps):
+        estimate = np.zeros(grads.shape[2])
+        sizes, selected, union = 0.0, 0, 0
+        for layer in layers:
+            cols = slice(layer.offset, layer.offset + layer.numel)
+            sent, held = [], set()
+            for i in range(n):
+                c, m = objects[i, layer.name]
+                g = t.from_numpy(grads[i, s, cols].copy()).view(layer.shape)
+                p = m.compensate(g, layer.name)
+                tensors, ctx = c.compress(p, layer.name)
+                m.update(p, layer.name, c, tensors, ctx)
+                decoded = c.decompress(tensors, ctx).flatten().numpy()
+                sent.append(decoded)
+                sizes += sum(x.numel() * x.element_size() for x in tensors) / n
+                selected += max(x.numel() for x in tensors)
+                held |= set(np.flatnonzero(decoded).tolist())
+            estimate[cols] = np.mean(sent, axis=0)
+            union += len(held)
+        mean = grads[:, s].astype(np.float64).mean(axis=0)
+        rel = float(((estimate - mean) ** 2).sum() / (mean**2).sum())
+        out.append({"bytes": sizes, "selected": selected / n, "union": union, "rel_error": rel})
+    return out
+
+
+def test_grace_classes_with_their_memories_run_per_tensor(synthetic_capture, capsys, grace):
+    """GRACE's random-k with GRACE's residual memory, its threshold with its NoneMemory,
+    both named in the spec, at --granularity tensor: the records are the plain
+    per-tensor recursion's; density and build-up are counted from the payloads (random-k:
+    quality 1, build-up 1; threshold: the share it sent, not 1.0)."""
+    import importlib
+
+    path, grads = synthetic_capture
+    with open_capture(path) as cap:
+        layers = cap.layers
+    memory, compressor = "grace_dl.torch.memory", "grace_dl.torch.compressor"
+    specs = {
+        "randomk": f"{compressor}.randomk:RandomKCompressor"
+        f"+{memory}.residual:ResidualMemory:beta=0.9",
+        "threshold": f"{compressor}.threshold:ThresholdCompressor:threshold=1.5"
+        f"+{memory}.none:NoneMemory",
+    }
+    records = replay_records(capsys, path, ",".join(specs.values()), "--granularity", "tensor")
+    residual = importlib.import_module(f"{memory}.residual").ResidualMemory
+    none = importlib.import_module(f"{memory}.none").NoneMemory
+    randomk = importlib.import_module("grace_dl.torch.compressor.randomk").RandomKCompressor
+    threshold = importlib.import_module("grace_dl.torch.compressor.threshold").ThresholdCompressor
+    plain = {
+        "randomk": _grace_tensor_recursion(
+            grads, layers, lambda: randomk(RATIO), lambda: residual(beta=0.9)
+        ),
+        "threshold": _grace_tensor_recursion(grads, layers, lambda: threshold(1.5), none),
+    }
+    d = grads.shape[2]
+    for key, spec in specs.items():
+        mine = [r for r in records if r["compressor"] == spec]
+        assert {r["granularity"] for r in mine} == {"tensor"}
+        for record, want in zip(mine, plain[key], strict=True):
+            assert record["bytes_per_learner"] == pytest.approx(want["bytes"])
+            assert record["density"] == pytest.approx(want["selected"] / d)
+            assert record["rel_error"] == pytest.approx(want["rel_error"], rel=1e-5)
+            assert record["union"] == want["union"]
+    randomk_records = [r for r in records if r["compressor"] == specs["randomk"]]
+    assert {r["quality"] for r in randomk_records} == {1.0}
+    assert {r["buildup"] for r in randomk_records} == {1.0}
+    sent_share = [r["density"] for r in records if r["compressor"] == specs["threshold"]]
+    assert all(0 < share < 0.5 for share in sent_share)
+
+
+def test_every_compressor_receives_each_tensor_in_its_shape(
+    synthetic_capture, capsys, tmp_path, monkeypatch
+):
+    path, _ = synthetic_capture
+    monkeypatch.setenv("SHAPES_LOG", str(tmp_path / "shapes"))
+    spec = f"{ROOT / 'tests' / 'user_classes.py'}:Shapes"
+    replay_records(capsys, path, spec, "--granularity", "tensor", "--steps", "0:1")
+    with open_capture(path) as cap:
+        expected = {f"{layer.name} {list(layer.shape)}" for layer in cap.layers}
+    assert set((tmp_path / "shapes").read_text().splitlines()) == expected
+
+
+def test_a_window_of_steps_draws_what_the_whole_replay_draws(synthetic_capture, capsys):
+    """Random draws follow (seed, recorded step, learner, message): --steps 3:6 gives
+    the numbers of steps 3-5 of a replay of every step (no memory carries anything)."""
+    path, _ = synthetic_capture
+    spec = f"{EXAMPLE}:Quantize:bits=2,qsgd,terngrad"
+    whole = replay_records(capsys, path, spec)
+    window = replay_records(capsys, path, spec, "--steps", "3:6")
+    drop = ("compress_seconds",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in window] == [
+        {k: v for k, v in r.items() if k not in drop} for r in whole if r["step"] >= 3
+    ]
+
+
+def test_a_candidate_that_fails_is_one_warning_and_the_others_still_run(synthetic_capture, capsys):
+    path, _ = synthetic_capture
+    raises = f"{ROOT / 'tests' / 'user_classes.py'}:Raises"
+    result = run_cli(
+        capsys, "recommend", path, "--error-budget", "10", "--compressors", f"{raises},topk",
+        "--ratios", "0.1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    said = " ".join(result.stderr.split())
+    assert len(warnings) == 1 and "Raises left out" in said and "out of luck" in said
+    candidates = json.loads(result.stdout)["candidates"]
+    assert [c["compressor"] for c in candidates] == ["topk"]
+    alone = run_cli(capsys, "recommend", path, "--error-budget", "10", "--compressors", raises)
+    assert_clean_error(alone, 2)
+
+
+def test_a_slow_class_is_priced_slower_than_the_built_in_with_its_payload(
+    synthetic_capture, capsys
+):
+    """Prices are measured here: a class sending the built-in top-k's payload (int32
+    indices, float32 values, k = max(1, round(...)) alike at ratio 0.1 here) but sorting
+    its vector 20 times first costs more; a user's class is not priced by a count."""
+    path, _ = synthetic_capture
+    slow = f"{ROOT / 'tests' / 'user_classes.py'}:SlowTopK+residual"
+    result = run_cli(
+        capsys, "recommend", path, "--error-budget", "10", "--compressors", f"{slow},topk",
+        "--ratios", "0.1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    rows = {c["compressor"]: c for c in doc["candidates"]}
+    assert rows[slow]["bytes_per_learner"] == rows["topk"]["bytes_per_learner"]
+    assert rows[slow]["compress_seconds"] > 2 * rows["topk"]["compress_seconds"]
+    assert doc["priced"] == "measured"
 
 
 def test_a_class_on_gradstats_protocol_runs_as_it_is(synthetic_capture, capsys, tmp_path):
