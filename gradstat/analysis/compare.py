@@ -203,6 +203,8 @@ def _online_errors(cap: Capture, steps: Sequence[int]) -> list[dict]:
         rows.append(
             {
                 "step": int(step),
+                "granularity": replayed.plan.granularity,
+                "memory": replayed.memory_label,
                 "measured_rel_error": _rel_error(applied, reference),
                 "measured_bytes": float(cap.sent_bytes[:, i].mean()),
                 "replayed_rel_error": _rel_error(estimate, reference),
@@ -300,6 +302,8 @@ _ERROR_COLUMNS = [
     "run",
     "label",
     "step",
+    "granularity",
+    "memory",
     "measured_rel_error",
     "measured_bytes",
     "replayed_rel_error",
@@ -345,7 +349,9 @@ def _summary(runs: list[Run], errors: pd.DataFrame, tolerance: float) -> pd.Data
             "loss_min": float(mean.min()) if mean.size else math.nan,
         }
         mine = errors[errors["run"] == run.name]
-        for column in _ERROR_COLUMNS[3:]:
+        for column in ("granularity", "memory"):  # the plan and memory it was replayed on
+            row[column] = str(mine[column].iloc[0]) if len(mine) else None
+        for column in _ERROR_COLUMNS[5:]:
             row[column] = float(mine[column].mean()) if len(mine) else math.nan
         row["divergence_step"] = _divergence(mine, tolerance) if len(mine) else math.nan
         rows.append(row)

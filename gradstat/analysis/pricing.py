@@ -76,7 +76,7 @@ def _stepper(scheme: Scheme, row: torch.Tensor, copies: int, learners: int):
     counter = iter(range(1 << 62))
 
     def step() -> None:
-        at = next(counter)
+        at = next(counter) * learners  # learner 0 leads every step (CLT-k: all wait for it)
         loopback = Loopback(copies)
         for b, block in enumerate(plan.blocks):
             rows = memory.open(0, b)

@@ -79,13 +79,24 @@ class BlockStep:
     learner's row of the block with :meth:`learner` (learners 0..n-1, in order), then
     :meth:`finish`. ``seconds``: the time spent in both (reads excluded)."""
 
-    def __init__(self, scheme: Any, block: int, step: int, learners: int, keep_sent: bool = False):
+    def __init__(
+        self,
+        scheme: Any,
+        block: int,
+        step: int,
+        learners: int,
+        keep_sent: bool = False,
+        buffers: dict | None = None,
+    ):
         self.scheme, self.block, self.step, self.n = scheme, block, step, learners
         self.spec = scheme.plan.blocks[block]
         self.keep_sent = keep_sent
         self.rows: list[Any] = []
         self.started: dict[int, list[tuple[Any, Any, Sent | None, torch.Tensor, Any]]] = {}
         self.dense: dict[int, torch.Tensor] = {}
+        #: where a message's vector is copied when it is not one range of the row (kept by
+        #: the caller from step to step: a fresh buffer costs its page faults)
+        self.buffers = {} if buffers is None else buffers
         self.seconds = 0.0
 
     def learner(self, i: int, row: torch.Tensor) -> None:
@@ -95,7 +106,7 @@ class BlockStep:
         rows = memory.open(i, self.block)
         self.rows.append(rows)
         for m, ranges in zip(self.spec.messages, self.spec.ranges, strict=True):
-            g = take(row, ranges)
+            g = take(row, ranges, self._buffer(m, ranges))
             if scheme.plan.messages[m].dense:  # sent as it is: summed in learner order
                 if i == 0:
                     self.dense[m] = g.to(torch.float32, copy=True)
@@ -108,6 +119,13 @@ class BlockStep:
             op, result = advance(exchange, None)
             self.started.setdefault(m, []).append((exchange, op, result, p, call))
         self.seconds += time.perf_counter() - start
+
+    def _buffer(self, m: int, ranges: Any) -> torch.Tensor | None:
+        if len(ranges) == 1:
+            return None
+        if m not in self.buffers:
+            self.buffers[m] = torch.empty(self.scheme.plan.messages[m].numel)
+        return self.buffers[m]
 
     def finish(self) -> list[MessageOutcome]:
         """Every message's lockstep exchange, the memories' updates: the outcomes."""

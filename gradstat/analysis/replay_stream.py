@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,6 +74,8 @@ def replay_streamed(
     ``scratch`` keeps the memories in a scratch file (:mod:`~gradstat.analysis.ef_store`);
     ``tolerate``: a scheme whose code fails is reported in its ``error`` and dropped, the
     others go on (else the error is raised); ``keep_sent``: keep what each learner sent.
+    A step's references share rows the next step reuses: use them before asking for the
+    next step.
     """
     space = Workspace()
     widest = max(block.numel for _, scheme in chosen for block in scheme.plan.blocks)
@@ -97,6 +100,11 @@ class _Replayer:
     def __init__(self, cap, learners, chosen, space: Workspace, keep_sent: bool) -> None:
         self.cap, self.learners, self.chosen, self.space = cap, list(learners), chosen, space
         self.keep_sent = keep_sent
+        #: each block's reference sum, kept from step to step: a fresh row costs its page
+        #: faults (docs/large.md)
+        self.totals: dict[tuple[str, int], torch.Tensor] = {}
+        self.buffers: dict[tuple[str, int], dict] = {}  # (scope, block) -> message copies
+        self.references: dict[tuple[str, int], dict] = {}  # the same, of the references
         self.groups: dict[str, list[int]] = {}  # scope -> the chosen schemes on it
         for j, (sc, _) in enumerate(chosen):
             self.groups.setdefault(sc.name, []).append(j)
@@ -107,11 +115,14 @@ class _Replayer:
             live = [j for j in members if j not in failed]
             if not live:
                 continue
-            plan = self.chosen[live[0]][1].plan
-            single = len(plan.blocks) == 1
+            sc, plan = self.chosen[live[0]][0], self.chosen[live[0]][1].plan
+            columns = _columns(sc, plan)
             for b, block in enumerate(plan.blocks):
-                ahead = then if single else None
-                self._block(step, b, block, ahead, live, results, failed, tolerate)
+                # the read the reading thread does ahead: the next block, or the next step's first
+                ahead = (step, *columns[b + 1]) if b + 1 < len(columns) else None
+                if ahead is None and then is not None:
+                    ahead = (then, *columns[0])
+                self._block(step, b, block, columns[b], ahead, live, results, failed, tolerate)
         for j, error in failed.items():
             results[j] = SchemeStep(error=error)
         n = len(self.learners)
@@ -119,19 +130,25 @@ class _Replayer:
             result.compress_seconds /= n
         return results
 
-    def _block(self, step, b, block, then, live, results, failed, tolerate) -> None:
-        """Every learner's rows of ``block`` to the live schemes' block steps, then their
-        exchanges; the block's reference sum formed by the reading thread."""
+    def _block(self, step, b, block, columns, ahead, live, results, failed, tolerate) -> None:
+        """Every learner's rows of ``block`` (the scope's ``columns``) to the live schemes'
+        block steps, then their exchanges; the block's reference sum formed by the reading
+        thread, which reads ``ahead`` (step, start, stop) next."""
         n = len(self.learners)
-        total = torch.zeros(block.numel)
-        scope = Scope("block", block.slices)
-        ahead = (then, 0, block.numel) if then is not None else None
+        scope = self.chosen[live[0]][0]
+        key = (scope.name, b)
+        total = self.totals.get(key)
+        if total is None:
+            total = self.totals[key] = torch.zeros(block.numel)
+        else:  # the last step's reference is no longer used (see replay_streamed)
+            total.zero_()
 
         def after(row: np.ndarray) -> bool:
             return add_checked(row, total.numpy())
 
-        steps = {j: BlockStep(self.chosen[j][1], b, step, n, self.keep_sent) for j in live}
-        rows = self.space.rows(self.cap, step, self.learners, scope, 0, block.numel, ahead, after)
+        buffers = self.buffers.setdefault(key, {})
+        steps = {j: BlockStep(self.chosen[j][1], b, step, n, self.keep_sent, buffers) for j in live}
+        rows = self.space.rows(self.cap, step, self.learners, scope, *columns, ahead, after)
         for i, (row, finite) in enumerate(rows):
             g = torch.from_numpy(row)
             if not finite:
@@ -140,14 +157,19 @@ class _Replayer:
                 feed = steps[j].learner
                 self._guard(j, lambda feed=feed, i=i, g=g: feed(i, g), steps, failed, tolerate)
         mean = total.div_(n)
+        copies = self.references.setdefault(key, {})
+        means = {}  # each message's part of the mean gradient, valid until the next step
+        for m, ranges in zip(block.messages, block.ranges, strict=True):
+            if len(ranges) > 1 and m not in copies:
+                copies[m] = torch.empty(sum(stop - start for start, stop in ranges))
+            means[m] = take(mean, ranges, copies.get(m))
         for j in list(steps):
             outcomes = self._guard(j, steps[j].finish, steps, failed, tolerate)
             if outcomes is None:
                 continue
             scheme = self.chosen[j][1]
-            for outcome, ranges in zip(outcomes, block.ranges, strict=True):
-                reference = take(mean, ranges)  # ``mean`` is this block's own
-                results[j].references.append(scheme.reference(outcome.index, reference))
+            for outcome in outcomes:
+                results[j].references.append(scheme.reference(outcome.index, means[outcome.index]))
             results[j].messages += outcomes
             results[j].compress_seconds += steps[j].seconds
 
@@ -162,3 +184,19 @@ class _Replayer:
             failed[j] = exc
             del steps[j]
             return None
+
+
+def _columns(scope: Scope, plan: Any) -> list[tuple[int, int]]:
+    """Each block of ``plan`` (a plan of ``scope``'s layers) as ``(start, stop)`` columns of
+    the scope: consecutive parameters, so one range each."""
+    local, position = {}, 0
+    for offset, numel in scope.slices:
+        local[offset] = position
+        position += numel
+    columns = []
+    for block in plan.blocks:
+        first = block.slices[0][0]
+        home = max(o for o in local if o <= first)  # the scope's slice holding it
+        start = local[home] + first - home
+        columns.append((start, start + block.numel))
+    return columns

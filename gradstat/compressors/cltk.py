@@ -52,7 +52,7 @@ class CLTK(Compressor):
         flat = p.reshape(-1)
         d, k = flat.numel(), self.k
         leader = call.step % call.learners
-        indices = torch.empty(k, dtype=index_dtype(d))
+        indices = torch.zeros(k, dtype=index_dtype(d))
         if call.learner == leader:
             indices = top_indices(flat, k).to(indices.dtype)
         indices = yield Broadcast(indices, leader)

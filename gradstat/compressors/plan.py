@@ -209,10 +209,22 @@ def _block(messages: Sequence[Message], members: Sequence[int]) -> Block:
         local[offset] = position
         position += numel
     ranges = tuple(
-        tuple((local[offset], local[offset] + numel) for offset, numel in messages[i].slices)
+        _joined([(local[offset], local[offset] + numel) for offset, numel in messages[i].slices])
         for i in members
     )
     return Block(tuple((o, n) for o, n in merged), tuple(members), ranges)
+
+
+def _joined(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges with each one that starts where the one before stops joined to it (a
+    message of one range is a view of its block's row, not a copy)."""
+    joined: list[tuple[int, int]] = []
+    for start, stop in ranges:
+        if joined and joined[-1][1] == start:
+            joined[-1] = (joined[-1][0], stop)
+        else:
+            joined.append((start, stop))
+    return tuple(joined)
 
 
 def build_plan(

@@ -89,9 +89,12 @@ def lockstep(
     return results  # type: ignore[return-value]
 
 
-def take(row: torch.Tensor, ranges: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """A message's vector from its block's row: a view of one range, else a copy."""
+def take(
+    row: torch.Tensor, ranges: Sequence[tuple[int, int]], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A message's vector from its block's row: a view of one range, else a copy (into
+    ``out``, a buffer of the message's length, where given)."""
     if len(ranges) == 1:
         start, stop = ranges[0]
         return row[start:stop]
-    return torch.cat([row[start:stop] for start, stop in ranges])
+    return torch.cat([row[start:stop] for start, stop in ranges], out=out)
