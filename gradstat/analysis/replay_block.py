@@ -172,7 +172,7 @@ class BlockStep:
 
 @dataclass
 class StepOutcome:
-    """One step of every learner over the whole plan (:meth:`Scheme.step`): the aggregate
+    """One step of every learner over the whole plan (:func:`replay_rows`): the aggregate
     (flat, in the layer table's order), each message's outcome, the bytes each learner
     put into every collective, the values each learner sent, the mean of the learners'
     memory norms, the union of sparse sets and what each learner sent."""
