@@ -27,8 +27,9 @@ the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
 ``estimate`` (the aggregate every learner applied), ``transfers`` (the bytes it put into
 each collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
 the replay numbers the recorded steps of a capture that starts at 0: random draws and
-CLT-k's leader follow it. The hooks compute on the CPU and need a gloo process group
-for their collectives (``process_group=``): the compressors are CPU code.
+CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
+and run their collectives on a gloo process group: ``process_group=``, else one of
+their own made when the state is bound (so they never meet DDP's own collectives).
 """
 
 import json
@@ -144,6 +145,10 @@ class CompressionState:
         self.plan = build_plan(layers, **options)
         self.scheme = build_scheme(self.spec, self.ratio, self.plan, seed=self.seed)
         self.scheme.memory.allocate(1, self.plan, TensorRows)
+        if self.process_group is None and dist.is_initialized():
+            # a gloo group of its own (made on every rank, as binding is): the worker's
+            # collectives never meet DDP's own (find_unused_parameters' all-reduce)
+            self.process_group = dist.new_group(backend="gloo")
         self.rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
         self.world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
         self._slots = {
