@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from gradstat.compressors.exchange import Sent, SparseRow, Transfer
-from gradstat.compressors.memory import TensorRows
+from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.simulated import advance, lockstep, take
+from gradstat.compressors.simulated import advance, lockstep
 
 
 @dataclass
@@ -86,7 +86,6 @@ class BlockStep:
         step: int,
         learners: int,
         keep_sent: bool = False,
-        buffers: dict | None = None,
     ):
         self.scheme, self.block, self.step, self.n = scheme, block, step, learners
         self.spec = scheme.plan.blocks[block]
@@ -94,9 +93,6 @@ class BlockStep:
         self.rows: list[Any] = []
         self.started: dict[int, list[tuple[Any, Any, Sent | None, torch.Tensor, Any]]] = {}
         self.dense: dict[int, torch.Tensor] = {}
-        #: where a message's vector is copied when it is not one range of the row (kept by
-        #: the caller from step to step: a fresh buffer costs its page faults)
-        self.buffers = {} if buffers is None else buffers
         self.seconds = 0.0
 
     def learner(self, i: int, row: torch.Tensor) -> None:
@@ -106,12 +102,14 @@ class BlockStep:
         rows = memory.open(i, self.block)
         self.rows.append(rows)
         for m, ranges in zip(self.spec.messages, self.spec.ranges, strict=True):
-            g = take(row, ranges, self._buffer(m, ranges))
+            # one range is a view; a message in another order than the row (a DDP bucket)
+            # goes to the memory in pieces, not copied
+            g = row[ranges[0][0] : ranges[0][1]] if len(ranges) == 1 else pieces(row, ranges)
             if scheme.plan.messages[m].dense:  # sent as it is: summed in learner order
                 if i == 0:
-                    self.dense[m] = g.to(torch.float32, copy=True)
+                    self.dense[m] = joined(g).to(torch.float32, copy=True)
                 else:
-                    self.dense[m] += g
+                    self.dense[m] += joined(g)
                 continue
             call = scheme.call(i, m, self.step, self.n)
             p = memory.compensate(rows, call, g)
@@ -119,13 +117,6 @@ class BlockStep:
             op, result = advance(exchange, None)
             self.started.setdefault(m, []).append((exchange, op, result, p, call))
         self.seconds += time.perf_counter() - start
-
-    def _buffer(self, m: int, ranges: Any) -> torch.Tensor | None:
-        if len(ranges) == 1:
-            return None
-        if m not in self.buffers:
-            self.buffers[m] = torch.empty(self.scheme.plan.messages[m].numel)
-        return self.buffers[m]
 
     def finish(self) -> list[MessageOutcome]:
         """Every message's lockstep exchange, the memories' updates: the outcomes."""
@@ -235,3 +226,8 @@ def _step_outcome(estimate, outcomes: list[MessageOutcome], sent, n: int) -> Ste
     union = sum(unions) if unions else None
     norm = sum(math.sqrt(s) for s in squares) / n
     return StepOutcome(estimate, outcomes, transfers, selected, norm, union, sent)
+
+
+def pieces(row: torch.Tensor, ranges: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """Views of ``row`` at ``ranges``, in order."""
+    return [row[start:stop] for start, stop in ranges]

@@ -103,8 +103,8 @@ class _Replayer:
         #: each block's reference sum, kept from step to step: a fresh row costs its page
         #: faults (docs/large.md)
         self.totals: dict[tuple[str, int], torch.Tensor] = {}
-        self.buffers: dict[tuple[str, int], dict] = {}  # (scope, block) -> message copies
-        self.references: dict[tuple[str, int], dict] = {}  # the same, of the references
+        #: (scope, block) -> each message's copy of the mean where it is not one range
+        self.references: dict[tuple[str, int], dict] = {}
         self.groups: dict[str, list[int]] = {}  # scope -> the chosen schemes on it
         for j, (sc, _) in enumerate(chosen):
             self.groups.setdefault(sc.name, []).append(j)
@@ -146,8 +146,7 @@ class _Replayer:
         def after(row: np.ndarray) -> bool:
             return add_checked(row, total.numpy())
 
-        buffers = self.buffers.setdefault(key, {})
-        steps = {j: BlockStep(self.chosen[j][1], b, step, n, self.keep_sent, buffers) for j in live}
+        steps = {j: BlockStep(self.chosen[j][1], b, step, n, self.keep_sent) for j in live}
         rows = self.space.rows(self.cap, step, self.learners, scope, *columns, ahead, after)
         for i, (row, finite) in enumerate(rows):
             g = torch.from_numpy(row)

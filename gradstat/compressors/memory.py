@@ -25,7 +25,7 @@ in RAM in the DDP hook). A driver opens a learner's rows of a block
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -75,6 +75,25 @@ def _cpu32(*rows: torch.Tensor) -> bool:
     return all(r.device.type == "cpu" and r.dtype == torch.float32 for r in rows)
 
 
+#: A message's gradient as the driver hands it: one flat tensor, or its pieces in order
+#: (a DDP bucket's parameters, which lie in reverse order in the row), not copied.
+Pieces = torch.Tensor | Sequence[torch.Tensor]
+
+
+def joined(g: Pieces) -> torch.Tensor:
+    """``g`` as one flat tensor (its pieces copied end to end; a tensor as it is)."""
+    return g if isinstance(g, torch.Tensor) else torch.cat(list(g))
+
+
+def _spans(g: Pieces) -> list[tuple[int, torch.Tensor]]:
+    """``(start, piece)`` of each piece of ``g`` in the message."""
+    spans, start = [], 0
+    for piece in [g] if isinstance(g, torch.Tensor) else g:
+        spans.append((start, piece))
+        start += piece.numel()
+    return spans
+
+
 class Memory:
     """The error-feedback memory of one scheme (see the module docstring).
 
@@ -115,11 +134,11 @@ class Memory:
         _, start, stop = self.places[message]
         return rows[start:stop]
 
-    def compensate(self, rows: Any, call: Call, g: torch.Tensor) -> torch.Tensor:
+    def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
         """The corrected vector ``p`` of message ``call.index`` (flat; its own storage,
-        valid until :meth:`update`) from ``g`` (flat, valid for this call only); facts
-        found on the way go to ``call.facts``."""
-        return g.clone()
+        valid until :meth:`update`) from ``g`` (flat or in pieces, valid for this call
+        only); facts found on the way go to ``call.facts``."""
+        return g.clone() if isinstance(g, torch.Tensor) else joined(g)
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
         """Keep what was not sent of ``p``; the new memory's squared norm (NaN unknown)."""
@@ -154,10 +173,14 @@ class ResidualMemory(Memory):
     def close(self, learner: int, block: int, rows: torch.Tensor) -> None:
         self.m[block].save(learner, rows)
 
-    def compensate(self, rows: torch.Tensor, call: Call, g: torch.Tensor) -> torch.Tensor:
-        """``p = m + g``; with beta = 1 formed in the memory row itself."""
+    def compensate(self, rows: torch.Tensor, call: Call, g: Pieces) -> torch.Tensor:
+        """``p = m + g``; with beta = 1 formed in the memory row itself, piece by piece."""
         m = self.part(rows, call.index)
-        return m + g if self.beta != 1.0 else m.add_(g)
+        if self.beta != 1.0:
+            return m + joined(g)
+        for start, piece in _spans(g):
+            m[start : start + piece.numel()].add_(piece)
+        return m
 
     def update(
         self, rows: torch.Tensor, call: Call, p: torch.Tensor, sent: Sent, compressor: Any
@@ -206,15 +229,21 @@ class DGCMemory(Memory):
         self.u[block].save(learner, rows[0])
         self.v[block].save(learner, rows[1])
 
-    def compensate(self, rows: Any, call: Call, g: torch.Tensor) -> torch.Tensor:
-        """``u = mu u + g``; ``v = v + u``; returns ``v`` (its zeros in ``call.facts``)."""
+    def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
+        """``u = mu u + g``; ``v = v + u``; returns ``v`` (its non-zeros in
+        ``call.facts`` on the CPU)."""
         u, v = (self.part(r, call.index) for r in rows)
-        if _cpu32(u, v, g):  # one pass, the same bits as the three below
-            zeros, _ = momentum_add(u.numpy(), v.numpy(), g.numpy(), self.momentum)
-            call.facts["nonzeros"] = v.numel() - zeros
-        else:
-            u.mul_(self.momentum).add_(g)
-            v.add_(u)
+        nonzeros = 0
+        for start, piece in _spans(g):
+            u_at, v_at = u[start : start + piece.numel()], v[start : start + piece.numel()]
+            if _cpu32(u, v, piece):  # one pass, the same bits as the three below
+                zeros, _ = momentum_add(u_at.numpy(), v_at.numpy(), piece.numpy(), self.momentum)
+                nonzeros += piece.numel() - zeros
+            else:
+                u_at.mul_(self.momentum).add_(piece)
+                v_at.add_(u_at)
+        if _cpu32(u, v):
+            call.facts["nonzeros"] = nonzeros
         return v
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
@@ -262,9 +291,9 @@ class UserMemory(Memory):
     def open(self, learner: int, block: int) -> Any:
         return self.objects[learner]
 
-    def compensate(self, rows: Any, call: Call, g: torch.Tensor) -> torch.Tensor:
-        shape = call.shape
-        p = self.blame.call("memory.compensate", rows.compensate, g.clone().view(shape), call.name)
+    def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
+        g = g.clone() if isinstance(g, torch.Tensor) else joined(g)
+        p = self.blame.call("memory.compensate", rows.compensate, g.view(call.shape), call.name)
         if not isinstance(p, torch.Tensor) or p.numel() != g.numel():
             raise self.blame.wrong("memory.compensate", rows.compensate, "returned no vector")
         return p.reshape(-1)
