@@ -1,13 +1,13 @@
 """Calibration of the compression work model (gradstat/compressors/work.py) on this CPU.
 
-For every registered compressor (sparsifiers at ratio 0.01) and 2-3 scope sizes, the
-replay's measured compression time per learner (compensate + compress + aggregate +
-memory update of 2 learners, divided by 2: what ``gradstat replay`` reports as
-``compress ms``) against the work model's prediction with the ``cpu-here`` profile
-measured in the same run (``Work.replay``). Printed: measured ms, predicted ms and
-predicted / measured (1 = exact). Torch runs on one thread (replay's default), each
-figure is the smallest of 3 steps after 2 warm-up steps of the same scheme (its memory
-filled), timed as the thread's CPU time like the profile (the machine is shared, wall
+For every registered compressor (sparsifiers at ratio 0.01) and 2-3 model sizes (one
+message), one learner's measured compression time in training with 2 learners (its
+memory, compress, decoding the payloads it receives and aggregating: the price
+``recommend`` measures here, gradstat/analysis/pricing.py) against the work model's
+prediction with the ``cpu-here`` profile measured in the same run (``Work.online``), the
+estimate other targets get. Printed: measured ms, predicted ms and predicted / measured
+(1 = exact). Torch runs on one thread (replay's default); the price is the median of
+warm runs, timed as the thread's CPU time like the profile (the machine is shared, wall
 time would measure the other jobs); the gradients are a shared Laplace component plus
 each learner's own.
 
@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
-from gradstat.analysis.selection import k_for
+from gradstat.analysis.pricing import measure_price
+from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import REGISTRY, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import measure
-from gradstat.compressors.work import compressor_work, seconds
+from gradstat.compressors.work import seconds
+from gradstat.store import layer_table
 
 LEARNERS = 2
 RATIO = 0.01
@@ -52,17 +53,11 @@ def calibrate(sizes: list[int]) -> list[dict]:
             side = int(d**0.5)
             shapes = [(side, d // side), (d - side * (d // side),)] if d % side else [(side, side)]
             ratio = None if spec.fixed_rate else RATIO
-            k = None if ratio is None else k_for(ratio, d)
-            scheme = build_scheme(spec, ratio, k, numel=d, shapes=shapes, seed=0)
-            times = []
-            for step in range(5):
-                grads = gradients(d, step)
-                start = time.thread_time()
-                scheme.step(grads)
-                times.append((time.thread_time() - start) / LEARNERS)
-            measured = min(times[2:])
-            work = compressor_work(scheme.compressor, scheme.memory, d)
-            predicted = seconds(work.replay(LEARNERS), target)
+            plan = build_plan(layer_table([(f"p{i}", shape) for i, shape in enumerate(shapes)]))
+            scheme = build_scheme(spec, ratio, plan, seed=0)
+            measured = measure_price(scheme, gradients(d, 0)[0], LEARNERS).at(LEARNERS)
+            work = scheme.compressor(0, 0).work(d, scheme.memory)
+            predicted = seconds(work.online(LEARNERS), target)
             rows.append(
                 {
                     "compressor": name,

@@ -37,8 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gradstat.analysis.replay_block import replay_rows
 from gradstat.analysis.selection import k_for
-from gradstat.compressors import REGISTRY, build_scheme, parse_compressors
+from gradstat.compressors import REGISTRY, build_plan, build_scheme, parse_compressors
+from gradstat.store import layer_table
 
 N, D, RATIO, REPEATS = 4, 1 << 17, 0.01, 3
 SHAPES = [(256, 508), (1024,)]  # one matrix for PowerSGD plus a bias: 2^17 in all
@@ -81,10 +83,11 @@ def throughput() -> None:
     for name, entry in REGISTRY.items():
         (spec,) = parse_compressors(name)
         ratio = None if entry.fixed_rate else RATIO
-        scheme = build_scheme(
-            spec, ratio, None if ratio is None else k, numel=D, shapes=SHAPES, seed=0
+        plan = build_plan(layer_table([(f"p{i}", shape) for i, shape in enumerate(SHAPES)]))
+        scheme = build_scheme(spec, ratio, plan, seed=0)
+        seconds, topk_seconds = paired_medians(
+            lambda scheme=scheme: replay_rows(scheme, grads), bare_topk
         )
-        seconds, topk_seconds = paired_medians(lambda scheme=scheme: scheme.step(grads), bare_topk)
         print(
             f"  {name:<16} {seconds * 1e3:>9.1f} {topk_seconds * 1e3:>14.1f} "
             f"{topk_seconds / seconds:>18.3f}"

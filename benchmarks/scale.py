@@ -13,8 +13,10 @@ for each numel per learner and learner count, then runs in a fresh subprocess ea
 * ``fit`` (``gpd``, the default estimators and ratios) of learner 0 at every step,
   against the read of those rows (time per row);
 * ``replay-topk`` and ``replay-dgc``: a replay of that compressor at ratio 0.001 with
-  error feedback over every step and learner (``--analyses`` names others, e.g.
-  ``replay-sidco-gpd``);
+  error feedback over every step and learner, at the capture's granularity (``model``:
+  the synthetic captures record no DDP); ``--analyses`` names others, e.g.
+  ``replay-sidco-gpd``, or another granularity, ``replay-topk@bucket`` (DDP's buckets of
+  the 8 equal layers);
 * ``touch``: the first touch of learners x numel float32 values (a replay's error-feedback
   memories) in a fresh process, the other floor a replay cannot go under: on this
   virtual machine the host hands memory a process frees back to itself within seconds
@@ -176,7 +178,9 @@ with open_capture(path) as cap:
         selection = Selection.of(cap, steps, cap.learners[:1])
         fit(cap, selection, FitParams(dists="gpd"), compute=compute)
     elif what.startswith("replay-"):  # one compressor with error feedback, every step
-        params = ReplayParams(what.removeprefix("replay-"), [ratio], Link(10e9 / 8, 5e-6))
+        name, _, granularity = what.removeprefix("replay-").partition("@")
+        plan = {"granularity": granularity} if granularity else {}  # a base tree has none
+        params = ReplayParams(name, [ratio], Link(10e9 / 8, 5e-6), **plan)
         replay(cap, Selection.of(cap), params, compute=compute)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 with open("/proc/self/status") as status:  # this process's own peak (see run_child)

@@ -1,12 +1,17 @@
 """Train 2 gloo learners with gradstat's compression hooks, one compressor after another,
 run by the tests under torchrun (tests/test_hooks.py).
 
-For each compressor it writes a capture ``OUT/NAME`` (``grad`` and ``sent`` rows) and
-``OUT/NAME/applied-rankN.npy``: the gradient DDP left on the parameters each step (the
-hook's aggregate, the update the optimizer applied), plus ``overhead-rankN.npy``.
+Each run is ``SPEC@GRANULARITY`` (a compressor spec, ``+MEMORY`` included, and the plan's
+granularity). DDP gets ``bucket_cap_mb=0.01``, so the digits CNN's gradients come in
+several buckets (the bucket plan takes DDP's caps). For each run it writes a capture
+``OUT/RUN`` (``grad`` and ``sent`` rows; ``RUN``: the run with ``:``, ``+``, ``/`` and
+``@`` replaced) and ``OUT/RUN/applied-rankN.npy``: the gradient DDP left on the
+parameters each step (the hook's aggregate, the update the optimizer applied), plus
+``overhead-rankN.npy``.
 """
 
 import argparse
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +25,18 @@ from gradstat.capture.workloads import build_workload
 from gradstat.hooks import compression_hook
 
 
-def train(name: str, ratio: float, out: Path, steps: int, rank: int) -> None:
+def folder(run: str) -> str:
+    """The capture folder's name of run ``SPEC@GRANULARITY``."""
+    return re.sub(r"[:+/@]", "_", run)
+
+
+def train(run: str, ratio: float, out: Path, steps: int, rank: int) -> None:
+    spec, _, granularity = run.partition("@")
     torch.manual_seed(0)
     workload = build_workload("digits", "tiny")
-    ddp = DistributedDataParallel(workload.model)
+    ddp = DistributedDataParallel(workload.model, bucket_cap_mb=0.01)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    compressor, _, assignments = name.partition(":")
-    params = {k: float(v) for k, v in (a.split("=") for a in assignments.split(":") if a)}
-    hook, state = compression_hook(compressor, ratio=ratio, **params)
+    hook, state = compression_hook(spec, ratio=ratio, granularity=granularity or "bucket")
     capture = GradientCapture(ddp, out, hook=hook, hook_state=state, meta={"workload": "test"})
     batches = workload.batches(rank, dist.get_world_size(), 16, 0)
     applied, overhead = [], []
@@ -48,13 +57,13 @@ def train(name: str, ratio: float, out: Path, steps: int, rank: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--compressors", required=True)
+    parser.add_argument("--runs", required=True, help="SPEC@GRANULARITY,...")
     parser.add_argument("--ratio", type=float, default=0.05)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    for name in args.compressors.split(","):
-        train(name, args.ratio, args.out / name.replace(":", "_"), args.steps, dist.get_rank())
+    for run in args.runs.split(","):
+        train(run, args.ratio, args.out / folder(run), args.steps, dist.get_rank())
     dist.destroy_process_group()
     exit_without_teardown()
 

@@ -6,8 +6,10 @@ papers written out, with none of gradstat's streaming, in-place forms or fast pa
 Top-k sets come from ``torch.topk``; threshold estimates from
 :func:`gradstat.stats.thresholds.estimate_threshold` (the statistic, tested on its own in
 test_thresholds.py and test_reference_behaviours.py), what is sent from them plainly.
-Random streams follow the protocol's rule: learner i draws from ``seed + 7919 i``, a
-draw every learner shares (random-k's indices) from ``seed``.
+Random streams follow the protocol's rule: learner i's draws at recorded step t of
+message j come from numpy's ``SeedSequence([seed, t, i + 1, j])``, a draw every learner
+shares (random-k's indices) from ``SeedSequence([seed, t, 0, j])`` (the first 64-bit
+word, halved), so a window of steps draws what a whole replay draws there.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ class Outcome:
     memory_norm: float = 0.0
 
 
-def own(seed: int, learner: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed + 7919 * learner)
+def draws(seed: int, step: int, learner: int | None, message: int = 0) -> torch.Generator:
+    """The generator of ``learner``'s draws (None: the draw all learners share)."""
+    who = 0 if learner is None else learner + 1
+    word = np.random.SeedSequence([seed, step, who, message]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(word >> 1))
 
 
 def top(row: torch.Tensor, k: int) -> torch.Tensor:
@@ -74,9 +79,10 @@ class Reference:
     """A whole-step replay of built-in ``name`` with ``params`` (registry defaults
     filled in) at ``ratio`` / ``k`` on ``n`` learners of ``d`` values."""
 
-    def __init__(self, name, params, ratio, k, d, shapes, seed, n) -> None:
+    def __init__(self, name, params, ratio, k, d, shapes, seed, n, message=0) -> None:
         self.name, self.params, self.ratio, self.k = name, dict(params), ratio, k
         self.d, self.shapes, self.seed, self.n = d, shapes, seed, n
+        self.message = message
         self.t = 0
         self.memory = "none"
         if name in ("topk", "randomk", "gtopk", "powersgd", "ef-signsgd") or (
@@ -90,8 +96,6 @@ class Reference:
         self.beta = self.params.get("beta", 1.0)
         self.m = torch.zeros(n, d)
         self.u = torch.zeros(n, d)
-        self.generators = [own(seed, i) for i in range(n)]
-        self.shared = torch.Generator().manual_seed(seed)
         self.adaptive = [AdaptiveStages(initial=3) for _ in range(n)]
         self.threshold = self.params.get("threshold") or None
         self.q: list[torch.Tensor] | None = None
@@ -130,7 +134,12 @@ class Reference:
         self.velocity = mean_grad if self.velocity is None else mu * self.velocity + mean_grad
         return self.velocity
 
-    def step(self, g: torch.Tensor) -> Outcome:
+    def step(self, g: torch.Tensor, t: int | None = None) -> Outcome:
+        """One step (recorded step ``t``: the draws' and CLT-k's leader's; default: the
+        steps counted from 0)."""
+        self.t = self.t if t is None else t
+        self.generators = [draws(self.seed, self.t, i, self.message) for i in range(self.n)]
+        self.shared = draws(self.seed, self.t, None, self.message)
         p = self.compensate(g)
         name = "estimated" if self.name in ESTIMATED else self.name.replace("-", "_")
         out = getattr(self, f"_{name}")(p)
@@ -262,9 +271,8 @@ class Reference:
         dense = sum(n for _, n, a in plan if not a)
         first = 4 * (dense + r * sum(a for _, a, _ in matrices))
         second = 4 * r * sum(b for _, _, b in matrices)
-        return Outcome(
-            sent, estimate, [("allreduce", first), ("allreduce", second)], [self.d] * self.n
-        )
+        transfers = [("allreduce", first)] + ([("allreduce", second)] if matrices else [])
+        return Outcome(sent, estimate, transfers, [self.d] * self.n)
 
     def _signs(self, p):
         scales = p.abs().mean(1, keepdim=True)
@@ -304,11 +312,12 @@ class Reference:
         return self._dense(sent, math.ceil(self.d / 4) + 4, "allgather")
 
 
-def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
-    """Top-k with residual error feedback, step by step, in numpy, for a user's GRACE-style
-    top-k: ``k = max(1, int(d * ratio))``; per step ``k``, the union (how many elements
-    any learner sent), the relative error of the mean of what the learners sent against
-    the mean gradient, and the mean norm of the learners' memories."""
+def ef_topk(grads: np.ndarray, ratio: float, feedback: bool = True) -> list[dict]:
+    """Top-k with residual error feedback (none unless ``feedback``), step by step, in
+    numpy, for a user's GRACE-style top-k: ``k = max(1, int(d * ratio))``; per step
+    ``k``, the union (how many elements any learner sent), the relative error of the mean
+    of what the learners sent against the mean gradient, and the mean norm of the
+    learners' memories."""
     n, steps, d = grads.shape
     k = max(1, int(d * ratio))
     memory = np.zeros((n, d), dtype=np.float32)
@@ -319,7 +328,7 @@ def ef_topk(grads: np.ndarray, ratio: float) -> list[dict]:
         for i in range(n):
             chosen = np.argsort(-np.abs(p[i]), kind="stable")[:k]
             sent[i, chosen] = p[i, chosen]
-        memory = p - sent
+        memory = p - sent if feedback else memory
         mean = grads[:, s].astype(np.float64).mean(axis=0)
         estimate = sent.astype(np.float64).mean(axis=0)
         out.append(

@@ -8,16 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from gradstat.analysis.replay_block import replay_rows
 from gradstat.compressors import (
     REGISTRY,
     DGCMemory,
     ResidualMemory,
+    build_plan,
     build_scheme,
     parse_compressors,
 )
 from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.cast import Cast
-from gradstat.compressors.exchange import SparseRow, nbytes
+from gradstat.compressors.exchange import Call, Sent, nbytes
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD
@@ -25,6 +27,7 @@ from gradstat.compressors.terngrad import TernGrad
 from gradstat.compressors.topk import TopK
 from gradstat.errors import UsageError
 from gradstat.stats.thresholds import estimate_threshold
+from gradstat.store import layer_table
 
 
 def laplace(shape, seed=0) -> torch.Tensor:
@@ -36,30 +39,29 @@ def brute_topk(x: np.ndarray, k: int) -> set[int]:
     return set(np.argsort(-np.abs(x), kind="stable")[:k].tolist())
 
 
-def scheme(name: str, ratio: float | None, d: int, shapes=(), seed: int = 0):
+def plan_of(d: int, shapes=(), granularity: str = "model"):
+    """The plan of parameters ``shapes`` (one vector of ``d`` values by default)."""
+    shapes = shapes or [(d,)]
+    return build_plan(layer_table([(f"p{i}", s) for i, s in enumerate(shapes)]), granularity)
+
+
+def scheme(name: str, ratio: float | None, d: int, shapes=(), seed: int = 0, granularity="model"):
     (spec,) = parse_compressors(name)
-    k = None if spec.fixed_rate else max(1, round(ratio * d))
-    return build_scheme(spec, ratio, k, numel=d, shapes=shapes or [(d,)], seed=seed)
-
-
-def dense(estimate) -> torch.Tensor:
-    return estimate.dense() if isinstance(estimate, SparseRow) else estimate
+    return build_scheme(spec, ratio, plan_of(d, shapes, granularity), seed=seed)
 
 
 def memory_rows(s, n: int, d: int) -> torch.Tensor:
-    """The residual memory rows of scheme ``s`` (zeros before its first step)."""
+    """The residual memory rows of scheme ``s`` (zeros before its first step; one block)."""
     m = getattr(s.memory, "m", None)
-    if m is None:
+    if m is None or not hasattr(s, "rows_replayed"):
         return torch.zeros(n, d)
-    return torch.stack([m.load(i).clone() for i in range(n)])
+    return torch.stack([m[0].load(i).clone() for i in range(n)])
 
 
 def step(s, g: torch.Tensor):
-    """One step of scheme ``s`` (plain residual memory): the outcome, its dense
-    estimate and what each learner sent, ``p - m_new`` with ``p = g + m_old``."""
-    before = memory_rows(s, *g.shape)
-    out = s.step(g)
-    return out, dense(out.estimate), g + before - memory_rows(s, *g.shape)
+    """One step of scheme ``s``: the outcome, its estimate and what each learner sent."""
+    out = replay_rows(s, g)
+    return out, out.estimate, out.sent
 
 
 def payload_bytes(tensors) -> int:
@@ -84,7 +86,7 @@ def test_topk_matches_argsort_and_counts_bytes():
     exchange, estimate, sent = step(scheme("topk", 7 / 200, 200), x)
     union = set().union(*(brute_topk(row.numpy(), 7) for row in x))
     assert exchange.union == len(union)
-    assert exchange.gathered_bytes == 3 * 56
+    assert [(t.collective, t.nbytes) for t in exchange.transfers] == [("allgather", 56)]
     np.testing.assert_allclose(estimate.numpy(), sent.mean(0).numpy(), rtol=1e-6)
 
 
@@ -156,13 +158,8 @@ def test_estimated_sparsifiers_select_what_their_threshold_selects(name):
     x = laplace((3, 5000), seed=4)
     spec = f"{name}:stages=2" if name.startswith("sidco") else name
     s = scheme(spec, 0.01, 5000)
-    exchange = s.step(x)
-    sent = torch.zeros_like(x)
-    for i, row in enumerate(x):
-        if name != "dgc":  # DGC's memory: compare the selection on its v = g
-            sent[i] = row - s.memory.m.load(i)
-        else:
-            sent[i] = torch.where(s.memory.v.load(i) == 0, row, torch.zeros_like(row))
+    exchange = replay_rows(s, x)
+    sent = exchange.sent  # DGC's memory: its v = g at the first step
     for row, learner_sent, selected in zip(x, sent, exchange.selected, strict=True):
         support = np.nonzero(learner_sent.numpy())[0]
         assert len(support) == selected > 0
@@ -179,14 +176,14 @@ def test_estimated_sparsifiers_select_what_their_threshold_selects(name):
 def test_hard_threshold_is_calibrated_once_then_fixed():
     x = laplace((2, 1000), seed=5)
     s = scheme("threshold", 0.02, 1000)
-    first = s.step(x)
+    first = replay_rows(s, x)
     lam = sorted(np.abs(x[0].numpy()))[-20]
-    assert s.compressor.threshold == pytest.approx(lam)
-    assert s.for_learner(1).threshold == s.compressor.threshold  # learner 0's, shared
+    assert s.compressor(0, 0).threshold == pytest.approx(lam)
+    assert s.compressor(1, 0).threshold == s.compressor(0, 0).threshold  # broadcast
     assert first.selected[0] == 20
     assert first.selected[1] == int((np.abs(x[1].numpy()) >= lam).sum())
     m = memory_rows(s, 2, 1000)
-    second = s.step(2 * x)
+    second = replay_rows(s, 2 * x)
     assert second.selected[0] == int((np.abs(2 * x[0].numpy() + m[0].numpy()) >= lam).sum()) > 20
 
 
@@ -224,7 +221,7 @@ def test_ef_signsgd_and_majority_vote():
     assert payload_bytes(tensors) == math.ceil(77 / 8) + 4
     expected = np.abs(x[0].numpy()).mean() * np.where(x[0].numpy() >= 0, 1.0, -1.0)
     np.testing.assert_allclose(ef.decompress(tensors, ctx).numpy(), expected, rtol=1e-6)
-    vote = scheme("signsgd", None, 77).step(x)
+    vote = replay_rows(scheme("signsgd", None, 77), x)
     signs = np.where(x.numpy() >= 0, 1.0, -1.0)
     scale = np.abs(x.numpy()).mean(axis=1).mean()
     np.testing.assert_allclose(vote.estimate.numpy(), np.sign(signs.sum(0)) * scale, rtol=1e-6)
@@ -277,12 +274,12 @@ def test_terngrad_matches_formula_with_the_same_noise():
 def test_powersgd_matches_numpy_power_iteration_with_warm_start():
     shapes = [(12, 2, 5), (7,), (3, 3)]  # a 12x10 matrix, a bias, a too-small 3x3 matrix
     s = scheme("powersgd:rank=2", None, 136, shapes=shapes, seed=5)
-    assert [(rows, cols) for _, rows, cols in s.compressor.matrices] == [(12, 10)]
+    assert [(rows, cols) for _, rows, cols in s.compressor(0, 0).matrices] == [(12, 10)]
     q = torch.randn(10, 2, generator=torch.Generator().manual_seed(5)).double().numpy()
     for t in range(3):
         x = laplace((3, 136), seed=20 + t)
         p_rows = (x + memory_rows(s, 3, 136)).double().numpy()
-        exchange = s.step(x)
+        exchange = replay_rows(s, x)
         m = p_rows[:, :120].reshape(3, 12, 10)
         p = np.mean(m @ q, axis=0)
         p_hat, _ = np.linalg.qr(p)
@@ -300,7 +297,7 @@ def test_powersgd_recovers_a_shared_rank_one_matrix_exactly():
     rng = np.random.default_rng(1)
     m = np.outer(rng.normal(size=30), rng.normal(size=20)).astype(np.float32)
     x = torch.from_numpy(np.stack([m.reshape(-1)] * 2))
-    exchange = scheme("powersgd:rank=1", None, 600, shapes=[(30, 20)]).step(x)
+    exchange = replay_rows(scheme("powersgd:rank=1", None, 600, shapes=[(30, 20)]), x)
     np.testing.assert_allclose(exchange.estimate.numpy(), m.reshape(-1), rtol=1e-4, atol=1e-5)
 
 
@@ -312,7 +309,7 @@ def test_powersgd_keeps_no_residual_for_parameters_sent_uncompressed():
     for t in range(3):
         x = laplace((3, 136), seed=40 + t)
         corrected = x + memory_rows(s, 3, 136)
-        exchange = s.step(x)
+        exchange = replay_rows(s, x)
         memory = memory_rows(s, 3, 136)
         assert torch.count_nonzero(memory[:, 120:]) == 0
         expected = corrected[:, :120] - exchange.estimate[:120]
@@ -323,7 +320,7 @@ def test_powersgd_keeps_no_residual_for_parameters_sent_uncompressed():
 def test_powersgd_refuses_a_scope_without_matrices():
     (spec,) = parse_compressors("powersgd")
     with pytest.raises(UsageError, match="compresses no parameter"):
-        build_scheme(spec, None, None, numel=10, shapes=[(10,)])
+        build_scheme(spec, None, plan_of(10))
 
 
 # --- error feedback --------------------------------------------------------------------
@@ -358,46 +355,52 @@ def test_error_feedback_invariant(name):
     np.testing.assert_allclose(fed.numpy(), (sent + memory).numpy(), rtol=1e-5, atol=1e-4)
 
 
+def _memory(memory, d: int):
+    memory.allocate(1, plan_of(d), TensorRows)
+    return memory, Call("p0", 0, 0, 0, 1, shape=(d,))
+
+
 def test_low_pass_memory_follows_scalecom():
-    memory = ResidualMemory(beta=0.3)
-    memory.allocate(1, 5, TensorRows)
+    memory, call = _memory(ResidualMemory(beta=0.3), 5)
     m = np.zeros(5)
     for t in range(4):
         g = laplace((5,), seed=t)
-        p, state = memory.compensate(0, g)
+        rows = memory.open(0, 0)
+        p = memory.compensate(rows, call, g)
         c = torch.where(p.abs() > 0.5, p, torch.zeros_like(p))
-        memory.update(0, p, c, state)
+        squares = memory.update(rows, call, p, Sent(c, c, (), 5), None)
         m = 0.7 * m + 0.3 * (m + g.numpy() - c.numpy())
-        np.testing.assert_allclose(memory.m.load(0).numpy(), m, rtol=1e-6, atol=1e-7)
-        assert memory.norm() == pytest.approx(np.linalg.norm(m), rel=1e-6)
+        np.testing.assert_allclose(memory.m[0].load(0).numpy(), m, rtol=1e-6, atol=1e-7)
+        assert squares == pytest.approx(np.linalg.norm(m) ** 2, rel=1e-6)
 
 
 def test_dgc_memory_momentum_correction_and_factor_masking():
-    memory = DGCMemory(momentum=0.9)
-    memory.allocate(1, 6, TensorRows)
+    memory, call = _memory(DGCMemory(momentum=0.9), 6)
     u = np.zeros(6)
     v = np.zeros(6)
     for t in range(5):
         g = laplace((6,), seed=t).numpy()
         u = 0.9 * u + g
         v = v + u
-        p, state = memory.compensate(0, torch.from_numpy(g).float())
+        rows = memory.open(0, 0)
+        p = memory.compensate(rows, call, torch.from_numpy(g).float())
         np.testing.assert_allclose(p.numpy(), v, rtol=1e-5)
         top = np.argsort(-np.abs(v))[:2]
         c = np.zeros(6, dtype=np.float32)
         c[top] = v[top]
-        memory.update(0, p, torch.from_numpy(c), state)
+        sent = torch.from_numpy(c)
+        memory.update(rows, call, p, Sent(sent, sent, (), 2), None)
         v[top] = 0.0
         u[top] = 0.0
-        np.testing.assert_allclose(memory.v.load(0).numpy(), v, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(memory.u.load(0).numpy(), u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(memory.v[0].load(0).numpy(), v, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(memory.u[0].load(0).numpy(), u, rtol=1e-5, atol=1e-6)
 
 
 def test_dgc_reference_is_the_dense_momentum_update():
     s = scheme("dgc:momentum=0.5", 0.1, 100)
     g = laplace((100,))
-    np.testing.assert_allclose(s.reference(g).numpy(), g.numpy())
-    np.testing.assert_allclose(s.reference(g).numpy(), 1.5 * g.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(s.reference(0, g).numpy(), g.numpy())
+    np.testing.assert_allclose(s.reference(0, g).numpy(), 1.5 * g.numpy(), rtol=1e-6)
 
 
 # --- registry --------------------------------------------------------------------------
@@ -407,8 +410,8 @@ def test_every_registered_compressor_runs_and_reports_exact_bytes():
     d = 400
     for name, entry in REGISTRY.items():
         s = scheme(name, None if entry.fixed_rate else 0.05, d, shapes=[(20, 20)])
-        exchange = s.step(laplace((2, d)))
-        assert dense(exchange.estimate).shape == (d,)
+        exchange = replay_rows(s, laplace((2, d)))
+        assert exchange.estimate.shape == (d,)
         assert exchange.bytes_per_learner > 0, name
     expected = {
         "none": 1600,
@@ -426,7 +429,7 @@ def test_every_registered_compressor_runs_and_reports_exact_bytes():
         s = scheme(name, None if REGISTRY[name].fixed_rate else 0.05, d, shapes=[(20, 20)])
         if name == "powersgd":
             s = scheme("powersgd:rank=2", None, d, shapes=[(20, 20)])
-        assert s.step(laplace((2, d))).bytes_per_learner == want, name
+        assert replay_rows(s, laplace((2, d))).bytes_per_learner == want, name
 
 
 def test_parse_compressors_and_bad_names():
@@ -446,29 +449,71 @@ def test_parse_compressors_and_bad_names():
         scheme("clt-k:beta=0", 0.1, 100)
 
 
+def test_memory_and_collective_are_named_in_the_spec():
+    specs = parse_compressors(
+        "terngrad+residual,clt-k:beta=0.5+none,fp16:collective=allgather,"
+        "dgc+residual:beta=0.5,threshold:threshold=1e+3"
+    )
+    assert [s.label for s in specs] == [
+        "terngrad+residual",
+        "clt-k:beta=0.5+none",
+        "fp16:collective=allgather",
+        "dgc+residual:beta=0.5",
+        "threshold:threshold=1000",
+    ]
+    memories = [type(scheme(s.label, 0.05, 400).memory).__name__ for s in specs]
+    assert memories == [
+        "ResidualMemory",
+        "NoMemory",
+        "NoMemory",
+        "ResidualMemory",
+        "ResidualMemory",
+    ]
+    assert scheme("dgc", 0.05, 400).memory.momentum == 0.9
+    assert scheme("fp16:collective=allgather", None, 400).compressor(0, 0).collective == "allgather"
+    for bad, match in [
+        ("topk+zip", "unknown memory 'zip'"),
+        ("topk+residual:gamma=1", "memory residual has no parameter 'gamma'"),
+        ("topk+none+none", r"COMPRESSOR\+MEMORY"),
+        ("topk:collective=allreduce", "payloads do not add up"),
+        ("clt-k:collective=allgather", "exchange is its own"),
+        ("fp16:collective=ring", "allgather or allreduce"),
+    ]:
+        with pytest.raises(UsageError, match=match):
+            parse_compressors(bad)
+
+
 def test_sidco_compressors_take_the_reference_choices():
     (spec,) = parse_compressors("sidco-gpd:stages=3:stage_fit=mle:zeros=include")
     assert spec.label == "sidco-gpd:stages=3:zeros=include:stage_fit=mle"
     x = laplace((2, 20_000), seed=9)
     x[:, ::10] = 0.0
     built = scheme(spec.label, 0.01, 20_000)
-    compressor = built.compressor
+    compressor = built.compressor(0, 0)
     assert (compressor.zeros, compressor.stage_fit) == ("include", "mle")
-    exchange = built.step(x)
+    exchange = replay_rows(built, x)
     for row, selected in zip(x, exchange.selected, strict=True):
         expected = estimate_threshold(
             row, 0.01, "sidco-gpd", stages=3, zeros="include", stage_fit="mle"
         )
         assert selected == expected.selected
-    default = scheme("sidco-gpd:stages=3", 0.01, 20_000).compressor
+    default = scheme("sidco-gpd:stages=3", 0.01, 20_000).compressor(0, 0)
     assert (default.zeros, default.stage_fit) == ("exclude", "moments")
     with pytest.raises(UsageError, match="zeros must be one of exclude, include"):
         parse_compressors("sidco-exp:zeros=all")
 
 
-def test_a_rate_below_one_element_is_refused():
+def test_a_density_applies_to_each_message_by_the_compressors_rule():
+    """No skipped combinations: every message keeps at least one element, the built-ins
+    ``max(1, round(ratio * numel))``, a user's class GRACE's ``max(1, int(...))``."""
+    s = scheme(
+        "topk", 0.001, 590, shapes=[(8, 1, 3, 3), (8,), (10, 50), (10,)], granularity="tensor"
+    )
+    assert [s.k(m) for m in range(4)] == [1, 1, 1, 1]
+    out = replay_rows(s, laplace((2, 590)))
+    assert out.selected == [4, 4]
     (spec,) = parse_compressors("topk")
-    with pytest.raises(UsageError, match=r"cannot honour ratio 0\.001"):
-        build_scheme(spec, 0.001, 1, numel=500)
     with pytest.raises(UsageError, match="give it a ratio"):
-        build_scheme(spec, None, None, numel=500)
+        build_scheme(spec, None, plan_of(500))
+    with pytest.raises(UsageError, match="outside"):
+        build_scheme(spec, 1.5, plan_of(500))

@@ -1,6 +1,6 @@
 """The compressor protocol: the drivers know only it, a plain GRACE-style class
 registered like a built-in replays as an independent error-feedback recursion says, and
-the training forms run against the simulated communicator replay as the streams do."""
+the simulated communicator answers every collective as the plain arithmetic does."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 
 import gradstat.compressors as compressors_package
 from gradstat.analysis.replay import ReplayParams, replay
-from gradstat.compressors import REGISTRY, Compressor, Entry, Memory, Stream
+from gradstat.compressors import REGISTRY, Compressor, Entry, Memory, ResidualMemory
 from gradstat.compressors.cost import Link
-from gradstat.store import Scope, layer_table, open_capture, write_capture
+from gradstat.store import layer_table, open_capture, write_capture
 from tests.reference_compressors import ef_topk
 
 GRADSTAT = Path(compressors_package.__file__).resolve().parents[1]
@@ -24,8 +24,8 @@ COMPRESSORS = GRADSTAT / "compressors"
 
 
 def _protocol_classes() -> set[str]:
-    """Names of every class of gradstat.compressors that is a compressor, a memory or a
-    stream (importing every module of the package)."""
+    """Names of every class of gradstat.compressors that is a compressor or a memory
+    (importing every module of the package)."""
     import importlib
     import pkgutil
 
@@ -33,15 +33,15 @@ def _protocol_classes() -> set[str]:
     for info in pkgutil.iter_modules([str(COMPRESSORS)]):
         module = importlib.import_module(f"gradstat.compressors.{info.name}")
         for name, value in vars(module).items():
-            if inspect.isclass(value) and issubclass(value, (Compressor, Memory, Stream)):
+            if inspect.isclass(value) and issubclass(value, (Compressor, Memory)):
                 names.add(name)
     return names
 
 
 def test_no_driver_dispatches_on_compressor_classes():
-    """No ``isinstance`` (or ``type(...) is``) on a compressor, memory or stream class
-    outside gradstat/compressors/: replay, recommend, report, the hooks, compare and the
-    cost model call the protocol."""
+    """No ``isinstance`` (or ``type(...) is``) on a compressor or memory class outside
+    gradstat/compressors/: replay, recommend, report, the hooks, compare and the cost
+    model call the protocol."""
     classes = _protocol_classes()
     assert {"TopK", "CLTK", "PowerSGD", "ResidualMemory", "DGCMemory"} <= classes
     found = []
@@ -83,6 +83,9 @@ class Adapted(ThreeTensorTopK, Compressor):
         super().__init__(ratio)
         self.k = k
 
+    def memory(self) -> Memory:
+        return ResidualMemory()
+
 
 def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path, monkeypatch):
     """Registered like a built-in (one Entry), a three-tensor sparse payload replays:
@@ -106,39 +109,57 @@ def test_a_plain_grace_class_in_the_registry_replays_as_error_feedback(tmp_path,
         assert got["memory_norm"] == pytest.approx(want["memory_norm"], rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    "name", ["clt-k", "clt-k:beta=0.5", "gtopk", "powersgd:rank=2", "randomk", "threshold"]
-)
-def test_online_forms_against_a_simulated_communicator_equal_the_streams(tmp_path, name):
-    """Every learner's ``online`` step (the DDP hook's form) run in threads against the
-    simulated communicator replays as the compressor's own streamed form: the same
-    aggregate, elements sent, bytes and memory norm, step after step."""
-    from gradstat.analysis.replay import scope_shapes
-    from gradstat.analysis.selection import k_for
-    from gradstat.compressors import build_scheme, parse_compressors
-    from gradstat.compressors.memory import TensorRows
-    from gradstat.compressors.simulated import OnlineStream
+def _exchange(learner: int, n: int):
+    """An exchange that makes every collective once, with known answers."""
+    from gradstat.compressors.exchange import AllGather, AllReduce, Broadcast, Round, Sent, Shared
 
-    rng = np.random.default_rng(9)
-    layers = layer_table([("w", (40, 30)), ("b", (30,))])
-    grads = torch.from_numpy(rng.laplace(size=(5, 3, 1230)).astype(np.float32))
-    (spec,) = parse_compressors(name)
-    ratio = None if spec.fixed_rate else 0.02
-    k = None if ratio is None else k_for(ratio, 1230)
-    shapes = scope_shapes(layers, Scope("model", ((0, 1230),)))
-    own, simulated = (
-        build_scheme(spec, ratio, k, numel=1230, shapes=shapes, seed=3) for _ in range(2)
+    summed = yield AllReduce(
+        [torch.full((3,), float(learner + 1)), torch.ones(2, dtype=torch.float16)]
     )
-    simulated.memory.allocate(3, 1230, TensorRows)
-    stream = OnlineStream(simulated, "model", 3, 1230)
-    for g in grads:
-        want = own.step(g)
-        stream.begin(lambda i, g=g: g[i])
-        for i in range(3):
-            stream.learner(i, g[i])
-        got = stream.finish()
-        expected = want.estimate.dense() if hasattr(want.estimate, "dense") else want.estimate
-        torch.testing.assert_close(got.estimate, expected, rtol=1e-5, atol=1e-6)
-        assert got.selected == want.selected
-        assert [t.nbytes for t in got.transfers] == [t.nbytes for t in want.transfers]
-        assert got.memory_norm == pytest.approx(want.memory_norm, rel=1e-5)
+    gathered = yield AllGather([torch.arange(learner + 1, dtype=torch.float32)])
+    root = yield Broadcast(torch.tensor([learner * 10]), 1)
+    sends = {(learner + 1) % n: [torch.tensor([learner])]}
+    receives = {(learner - 1) % n: [((1,), torch.int64)]}
+    got = yield Round(sends, receives)
+    shared = yield Shared(_count, (gathered,))
+    info = {"from": float(got[(learner - 1) % n][0][0]), "root": float(root[0])}
+    return Sent(None, summed[0], (), 0, info={**info, "shared": shared}, payload=summed)
+
+
+CALLS: list[int] = []
+
+
+def _count(gathered) -> float:
+    CALLS.append(1)
+    return float(sum(len(g[0]) for g in gathered))
+
+
+def test_the_simulated_communicator_answers_collectives_as_plain_arithmetic():
+    """All-reduce: the float32 sum in learner order (16-bit payloads summed in float32);
+    all-gather: every learner's tensors in order; broadcast: the root's; a round of
+    point-to-point messages: each peer's; shared work: computed once for everyone."""
+    from gradstat.compressors.simulated import advance, lockstep
+
+    n = 4
+    CALLS.clear()
+    exchanges = [_exchange(i, n) for i in range(n)]
+    ops = [advance(e, None)[0] for e in exchanges]
+    results = lockstep(exchanges, ops)
+    for i, result in enumerate(results):
+        assert torch.equal(result.estimate, torch.full((3,), 10.0))  # 1 + 2 + 3 + 4
+        assert result.payload[1].dtype == torch.float32 and result.payload[1].tolist() == [4, 4]
+        assert result.info == {"from": float((i - 1) % n), "root": 10.0, "shared": 10.0}
+    assert CALLS == [1]  # once, not once per learner
+
+
+def test_learners_that_disagree_are_an_error_not_a_hang():
+    from gradstat.compressors.exchange import AllGather, AllReduce
+    from gradstat.compressors.simulated import lockstep
+
+    def one(kind):
+        yield kind([torch.ones(1)])
+
+    exchanges = [one(AllReduce), one(AllGather)]
+    ops = [next(e) for e in exchanges]
+    with pytest.raises(RuntimeError, match="disagree on the collective"):
+        lockstep(exchanges, ops)

@@ -181,6 +181,8 @@ def test_gaps_warn(capsys, tmp_path):
         (["--compressors", "topk,zip"], "unknown compressor 'zip'"),
         (["--ratios", "1.5"], "strictly between 0 and 1"),
         (["--ratios", "0.001"], "cannot honour ratio"),
+        (["--granularity", "layers"], "choose model, tensor or bucket"),
+        (["--dense", "("], "not a valid regex"),
         (["--bandwidth", "fast"], "--bandwidth 'fast'"),
         (["--latency", "soon"], "--latency 'soon'"),
         (["--plot", "out.gif"], "suffix"),
@@ -308,3 +310,32 @@ def test_replay_selected_learners_set_the_cost_model(capsys, synthetic_capture):
     mean = grads[[0, 2], 3].astype(np.float64).mean(0)
     half = grads[[0, 2], 3].astype(np.float16).astype(np.float64).mean(0)
     assert record["rel_error"] == pytest.approx(np.sum((half - mean) ** 2) / np.sum(mean**2))
+
+
+def test_detail_adds_a_record_per_message_whose_sums_are_the_steps(capsys, synthetic_capture):
+    """--json keeps one record per (step, compressor, ratio) at the scope with the whole
+    step's totals; --detail adds one per message (here each of the 3 tensors, and the
+    parameters of fewer than 50 values sent dense): bytes and values sent add up, and
+    the step's error is that of the whole model's aggregate."""
+    path, grads = synthetic_capture
+    args = ["replay", path, "--compressors", "topk", "--ratios", "0.05", "--json"]
+    plain = run_cli(capsys, *args, "--granularity", "tensor")
+    detail = run_cli(capsys, *args, "--granularity", "tensor", "--detail", "--dense-below", "50")
+    assert plain.code == detail.code == 0, detail.stderr
+    totals = pd.DataFrame(json.loads(plain.stdout)["records"])
+    assert totals["message"].isna().all() and len(totals) == grads.shape[1]
+    assert set(totals["granularity"]) == {"tensor"}
+    records = pd.DataFrame(json.loads(detail.stdout)["records"])
+    steps = records[records["message"].isna()]
+    messages = records[records["message"].notna()]
+    assert set(messages["message"]) == {"conv.weight", "conv.bias", "fc.weight"}
+    for step, whole in steps.groupby("step"):
+        parts = messages[messages["step"] == step]
+        assert whole["bytes_per_learner"].item() == pytest.approx(parts["bytes_per_learner"].sum())
+        numel = parts["numel"]
+        assert whole["density"].item() == pytest.approx((parts["density"] * numel).sum() / 580)
+        dense = parts[parts["message"] == "conv.bias"]  # 8 values, sent uncompressed
+        assert dense["bytes_per_learner"].item() == 32 and dense["rel_error"].item() < 1e-12
+    mean = grads.astype(np.float64).mean(axis=0)
+    first = steps.iloc[0]
+    assert 0 < first["rel_error"] < 1 and first["numel"] == mean.shape[1]

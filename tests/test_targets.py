@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gradstat.analysis.cluster import buildup_model, fit_exponent
+from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import REGISTRY, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import (
@@ -20,19 +21,31 @@ from gradstat.compressors.targets import (
     measure,
     resolve_target,
 )
-from gradstat.compressors.work import CALIBRATION, Ops, compressor_work, seconds
+from gradstat.compressors.work import CALIBRATION, Ops, seconds
 from gradstat.errors import UsageError
 from gradstat.stats.topk_sets import buildup_curve
+from gradstat.store import layer_table
 from tests.helpers import assert_clean_error, run_cli
 
 H100 = BUILTIN["h100"]
 
 
-def scheme(name: str, d: int = 4096, ratio: float | None = 0.01):
-    spec = parse_compressors(name)[0]
-    ratio = None if spec.fixed_rate else ratio
-    k = None if ratio is None else round(ratio * d)
-    return build_scheme(spec, ratio, k, numel=d, shapes=[(64, d // 64)], seed=0)
+class Built:
+    """A scheme's learner-0 compressor and its memory, as the cost model prices them."""
+
+    def __init__(self, name: str, d: int, ratio: float | None) -> None:
+        spec = parse_compressors(name)[0]
+        ratio = None if spec.fixed_rate else ratio
+        plan = build_plan(layer_table([("w", (64, d // 64))]))
+        built = build_scheme(spec, ratio, plan, seed=0)
+        self.compressor, self.memory = built.compressor(0, 0), built.memory
+
+    def work(self, d: int):
+        return self.compressor.work(d, self.memory)
+
+
+def scheme(name: str, d: int = 4096, ratio: float | None = 0.01) -> Built:
+    return Built(name, d, ratio)
 
 
 def test_builtin_profiles_follow_their_datasheets():
@@ -43,7 +56,7 @@ def test_builtin_profiles_follow_their_datasheets():
     for target in BUILTIN.values():
         assert {"bandwidth", "flops", "topk_rate"} <= set(target.sources)
     # a faster memory makes every bandwidth-bound compressor faster, in proportion
-    work = compressor_work(*_parts(scheme("topk")), 4096).online(8)
+    work = scheme("topk").work(4096).online(8)
     big = Ops(bytes=1e9)
     assert seconds(big, BUILTIN["v100"]) / seconds(big, BUILTIN["h200"]) == pytest.approx(
         4.8e12 / 900e9
@@ -73,25 +86,24 @@ def test_seconds_is_the_stated_formula():
 
 def test_all_gather_decoding_grows_with_the_cluster_and_replay_divides_shared_work():
     topk = scheme("topk")
-    work = compressor_work(topk.compressor, topk.memory, 4096)
+    work = topk.work(4096)
     k = topk.compressor.k
     # every learner scatters the n received payloads: n k pairs, one batch of launches
     assert work.online(64).bytes - work.online(8).bytes == pytest.approx(56 * k * 12)
     assert work.online(64).launches == work.online(8).launches
     clt = scheme("clt-k")
-    clt_work = compressor_work(clt.compressor, clt.memory, 4096)
-    # the leader's top-k: once per learner in training, once for all in the replay
+    clt_work = clt.work(4096)
+    # the leader's top-k: every learner waits for it in training
     assert clt_work.online(4).topk_in == 4096
-    assert clt_work.replay(4).topk_in == pytest.approx(4096 / 4)
     gtopk = scheme("gtopk")
-    tree = compressor_work(gtopk.compressor, gtopk.memory, 4096)
+    tree = gtopk.work(4096)
     assert tree.payloads_online(64) == 6 and tree.payloads_online(1) == 0
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_compressor_has_a_work_model(name):
     s = scheme(name)
-    work = compressor_work(s.compressor, s.memory, 4096)
+    work = s.work(4096)
     t = seconds(work.online(16), H100)
     assert math.isfinite(t) and t >= 0
     if name != "none":
@@ -179,7 +191,7 @@ def test_recommend_on_a_target_states_its_assumptions(capsys, synthetic_capture)
         assert c["seconds"] == pytest.approx(c["comm_seconds"] + c["compress_seconds"])
     topk = next(c for c in doc["candidates"] if c["compressor"] == "topk")
     s = scheme("topk", d=topk_numel(path), ratio=0.1)
-    expected = seconds(compressor_work(s.compressor, s.memory, topk_numel(path)).online(64), H100)
+    expected = seconds(s.work(topk_numel(path)).online(64), H100)
     assert topk["compress_seconds"] == pytest.approx(expected)
     shown = run_cli(capsys, *args, "--ratios", "0.1", "--target", "v100")
     assert shown.code == 0 and "Assumed: target: v100" in shown.stdout

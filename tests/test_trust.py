@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradstat.analysis.replay import summarize_replay, warm_compress_seconds
+from gradstat.analysis.replay_records import summarize_replay, warm_compress_seconds
 from gradstat.compressors.cost import Link
 from gradstat.compressors.targets import (
     REPEATS,

@@ -30,11 +30,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gradstat.analysis.replay import scope_shapes
+from gradstat.analysis.replay import capture_plan, trained_options
 from gradstat.analysis.replay_stream import replay_streamed
-from gradstat.analysis.selection import k_for
 from gradstat.analysis.trained_with import check_all_used, replay_spec
-from gradstat.compressors.exchange import SparseRow, StepOutcome
+from gradstat.compressors.exchange import SparseRow, dense
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
@@ -124,15 +123,17 @@ def _run(cap: Capture, path: str, given: Mapping[str, str]) -> Run:
     )
 
 
-def _scheme(cap: Capture, run: Run, numel: int) -> Scheme:
+def _scheme(cap: Capture, run: Run, plan_from: Capture) -> Scheme:
+    """The replay of ``run``'s compressor (its spec: the built-in the capture recorded, or
+    the class named with ``--trained-with``) over ``cap``, on the plan the compressed run
+    ``plan_from`` trained with (gradstat/hooks/compression.py records it)."""
     assert run.compressor is not None and run.spec is not None
     spec = parse_compressors(run.spec)[0]
-    ratio = run.compressor["ratio"]
-    k = None if ratio is None else k_for(ratio, numel)
-    shapes = scope_shapes(cap.layers, cap.scopes("model")[0])
+    scope = cap.scopes("model")[0]
+    plan = capture_plan(cap, scope, **trained_options(plan_from))
     # the run's --seed seeded the hook's random draws (QSGD, TernGrad, a user's class)
     seed = int(cap.meta.get("seed") or 0)
-    return build_scheme(spec, ratio, k, numel=numel, shapes=shapes, seed=seed)
+    return build_scheme(spec, run.compressor["ratio"], plan, seed=seed)
 
 
 def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
@@ -143,61 +144,97 @@ def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
     return float((estimate.double() - reference).square().sum()) / denominator
 
 
+def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.Tensor:
+    """One flat row from each message's flat part (dense or sparse), in layer order."""
+    stop = max(offset + numel for m in scheme.plan.messages for offset, numel in m.slices)
+    row = torch.zeros(stop)
+    for message, part in zip(scheme.plan.messages, parts, strict=True):
+        flat, position = dense(part), 0
+        for offset, numel in message.slices:
+            row[offset : offset + numel] = flat[position : position + numel]
+            position += numel
+    return row
+
+
+def _parts(scheme: Scheme, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Each message's columns of ``rows[..., numel]``, in message order."""
+    return [
+        torch.cat([rows[..., o : o + k] for o, k in m.slices], dim=-1) for m in scheme.plan.messages
+    ]
+
+
 def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
-    """The update the learners applied: the compressor's aggregate of their sent rows
-    (their sum, or its own such as signSGD's majority vote), divided by their number
-    when it averages."""
-    compressor = scheme.compressor
-    total = compressor.aggregate(list(sent))
-    return total / sent.shape[0] if compressor.average else total
+    """The update the learners applied: per message, the compressor's aggregate of their
+    sent rows (their sum, or its own such as signSGD's majority vote), divided by their
+    number when it averages; a message sent dense, their mean."""
+    n = sent.shape[0]
+    parts = []
+    for m, part in enumerate(_parts(scheme, sent)):
+        if scheme.plan.messages[m].dense:
+            parts.append(part.mean(dim=0))
+            continue
+        compressor = scheme.compressor(0, m)
+        total = compressor.aggregate(list(part)).reshape(-1)
+        parts.append(total / n if compressor.average else total)
+    return _whole(scheme, parts)
 
 
-def _replayed(cap: Capture, scheme: Scheme, steps: Sequence[int]) -> Iterator[StepOutcome]:
-    """The streamed replay of ``scheme`` over ``steps`` of ``cap`` (scope ``model``)."""
+def _reference(scheme: Scheme, grads: torch.Tensor) -> torch.Tensor:
+    """The dense update each message is judged against (DGC: the momentum update)."""
+    means = _parts(scheme, grads.mean(dim=0))
+    return _whole(scheme, [scheme.reference(m, mean) for m, mean in enumerate(means)])
+
+
+def _replayed(cap: Capture, scheme: Scheme, steps: Sequence[int]) -> Iterator[tuple]:
+    """``(estimate, bytes per learner)`` of the streamed replay of ``scheme`` over
+    ``steps`` of ``cap`` (scope ``model``)."""
     scope = cap.scopes("model")[0]
     for _, (result,) in replay_streamed(cap, steps, cap.learners, [(scope, scheme)]):
-        yield result.outcome
-
-
-def _dense(estimate: torch.Tensor | SparseRow) -> torch.Tensor:
-    return estimate.dense() if isinstance(estimate, SparseRow) else estimate
+        by_message = sorted(result.messages, key=lambda outcome: outcome.index)
+        estimate = _whole(scheme, [outcome.estimate for outcome in by_message])
+        yield estimate, sum(t.nbytes for o in by_message for t in o.transfers)
 
 
 def _online_errors(cap: Capture, run: Run, steps: Sequence[int]) -> list[dict]:
     """Measured and self-replayed error and bytes of one compressed run, per step."""
-    measured_scheme = _scheme(cap, run, cap.numel)
-    replayed = _scheme(cap, run, cap.numel)
+    measured_scheme = _scheme(cap, run, cap)
+    replayed = _scheme(cap, run, cap)
     rows = []
     outcomes = _replayed(cap, replayed, steps)
     for i, step in enumerate(steps):
         grads = cap.read_step(step)
         sent = cap.read_step(step, dataset="sent")
-        reference = measured_scheme.reference(grads.mean(dim=0))
+        reference = _reference(measured_scheme, grads)
         applied = _applied(measured_scheme, sent)
-        exchange = next(outcomes)
+        estimate, sent_bytes = next(outcomes)
         rows.append(
             {
                 "step": int(step),
+                "granularity": replayed.plan.granularity,
+                "memory": replayed.memory_label,
                 "measured_rel_error": _rel_error(applied, reference),
                 "measured_bytes": float(cap.sent_bytes[:, i].mean()),
-                "replayed_rel_error": _rel_error(_dense(exchange.estimate), reference),
-                "replayed_bytes": exchange.bytes_per_learner,
+                "replayed_rel_error": _rel_error(estimate, reference),
+                "replayed_bytes": sent_bytes,
             }
         )
     return rows
 
 
-def _predicted(dense: Capture, run: Run, steps: Sequence[int]) -> dict[int, dict]:
-    """The open-loop replay of ``run``'s compressor over the dense run's gradients."""
-    scheme = _scheme(dense, run, dense.numel)
+def _predicted(
+    dense_run: Capture, run: Run, run_cap: Capture, steps: Sequence[int]
+) -> dict[int, dict]:
+    """The open-loop replay of ``run``'s compressor and plan (``run_cap``'s) over the
+    dense run's gradients."""
+    scheme = _scheme(dense_run, run, run_cap)
     out = {}
-    outcomes = _replayed(dense, scheme, steps)
-    for step, grads in dense.iter_steps(steps):
-        reference = scheme.reference(grads.mean(dim=0))
-        exchange = next(outcomes)
+    outcomes = _replayed(dense_run, scheme, steps)
+    for step, grads in dense_run.iter_steps(steps):
+        reference = _reference(scheme, grads)
+        estimate, sent_bytes = next(outcomes)
         out[step] = {
-            "predicted_rel_error": _rel_error(_dense(exchange.estimate), reference),
-            "predicted_bytes": exchange.bytes_per_learner,
+            "predicted_rel_error": _rel_error(estimate, reference),
+            "predicted_bytes": sent_bytes,
         }
     return out
 
@@ -272,7 +309,7 @@ def _error_rows(cap: Capture, run: Run, dense: tuple[Capture, Run] | None) -> li
         if dense_cap.numel != cap.numel:
             raise UsageError(f"{run.path} and {dense_run.path} train different models")
         common = [s for s in run.steps if s in set(dense_run.steps)]
-        predicted = _predicted(dense_cap, run, common)
+        predicted = _predicted(dense_cap, run, cap, common)
     missing = {"predicted_rel_error": math.nan, "predicted_bytes": math.nan}
     return [
         {"run": run.name, "label": run.label, **row, **predicted.get(row["step"], missing)}
@@ -284,6 +321,8 @@ _ERROR_COLUMNS = [
     "run",
     "label",
     "step",
+    "granularity",
+    "memory",
     "measured_rel_error",
     "measured_bytes",
     "replayed_rel_error",
@@ -329,7 +368,9 @@ def _summary(runs: list[Run], errors: pd.DataFrame, tolerance: float) -> pd.Data
             "loss_min": float(mean.min()) if mean.size else math.nan,
         }
         mine = errors[errors["run"] == run.name]
-        for column in _ERROR_COLUMNS[3:]:
+        for column in ("granularity", "memory"):  # the plan and memory it was replayed on
+            row[column] = str(mine[column].iloc[0]) if len(mine) else None
+        for column in _ERROR_COLUMNS[5:]:
             row[column] = float(mine[column].mean()) if len(mine) else math.nan
         row["divergence_step"] = _divergence(mine, tolerance) if len(mine) else math.nan
         rows.append(row)

@@ -6,8 +6,8 @@ Replays residual error feedback (Stich et al. 2018; Karimireddy et al. 2019; doc
 (m = p - c); the analysis then looks at ``p`` (docs/methods.md 3, last point).
 
 Each (scope, ratio) pair is its own compressor with its own memory, as a layer-wise or
-model-wise top-k would be. The learners' memories of one compressor are the rows of one
-``ResidualMemory`` (:mod:`gradstat.compressors.memory`), updated learner by learner.
+model-wise top-k would be: the learners' memories are the rows of one ``[learners,
+numel]`` tensor, updated learner by learner.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from gradstat.analysis.selection import k_for
-from gradstat.compressors.memory import ResidualMemory, TensorRows
 from gradstat.errors import GradstatWarning
 from gradstat.parallel.progress import Progress, no_progress
 from gradstat.stats.topk_sets import topk_indices
@@ -72,11 +71,11 @@ def ef_vectors(
     recorded step up to the last of ``steps``; only the requested steps are yielded.
     """
     wanted = {int(s) for s in steps}
-    memories = {}
-    for scope in scopes:
-        for ratio in ratios:
-            memory = memories[scope.name, ratio] = ResidualMemory()
-            memory.allocate(len(learners), scope.numel, TensorRows)
+    memories = {
+        (scope.name, ratio): torch.zeros(len(learners), scope.numel)
+        for scope in scopes
+        for ratio in ratios
+    }
     walk = replay_steps(cap.steps, steps)
     for step in progress(walk):
         grads = cap.read_step(step, learners)
@@ -89,13 +88,11 @@ def ef_vectors(
             yield step, out
 
 
-def _corrected(memory: ResidualMemory, g: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Every learner's ``p = g + m``, then ``m = p - topk(p)``: ``p[learners, numel]``."""
+def _corrected(memory: torch.Tensor, g: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Every learner's ``p = g + m``, then ``m = p - topk(p)`` (``memory`` in place):
+    ``p[learners, numel]``."""
     k = k_for(ratio, g.shape[1])
-    rows = []
-    for i, row in enumerate(g):
-        p, state = memory.compensate(i, row)
-        memory.update(i, p, topk_sparsify(p, k), state)
-        rows.append(p)
-    memory.norm()  # not reported here
-    return torch.stack(rows)
+    p = g + memory
+    for i, row in enumerate(p):
+        torch.sub(row, topk_sparsify(row, k), out=memory[i])
+    return p

@@ -1,12 +1,15 @@
 """Recommend a compressor and rate from a replay: the fastest within an error budget.
 
-Every candidate (compressor, ratio) is replayed over the capture
-(:mod:`gradstat.analysis.replay`); its predicted time per step is the alpha-beta
-communication time (docs/methods.md 5, for ``cost_learners`` learners) plus the compression
-time per learner *on the target hardware*: the compressor's work model
-(:mod:`gradstat.compressors.work`) at the cluster size, timed with the target's profile
-(:mod:`gradstat.compressors.targets`; default ``cpu-here``, measured now). The time the
-replay took here is kept as ``measured_compress_seconds``. Among the candidates whose
+Every candidate (compressor, ratio) is replayed over the capture on its communication
+plan (:mod:`gradstat.analysis.replay`); a candidate that fails is one warning naming it
+and the others still run. Its predicted time per step is the alpha-beta communication
+time (docs/methods.md 5, for ``cost_learners`` learners, every message's collectives)
+plus one learner's compression time: on this machine (``--target cpu-here``, the
+default) *measured*, its own code timed on the capture's messages at the cluster size
+(:mod:`gradstat.analysis.pricing`); on another target *estimated*, the work model
+(:mod:`gradstat.compressors.work`, a generic count for a user's class) timed with the
+target's profile (:mod:`gradstat.compressors.targets`). The time the replay took here is
+kept as ``measured_compress_seconds``. Among the candidates whose
 mean relative error ``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the
 fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md
 5: compression pays only if it beats the exposed dense communication, judge against
@@ -27,12 +30,13 @@ import pandas as pd
 from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
+from gradstat.analysis.pricing import measure_price
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.compressors.targets import Target, builtin_target, spread_text
-from gradstat.compressors.work import compressor_work, seconds
+from gradstat.compressors.work import seconds
 from gradstat.errors import UsageError
 from gradstat.parallel.progress import Progress, no_progress
 from gradstat.store import Capture
@@ -70,6 +74,10 @@ class Recommendation:
     settings: dict[str, float]
     target: Target | None = None
     buildup: dict[str, BuildupModel] | None = None
+    #: How compression was priced: ``measured`` here, or ``estimated`` for the target.
+    priced: str = "measured"
+    #: The plan every candidate ran on (``plan.describe()``), and the memories used.
+    plan: str = "model"
 
     def assumptions(self) -> list[str]:
         """What the prediction assumes: target, link, collective algorithms, cluster."""
@@ -79,11 +87,17 @@ class Recommendation:
             f"link: {self.link.bandwidth * 8 / 1e9:.4g} Gbit/s per learner, latency "
             f"{self.link.latency * 1e6:.4g} us; collectives: {algorithms} (alpha-beta model)",
         ]
-        if self.target is not None:
+        lines.append(f"granularity: {self.plan}; memory: as each candidate names it")
+        if self.priced == "measured":
+            lines.append(
+                "compression time: measured here, each candidate's own code on the "
+                "capture's messages (thread CPU time, median of warm runs)"
+            )
+        elif self.target is not None:
             t = self.target
             lines.append(
-                f"target: {t.name} ({t.description}); compression time = work model x "
-                f"profile: memory {t.bandwidth / 1e9:.3g} GB/s"
+                f"target: {t.name} ({t.description}); compression time estimated = work "
+                f"model x profile: memory {t.bandwidth / 1e9:.3g} GB/s"
                 f"{spread_text(t, 'bandwidth')}, top-k {t.topk_rate / 1e9:.3g} G "
                 f"elements/s{spread_text(t, 'topk_rate')}, launch {t.launch * 1e6:.3g} us"
             )
@@ -156,6 +170,7 @@ class Recommendation:
         if self.winner is not None:
             winner = {
                 "compressor": self.winner["compressor"],
+                "memory": self.winner.get("memory"),
                 "ratio": _ratio(self.winner["ratio"]),
                 "settings": self.settings,
                 **{key: self.winner[key] for key in _KEYS},
@@ -179,12 +194,15 @@ class Recommendation:
                 "model": "alpha-beta (METHODS.md 5)",
             },
             "target": self.target.to_dict() if self.target is not None else None,
+            "priced": self.priced,
+            "granularity": self.plan,
             "buildup": {k: v.to_dict() for k, v in (self.buildup or {}).items()},
             "assumptions": self.assumptions(),
             "explanation": self.explanation(),
             "candidates": [
                 {
                     "compressor": row["compressor"],
+                    "memory": row.get("memory"),
                     "ratio": _ratio(row["ratio"]),
                     **{key: row[key] for key in _KEYS},
                     "within_budget": bool(row["within_budget"]),
@@ -215,8 +233,11 @@ def _ratio(value: float) -> float | None:
 
 
 def _name(row: dict) -> str:
+    """A candidate as the answer names it: its spec, ratio and the memory it ran with."""
     ratio = _ratio(row["ratio"])
-    return row["compressor"] if ratio is None else f"{row['compressor']} at ratio {ratio:g}"
+    name = row["compressor"] if ratio is None else f"{row['compressor']} at ratio {ratio:g}"
+    memory = row.get("memory")
+    return name if not isinstance(memory, str) else f"{name} (memory {memory})"
 
 
 def _ms(seconds: float) -> str:
@@ -250,6 +271,9 @@ class RecommendParams:
     seed: int = 0
     target: Target | None = None
     threads: int = 1
+    granularity: str | None = None
+    dense: str | None = None
+    dense_below: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -260,7 +284,8 @@ class RecommendParams:
         check_options(self.error_budget, self.baseline, self.cost_learners)
 
     def replay_params(self) -> ReplayParams:
-        """The replay of every candidate; ratios a sparsifier cannot honour are skipped."""
+        """The replay of every candidate; a candidate that cannot run or fails is
+        skipped with a warning."""
         return ReplayParams(
             self.compressors,
             self.ratios,
@@ -269,6 +294,10 @@ class RecommendParams:
             seed=self.seed,
             skip_unfit=True,
             threads=self.threads,
+            granularity=self.granularity,
+            dense=self.dense,
+            dense_below=self.dense_below,
+            tolerate=True,
         )
 
 
@@ -296,29 +325,56 @@ def recommend(
     )
 
 
+def _scheme_of(run: Replay, row) -> tuple:
+    ratio = _ratio(row.ratio)
+    return next(
+        (sc, s)
+        for sc, s in run.schemes
+        if sc.name == row.scope and s.spec.label == row.compressor and _ratio(s.ratio) == ratio
+    )
+
+
+def _estimated(scheme, n: int, target: Target) -> float:
+    """One learner's compression seconds on ``target``: every message's work model."""
+    total = 0.0
+    for m, message in enumerate(scheme.plan.messages):
+        if not message.dense:
+            work = scheme.compressor(0, m).work(message.numel, scheme.memory)
+            total += seconds(work.online(n), target)
+    return total
+
+
 def target_times(
     run: Replay, ranking: pd.DataFrame, records: pd.DataFrame, target: Target
 ) -> dict[str, BuildupModel]:
-    """Replace the measured compression time by the work model's on ``target`` at the
-    cluster size (in place) and add ``buildup_at_cluster``; returns the build-up models."""
+    """Replace the replay's compression time by one learner's in training at the cluster
+    size (in place): measured here for ``cpu-here`` (:func:`~gradstat.compressors.
+    pricing.measure_price` on the first replayed step's row of the first learner), else
+    the work model on ``target``; add ``buildup_at_cluster``; return the build-up models."""
     n = run.cost_learners
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
-    for row in ranking.itertuples():
-        ratio = _ratio(row.ratio)
-        scope, scheme = next(
-            (sc, s)
-            for sc, s in run.schemes
-            if sc.name == row.scope and s.spec.label == row.compressor and _ratio(s.ratio) == ratio
-        )
-        work = compressor_work(scheme.compressor, scheme.memory, scope.numel)
-        compress.append(seconds(work.online(n), target))
-        mask = (records["compressor"] == row.compressor) & (
+    measured = target.name == "cpu-here"
+    row = None
+    if measured:
+        import torch
+
+        row = torch.from_numpy(run.capture.read_row(run.steps[0], run.learners[0]).copy())
+    for line in ranking.itertuples():
+        ratio = _ratio(line.ratio)
+        scope, scheme = _scheme_of(run, line)
+        if measured:
+            part = scope.take(row)
+            compress.append(measure_price(scheme, part, len(run.learners)).at(n))
+        else:
+            compress.append(_estimated(scheme, n, target))
+        mask = (records["compressor"] == line.compressor) & (
             records["ratio"].fillna(-1) == (ratio if ratio is not None else -1)
         )
-        model = buildup_model(records[mask & (records["scope"] == row.scope)], n)
+        mask &= records["message"].isna() & (records["scope"] == line.scope)
+        model = buildup_model(records[mask], n)
         if model is not None:
-            models[_name({"compressor": row.compressor, "ratio": row.ratio})] = model
+            models[_name({"compressor": line.compressor, "ratio": line.ratio})] = model
         buildup.append(model.at_cluster if model is not None else math.nan)
     ranking["measured_compress_seconds"] = ranking["compress_seconds"]
     ranking["measured_compress_spread"] = ranking.pop("compress_spread")
@@ -369,6 +425,8 @@ def choose(
         settings=settings,
         target=target,
         buildup=models,
+        priced="measured" if target.name == "cpu-here" else "estimated",
+        plan=run.plan.describe(),
     )
 
 

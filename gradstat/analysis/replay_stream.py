@@ -1,72 +1,61 @@
-"""The streamed replay: every chosen scheme fed one learner's row at a time.
+"""The streamed replay: every chosen scheme stepped through its plan, block by block.
 
-:func:`replay_streamed` reads each learner's row of a step once and hands it to every
-chosen (scope, scheme) pair's :class:`~gradstat.compressors.exchange.Stream`, the replay form
-of the compressor (``compressor.stream``): the row is error-corrected with that learner's
-memory (its rows kept in a :mod:`~gradstat.analysis.ef_store` store: RAM or a scratch
-file), compressed and added to the running aggregate, so that beyond the memories only a
-few rows of ``d`` values are alive. The driver knows only the protocol
-(:mod:`gradstat.compressors.base`); what a stream does is its compressor's business.
+:func:`replay_streamed` walks the steps; per step and block of the plan (a column range
+of the flat row: the model, a bucket, a few tensors; :mod:`gradstat.compressors.plan`)
+it reads each learner's block once (a reading thread reads the next learner's while
+this one is replayed, checks it finite and adds it to the block's reference sum) and
+hands it to every scheme's :class:`~gradstat.analysis.replay_block.BlockStep`: the
+learner's memory forms the corrected vectors and its compressor compresses them; once
+every learner's block is in, each message is exchanged in lockstep and the memories
+keep what was not sent. The memories' rows live in a :mod:`~gradstat.analysis.ef_store`
+store (RAM or a scratch file); beyond them a block's rows of every learner are alive
+(docs/large.md). The driver knows only the protocol; what an exchange does is its
+compressor's business.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from gradstat.analysis.ef_store import MemoryRows
+from gradstat.analysis.replay_block import BlockStep, MessageOutcome
 from gradstat.analysis.row_workspace import Workspace
-from gradstat.compressors.exchange import SparseRow, StepOutcome, Stream
 from gradstat.compressors.registry import Scheme
+from gradstat.compressors.simulated import take
+from gradstat.errors import GradstatError
 from gradstat.stats.row_kernels import add_checked
 from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
-__all__ = ["SchemeStep", "SparseRow", "StepOutcome", "memory_bytes_needed", "replay_streamed"]
+__all__ = ["SchemeStep", "memory_bytes_needed", "replay_streamed"]
 
 
-def streamed(scheme: Scheme, name: str, learners: int, numel: int, rows: MemoryRows) -> Stream:
-    """The streamed form of ``scheme`` on scope ``name`` for ``learners`` rows of
-    ``numel`` values, its memory's rows allocated in ``rows``."""
-    scheme.memory.allocate(learners, numel, rows.new)
-    return scheme.compressor.stream(scheme, name, learners, numel)
-
-
-def memory_bytes_needed(schemes: Sequence[Scheme], learners: int, numel: Sequence[int]) -> int:
-    """Bytes the error-feedback memories of ``schemes`` (scope sizes ``numel``) take."""
-    return sum(s.memory.rows * learners * d * 4 for s, d in zip(schemes, numel, strict=True))
+def memory_bytes_needed(schemes: Sequence[Scheme], learners: int) -> int:
+    """Bytes the error-feedback memories of ``schemes`` take."""
+    total = 0
+    for s in schemes:
+        compressed = sum(m.numel for m in s.plan.messages if not m.dense)
+        total += s.memory.rows * learners * compressed * 4
+    return total
 
 
 @dataclass
 class SchemeStep:
-    """One scheme's step: the outcome, the dense update it is judged against, and the
-    compression time per learner (memory, compressor and aggregate; reads excluded)."""
+    """One scheme's step: each message's outcome, the dense update each is judged
+    against (flat, in message order), the compression time per learner (memory,
+    compressor and exchange; reads excluded); ``error``: why the scheme failed (its
+    outcome then empty, and the scheme replays no further)."""
 
-    outcome: StepOutcome
-    reference: torch.Tensor
-    compress_seconds: float
-
-
-def _add_to(
-    sums: dict[str, torch.Tensor], scopes: Sequence[Scope], row: np.ndarray
-) -> tuple[dict[str, torch.Tensor], bool]:
-    """Each scope's part of a learner's row added to its reference sum, and checked finite
-    in the same pass (:func:`~gradstat.stats.row_kernels.add_checked`): (the parts,
-    whether every value was finite). The reading thread runs it as each row lands, so the
-    sum costs the replay's own thread nothing (4 of about 20 ms per row of 8M values)."""
-    g = torch.from_numpy(row)
-    parts = {sc.name: sc.take(g) for sc in scopes}
-    finite = True
-    for name, part in parts.items():
-        finite &= add_checked(part.numpy(), sums[name].numpy())
-    return parts, finite
+    messages: list[MessageOutcome] = field(default_factory=list)
+    references: list[torch.Tensor] = field(default_factory=list)
+    compress_seconds: float = 0.0
+    error: BaseException | None = None
 
 
 def replay_streamed(
@@ -76,105 +65,137 @@ def replay_streamed(
     chosen: Sequence[tuple[Scope, Scheme]],
     *,
     scratch: bool = False,
+    tolerate: bool = False,
+    keep_sent: bool = False,
 ) -> Iterator[tuple[int, list[SchemeStep]]]:
     """Replay the ``chosen`` (scope, scheme) pairs side by side over ``steps``, reading each
-    learner's row once per step; yields ``(step, [SchemeStep per chosen])``.
+    learner's block once per step; yields ``(step, [SchemeStep per chosen])``.
 
-    ``scratch`` keeps the memories in a scratch file (:mod:`~gradstat.analysis.ef_store`).
-    A step's estimates and references may share rows the next step reuses: use them
-    before asking for the next step.
+    ``scratch`` keeps the memories in a scratch file (:mod:`~gradstat.analysis.ef_store`);
+    ``tolerate``: a scheme whose code fails is reported in its ``error`` and dropped, the
+    others go on (else the error is raised); ``keep_sent``: keep what each learner sent.
+    A step's references share rows the next step reuses: use them before asking for the
+    next step.
     """
     space = Workspace()  # the next learner's row is read while this one is replayed
-    space.ensure(cap.numel)
+    widest = max(block.numel for _, scheme in chosen for block in scheme.plan.blocks)
+    space.ensure(widest)
     next_step = dict(itertools.pairwise(steps))
+    failed: dict[int, BaseException] = {}
     try:
         with MemoryRows(scratch) as rows:
-            replayer = _Replayer(cap, learners, chosen, rows, space)
+            for _, scheme in chosen:
+                scheme.memory.allocate(len(learners), scheme.plan, rows.new)
+            replayer = _Replayer(cap, learners, chosen, space, keep_sent)
             for step in steps:
-                yield step, replayer.step(step, next_step.get(step))
+                results = replayer.step(step, next_step.get(step), failed, tolerate)
+                yield step, results
     finally:
         space.release()
 
 
 class _Replayer:
-    """One step of every chosen scheme at a time (see :func:`replay_streamed`): each
-    stream's ``begin``, every learner's row to every stream, each stream's ``finish``;
-    the time each spends, without the reads, is its ``compress_seconds``."""
+    """One step of every chosen scheme at a time (see :func:`replay_streamed`)."""
 
-    def __init__(
-        self,
-        cap: Capture,
-        learners: Sequence[int],
-        chosen: Sequence[tuple[Scope, Scheme]],
-        rows: MemoryRows,
-        space: Workspace,
-    ) -> None:
-        self.cap, self.learners, self.chosen, self.space = cap, learners, chosen, space
-        self.n = n = len(learners)
-        self.streams = [streamed(scheme, sc.name, n, sc.numel, rows) for sc, scheme in chosen]
-        self.scopes = list({sc.name: sc for sc, _ in chosen}.values())
-        self.whole = Scope("model", ((0, cap.numel),))
-        # a scope of every value: the reading thread's check covers the row
-        self.whole_scope = any(sc.numel == cap.numel for sc in self.scopes)
-        self.sums = {sc.name: torch.zeros(sc.numel) for sc in self.scopes}
+    def __init__(self, cap, learners, chosen, space: Workspace, keep_sent: bool) -> None:
+        self.cap, self.learners, self.chosen, self.space = cap, list(learners), chosen, space
+        self.keep_sent = keep_sent
+        #: each block's reference sum, kept from step to step: a fresh row costs its page
+        #: faults (docs/large.md)
+        self.totals: dict[tuple[str, int], torch.Tensor] = {}
+        #: (scope, block) -> each message's copy of the mean where it is not one range
+        self.references: dict[tuple[str, int], dict] = {}
+        self.groups: dict[str, list[int]] = {}  # scope -> the chosen schemes on it
+        for j, (sc, _) in enumerate(chosen):
+            self.groups.setdefault(sc.name, []).append(j)
 
-    def checked(self, g: torch.Tensor, i: int) -> torch.Tensor:
-        """``g``, learner i's row of this step, if finite (one cheap pass; then the
-        culprit is named)."""
-        if not math.isfinite(float(g.sum())):
-            require_finite(self.current, g[None], [self.learners[i]], "replay")
-        return g
-
-    def read_row(self, i: int) -> torch.Tensor:
-        """Learner i's row of this step, read now (a stream's ``begin`` needs it early)."""
-        start = time.perf_counter()
-        g = self.checked(torch.from_numpy(self.cap.read_row(self.current, self.learners[i])), i)
-        self.reading += time.perf_counter() - start
-        return g
-
-    def step(self, step: int, then: int | None) -> list[SchemeStep]:
-        """Replay ``step`` (``then``: the next step, whose first row is read ahead)."""
-        self.current, self.reading = step, 0.0
-        self.spent = [0.0] * len(self.streams)
-        for j, ((sc, _), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
-            start, before = time.perf_counter(), self.reading
-            stream.begin(lambda i, sc=sc: sc.take(self.read_row(i)))
-            self.spent[j] += time.perf_counter() - start - (self.reading - before)
-        self.feed(step, then)
-        return self.finish()
-
-    def feed(self, step: int, then: int | None) -> None:
-        """Every learner's row to every stream. The reading thread adds each row to the
-        reference sums, in learner order, and reads the next step's first row while this
-        step's last is replayed."""
-        cap = self.cap
-        for total in self.sums.values():
-            total.zero_()
-        after = partial(_add_to, self.sums, self.scopes)
-        ahead = (then, 0, cap.numel) if then is not None else None
-        prefetched = self.space.rows(
-            cap, step, self.learners, self.whole, 0, cap.numel, ahead, after
-        )
-        for i in range(self.n):
-            start = time.perf_counter()
-            row, (parts, finite) = next(prefetched)
-            self.reading += time.perf_counter() - start
-            if not finite or not self.whole_scope:
-                self.checked(torch.from_numpy(row), i)
-            for j, ((sc, _), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
-                start = time.perf_counter()
-                stream.learner(i, parts[sc.name])
-                self.spent[j] += time.perf_counter() - start
-        prefetched.close()
-
-    def finish(self) -> list[SchemeStep]:
-        """Each stream's outcome, with its reference and compression time per learner."""
-        means = {name: total.div_(self.n) for name, total in self.sums.items()}  # rows reused
-        results = []
-        for j, ((sc, scheme), stream) in enumerate(zip(self.chosen, self.streams, strict=True)):
-            start = time.perf_counter()
-            outcome = stream.finish()
-            self.spent[j] += time.perf_counter() - start
-            reference = scheme.reference(means[sc.name])
-            results.append(SchemeStep(outcome, reference, self.spent[j] / self.n))
+    def step(self, step: int, then: int | None, failed: dict, tolerate: bool) -> list[SchemeStep]:
+        results = [SchemeStep() for _ in self.chosen]
+        for members in self.groups.values():
+            live = [j for j in members if j not in failed]
+            if not live:
+                continue
+            sc, plan = self.chosen[live[0]][0], self.chosen[live[0]][1].plan
+            columns = _columns(sc, plan)
+            for b, block in enumerate(plan.blocks):
+                # the read the reading thread does ahead: the next block, or the next step's first
+                ahead = (step, *columns[b + 1]) if b + 1 < len(columns) else None
+                if ahead is None and then is not None:
+                    ahead = (then, *columns[0])
+                self._block(step, b, block, columns[b], ahead, live, results, failed, tolerate)
+        for j, error in failed.items():
+            results[j] = SchemeStep(error=error)
+        n = len(self.learners)
+        for result in results:
+            result.compress_seconds /= n
         return results
+
+    def _block(self, step, b, block, columns, ahead, live, results, failed, tolerate) -> None:
+        """Every learner's rows of ``block`` (the scope's ``columns``) to the live schemes'
+        block steps, then their exchanges; the block's reference sum formed by the reading
+        thread, which reads ``ahead`` (step, start, stop) next."""
+        n = len(self.learners)
+        scope = self.chosen[live[0]][0]
+        key = (scope.name, b)
+        total = self.totals.get(key)
+        if total is None:
+            total = self.totals[key] = torch.zeros(block.numel)
+        else:  # the last step's reference is no longer used (see replay_streamed)
+            total.zero_()
+
+        def after(row: np.ndarray) -> bool:
+            return add_checked(row, total.numpy())
+
+        steps = {j: BlockStep(self.chosen[j][1], b, step, n, self.keep_sent) for j in live}
+        rows = self.space.rows(self.cap, step, self.learners, scope, *columns, ahead, after)
+        for i, (row, finite) in enumerate(rows):
+            g = torch.from_numpy(row)
+            if not finite:
+                require_finite(step, g[None], [self.learners[i]], "replay")
+            for j in list(steps):
+                feed = steps[j].learner
+                self._guard(j, lambda feed=feed, i=i, g=g: feed(i, g), steps, failed, tolerate)
+        mean = total.div_(n)
+        copies = self.references.setdefault(key, {})
+        means = {}  # each message's part of the mean gradient, valid until the next step
+        for m, ranges in zip(block.messages, block.ranges, strict=True):
+            if len(ranges) > 1 and m not in copies:
+                copies[m] = torch.empty(sum(stop - start for start, stop in ranges))
+            means[m] = take(mean, ranges, copies.get(m))
+        for j in list(steps):
+            outcomes = self._guard(j, steps[j].finish, steps, failed, tolerate)
+            if outcomes is None:
+                continue
+            scheme = self.chosen[j][1]
+            for outcome in outcomes:
+                results[j].references.append(scheme.reference(outcome.index, means[outcome.index]))
+            results[j].messages += outcomes
+            results[j].compress_seconds += steps[j].seconds
+
+    @staticmethod
+    def _guard(j, run, steps, failed, tolerate):
+        """``run()``; a failure of scheme ``j`` is kept (``tolerate``) or raised."""
+        try:
+            return run()
+        except (GradstatError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+            if not tolerate:
+                raise
+            failed[j] = exc
+            del steps[j]
+            return None
+
+
+def _columns(scope: Scope, plan: Any) -> list[tuple[int, int]]:
+    """Each block of ``plan`` (a plan of ``scope``'s layers) as ``(start, stop)`` columns of
+    the scope: consecutive parameters, so one range each."""
+    local, position = {}, 0
+    for offset, numel in scope.slices:
+        local[offset] = position
+        position += numel
+    columns = []
+    for block in plan.blocks:
+        first = block.slices[0][0]
+        home = max(o for o in local if o <= first)  # the scope's slice holding it
+        start = local[home] + first - home
+        columns.append((start, start + block.numel))
+    return columns

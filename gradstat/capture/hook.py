@@ -62,6 +62,7 @@ from gradstat.capture.hook_setup import (
     shared_run_id,
 )
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
+from gradstat.compressors.plan import ddp_bucket_caps
 from gradstat.errors import GradstatWarning
 from gradstat.store.dtypes import torch_dtype
 from gradstat.store.ranks import parse_ranks
@@ -69,6 +70,14 @@ from gradstat.store.schema import rank_file_name
 from gradstat.store.writer import finalize_root, write_root
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+def ddp_bucket_meta(model: Any) -> dict[str, int]:
+    """The DDP model's bucket caps for the capture's metadata (docs/format.md)."""
+    caps = ddp_bucket_caps(model)
+    if caps is None:
+        return {}
+    return {"ddp_bucket_cap_bytes": caps[0], "ddp_first_bucket_bytes": caps[1]}
 
 
 def _capture_hook(
@@ -146,9 +155,7 @@ class GradientCapture:
         self._reset_state()
         # a gradstat compression hook: bind it to the model, record what it sent
         self._records_sent = hasattr(hook_state, "bind_for_capture")
-        if self._records_sent:
-            hook_state.bind_for_capture(model.module, layers)
-            meta = {**(meta or {}), **compression_meta(hook_state)}
+        meta = self._training_meta(model, layers, hook_state, meta)
         # hook first, files after: a model that cannot take the hook leaves nothing behind
         records = self.rank in self.recorded_ranks
         self._register(model, records)
@@ -170,6 +177,16 @@ class GradientCapture:
         metadata = capture_metadata(self._kind, self.process_group, meta, *settings)
         ranks = self.recorded_ranks
         write_root(self.out_dir, self.layers, self.world_size, dtype, metadata, ranks, run_id)
+
+    def _training_meta(self, model: Any, layers: str | None, state: Any, meta: Any) -> dict:
+        """``meta`` with how training communicated: DDP's bucket caps (a replay cuts its
+        steps as DDP did) and a gradstat compression hook's compressor and plan (bound to
+        the model here: it records what the hook sent)."""
+        meta = {**(ddp_bucket_meta(model) if not self._units else {}), **(meta or {})}
+        if self._records_sent:
+            state.bind_for_capture(model, layers)
+            meta = {**meta, **compression_meta(state), **state.plan_meta()}
+        return meta
 
     def _start_writer(
         self, dtype: str, max_queue: int, compression: str, run_id: str

@@ -137,6 +137,11 @@ def _views(summary: pd.DataFrame, dense: str | None, tolerance: float) -> list[V
                 "compressed runs, means over steps",
                 shown,
                 _ERROR_COLUMNS,
+                "Replayed on each run's recorded plan and memory: "
+                + "; ".join(
+                    f"{r.run} {r.granularity}, memory {r.memory}" for r in compressed.itertuples()
+                )
+                + ". "
                 "Relative error ||ĝ-g||²/||g||² of the update applied online (online err), "
                 "of the replay over the run's own gradients (own replay) and "
                 + (

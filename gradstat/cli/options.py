@@ -136,6 +136,33 @@ Scope = Annotated[
         help="'model' (whole flat vector), 'layers' (each parameter) or a regex of layer names.",
     ),
 ]
+Granularity = Annotated[
+    str | None,
+    typer.Option(
+        "--granularity",
+        metavar="G",
+        show_default="the capture's: bucket for DDP, else model",
+        help="How a step is cut into messages: model (the flat vector), tensor (each "
+        "parameter in its shape) or bucket[:MB] (DDP's buckets, bucket_cap_mb MB).",
+    ),
+]
+Dense = Annotated[
+    str | None,
+    typer.Option(
+        "--dense",
+        metavar="REGEX",
+        help="Parameters whose name matches are sent uncompressed (e.g. 'bias|norm').",
+    ),
+]
+DenseBelow = Annotated[
+    int,
+    typer.Option(
+        "--dense-below",
+        metavar="N",
+        callback=between(0),
+        help="Parameters of fewer than N values are sent uncompressed.",
+    ),
+]
 Ratios = Annotated[
     RatioList,
     typer.Option(
@@ -307,8 +334,10 @@ def list_compressors(value: str | None) -> str | None:
 
 #: What the help of every option naming compressors says about the names.
 COMPRESSOR_NAMES = (
-    f"NAME[:PARAM=VALUE] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), or your "
-    "own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); 'list' describes them."
+    f"NAME[:PARAM=VALUE][+MEMORY] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), "
+    "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); MEMORY: none, "
+    "residual, dgc or your own (e.g. terngrad+residual); :collective=allgather|allreduce "
+    "on any; 'list' describes them."
 )
 Compressors = Annotated[
     str,

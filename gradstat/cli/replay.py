@@ -20,6 +20,7 @@ from gradstat.analysis.recommend import (
     recommend,
 )
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.replay_records import totals
 from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
@@ -39,10 +40,13 @@ from gradstat.cli.options import (
     ClusterSize,
     Compressors,
     Csv,
+    Dense,
+    DenseBelow,
     Detail,
     Device,
     Dpi,
     ErrorBudget,
+    Granularity,
     Jobs,
     Json,
     Latency,
@@ -137,6 +141,11 @@ def _display(summary: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+def plan_options(granularity: str | None, dense: str | None, dense_below: int) -> dict:
+    """``--granularity``, ``--dense`` and ``--dense-below`` as the analyses' keywords."""
+    return {"granularity": granularity, "dense": dense, "dense_below": dense_below}
+
+
 def link_text(link: Link) -> str:
     return f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s, latency {link.latency * 1e6:.4g} us"
 
@@ -150,6 +159,9 @@ def replay_command(
     rank: Rank = RANK,
     beta: Beta = BETA,
     scope: Scope = "model",
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     steps: Steps = None,
     learners: Learners = None,
     seed: Seed = SEED,
@@ -163,44 +175,51 @@ def replay_command(
     memory: Memory = None,
     jobs: Jobs = None,
 ) -> None:
-    """What each compressor costs and loses, replayed with error feedback.
+    """What each compressor costs and loses, replayed as training communicates.
 
-    Replays compressors over consecutive recorded steps: density, estimation quality,
-    build-up, bytes, predicted communication time (alpha-beta model), relative error and
-    cosine against the true mean gradient, compression time.
+    Each step cut into messages as training cuts it (--granularity), each compressor
+    with its memory (COMPRESSOR+MEMORY: topk+residual, terngrad+none): density,
+    quality, build-up, bytes, predicted communication time, relative error and cosine
+    against the mean gradient, compression time; --detail: a record per message too.
 
     Example: gradstat replay captures/lm --compressors topk,clt-k --plot replay.png
     """
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
-    # the default set skips PowerSGD, with a warning, where the model has no matrix for
-    # it; asked for by name, a compressor that cannot run fails
+    # the default set skips PowerSGD where the model has no matrix for it; by name it fails
     optional = ("powersgd",) if compressors == REPLAYED else ()
-    params = ReplayParams(specs, ratios, link, seed=seed, optional=optional, threads=threads)
+    plan = plan_options(granularity, dense, dense_below)
+    params = ReplayParams(
+        specs, ratios, link, seed=seed, optional=optional, threads=threads, detail=detail, **plan
+    )
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
         run = Replay(cap, Selection.of(cap, steps, learners, scope), params, compute=compute)
         records = run.run(lambda units: progress(units, "replay"))
-    result = replay_result(records, link, len(run.learners), run.cost_learners)
-    result.document["world_size"] = cap.world_size
-    result.figure = lambda: _plot_replay(records)
+    result = replay_result(records, link, len(run.learners), run.cost_learners, run.plan.describe())
+    result.document["world_size"], result.figure = cap.world_size, lambda: _plot_replay(records)
     show(result, Output(as_json, csv, detail, plot, dpi))
 
 
-def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> Result:
-    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model."""
+def replay_result(
+    records: pd.DataFrame, link: Link, learners: int, n: int, plan: str = "model"
+) -> Result:
+    """Traffic and error tables per scope; ``learners`` replayed, ``n`` in the cost model,
+    ``plan`` the granularity that ran (``Plan.describe``)."""
     summary = summarize_replay(records, link, n)
     views = []
     for scope, rows in summary.groupby("scope", sort=False):
         shown = _display(rows)
-        views += [_traffic_view(scope, rows, shown, learners, n, link), _error_view(scope, shown)]
+        traffic = _traffic_view(scope, rows, shown, learners, n, link, plan)
+        views += [traffic, _error_view(scope, shown)]
     return Result(
         records,
         summary=views,
         answer=replay_answer(summary),
         detail=[_per_step_view(records)],
         document={
+            "granularity": plan,
             "learners": learners,
             "cost_learners": n,
             "bandwidth_bytes_per_second": link.bandwidth,
@@ -212,10 +231,16 @@ def replay_result(records: pd.DataFrame, link: Link, learners: int, n: int) -> R
 
 
 def _traffic_view(
-    scope: str, rows: pd.DataFrame, shown: pd.DataFrame, learners: int, n: int, link: Link
+    scope: str,
+    rows: pd.DataFrame,
+    shown: pd.DataFrame,
+    learners: int,
+    n: int,
+    link: Link,
+    plan: str,
 ) -> View:
     """One scope's traffic and time table: ``rows`` its summary, ``shown`` as displayed,
-    ``learners`` replayed, ``n`` in the cost model on ``link``."""
+    ``learners`` replayed, ``n`` in the cost model on ``link``, at granularity ``plan``."""
     dense = dense_seconds(int(rows["numel"].iloc[0]), n, link) * 1e3
     alone = (
         " One learner communicates nothing: no comm time and no speed-up to predict."
@@ -225,8 +250,9 @@ def _traffic_view(
     if n < 2:
         shown = shown.assign(speedup=math.nan)
     return View(
-        f"replay of {counted(learners, 'learner')} over {counted(int(rows['steps'].max()), 'step')}"
-        f", scope {scope}: traffic and time (cost model: {counted(n, 'learner')})",
+        f"replay of {counted(learners, 'learner')} over "
+        f"{counted(int(rows['steps'].max()), 'step')}, scope {scope}, granularity {plan}: "
+        f"traffic and time (cost model: {counted(n, 'learner')})",
         shown,
         {
             "compressor": "compressor",
@@ -256,13 +282,15 @@ def _error_view(scope: str, shown: pd.DataFrame) -> View:
         {
             "compressor": "compressor",
             "ratio": "ratio",
+            "memory": "memory",
             "density": "density",
             "rel_error": "rel error",
             "cosine": "cosine",
-            "memory_norm": "memory",
+            "memory_norm": "‖m‖",
         },
         "rel error = ||ĝ-g||²/||g||² and cosine against the mean gradient (DGC: the "
-        "dense momentum update); memory = error-feedback norm after the last step. "
+        "dense momentum update); memory = the error-feedback memory that ran (+MEMORY "
+        "names another), ‖m‖ = its norm after the last step. "
         "Relative errors above 1 are normal with error feedback: what a step sends "
         "includes residuals of earlier steps, which the mean gradient of that step "
         "does not.",
@@ -311,7 +339,7 @@ def _per_step_view(records: pd.DataFrame) -> View:
 def _plot_replay(records: pd.DataFrame):
     from gradstat.plots.replay import plot_replay
 
-    return plot_replay(records)
+    return plot_replay(totals(records))  # a step's totals, not its messages
 
 
 def recommend_command(
@@ -327,6 +355,9 @@ def recommend_command(
     ratios: Ratios = DEFAULT_RATIOS,
     rank: Rank = RANK,
     beta: Beta = BETA,
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     steps: Steps = None,
     seed: Seed = SEED,
     threads: Threads = THREADS,
@@ -348,9 +379,9 @@ def recommend_command(
     link = Link(bandwidth, latency)
     specs = parse_compressors(compressors, {"rank": rank, "beta": beta})
     profile = target_profile(target, target_file, threads)
-    params = RecommendParams(
-        error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile, threads
-    )
+    plan = plan_options(granularity, dense, dense_below)
+    given = (error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile)
+    params = RecommendParams(*given, threads, **plan)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
@@ -395,8 +426,12 @@ def _write_recommendation(result: Recommendation, out: Path) -> None:
     err_console.print(f"[dim]wrote {escape(str(out))}[/dim]")
 
 
-def _target_name(result: Recommendation) -> str:
-    return result.target.name if result.target is not None else "this machine"
+def _priced(result: Recommendation) -> str:
+    """How compression was priced: measured here, or estimated for another target."""
+    if result.priced == "measured":
+        return "measured here"
+    name = result.target.name if result.target is not None else "the target"
+    return f"estimated for {name} (work model)"
 
 
 def recommend_result(result: Recommendation) -> Result:
@@ -415,7 +450,8 @@ def recommend_result(result: Recommendation) -> Result:
         result.ranking,
         summary=[
             View(
-                f"candidates for {result.cost_learners} learners, budget {result.error_budget:g}",
+                f"candidates for {result.cost_learners} learners, budget "
+                f"{result.error_budget:g}, granularity {result.plan}",
                 _display(shown),
                 {
                     "compressor": "compressor",
@@ -426,9 +462,9 @@ def recommend_result(result: Recommendation) -> Result:
                     "ms": "ms/step",
                     "speedup": "speed-up",
                 },
-                f"{link_text(result.link)}; compression on {_target_name(result)}. Within "
+                f"{link_text(result.link)}; compression {_priced(result)}. Within "
                 "budget fastest first, then the rest by error; ms/step = predicted communication + "
-                "compression (on the target, from the work model; per candidate in --json); "
+                "compression (per candidate in --json); "
                 "speed-up over the "
                 f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),

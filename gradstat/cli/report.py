@@ -18,9 +18,12 @@ from gradstat.cli.options import (
     Capture,
     ClusterSize,
     Compressors,
+    Dense,
+    DenseBelow,
     Device,
     Dpi,
     ErrorBudget,
+    Granularity,
     Jobs,
     Latency,
     Memory,
@@ -30,7 +33,7 @@ from gradstat.cli.options import (
 )
 from gradstat.cli.output import console, note_sample, progress
 from gradstat.cli.paths import out_path
-from gradstat.cli.replay import Target, TargetFile, target_profile
+from gradstat.cli.replay import Target, TargetFile, plan_options, target_profile
 from gradstat.compressors.cost import Link
 from gradstat.errors import UsageError
 from gradstat.store import open_capture
@@ -87,6 +90,9 @@ def report_command(
     cluster_size: ClusterSize = None,
     target: Target = "cpu-here",
     target_file: TargetFile = None,
+    granularity: Granularity = None,
+    dense: Dense = None,
+    dense_below: DenseBelow = 0,
     dpi: Dpi = REPORT_DPI,
     device: Device = "auto",
     memory: Memory = None,
@@ -122,6 +128,7 @@ def report_command(
         target=target_profile(target, target_file, defaults.THREADS),  # the replay's threads
         compute=compute_options(device, memory, jobs),
         **_other_files(capture, target_file, with_runs, trained_with),
+        **plan_options(granularity, dense, dense_below),
     )
     with open_capture(capture, allow_damaged=allow_damaged) as cap:
         note_sample(cap)

@@ -1,11 +1,16 @@
 """Gradient compressors, error-feedback memories and the communication cost model.
 
 Pure torch math (no I/O): :mod:`~gradstat.compressors.base` defines the protocol every
-compressor follows (GRACE's shape), one module per built-in implements it,
-:mod:`~gradstat.compressors.memory` holds the error-feedback memories,
-:mod:`~gradstat.compressors.communicator` the collectives, :mod:`~gradstat.compressors.
-registry` names every built-in, and :mod:`~gradstat.compressors.cost` /
-:mod:`~gradstat.compressors.work` turn bytes and work into predicted seconds.
+compressor follows (GRACE's shape, its exchange written once), one module per built-in
+implements it, :mod:`~gradstat.compressors.memory` holds the error-feedback memories,
+:mod:`~gradstat.compressors.plan` cuts a step into messages as training does,
+:mod:`~gradstat.compressors.communicator` (training) and
+:mod:`~gradstat.compressors.simulated` (replay) drive the exchanges,
+:mod:`~gradstat.compressors.registry` names every built-in and builds a scheme,
+:mod:`~gradstat.compressors.spec` parses what users name, and
+:mod:`~gradstat.compressors.cost` / :mod:`~gradstat.compressors.work` turn bytes and
+work into predicted seconds (this machine's prices are measured:
+:mod:`gradstat.analysis.pricing`).
 """
 
 from gradstat.lazy import lazy_attributes
@@ -14,11 +19,10 @@ from gradstat.lazy import lazy_attributes
 #: ``--help``) needs no torch, the compressors do.
 _HOMES = {
     "Compressor": "base",
-    "OnlineStep": "exchange",
-    "StepOutcome": "exchange",
-    "Stream": "exchange",
+    "Call": "exchange",
+    "Sent": "exchange",
+    "SparseRow": "exchange",
     "Transfer": "exchange",
-    "Communicator": "communicator",
     "TorchCommunicator": "communicator",
     "Link": "cost",
     "collective_seconds": "cost",
@@ -27,6 +31,8 @@ _HOMES = {
     "Memory": "memory",
     "NoMemory": "memory",
     "ResidualMemory": "memory",
+    "Plan": "plan",
+    "build_plan": "plan",
     "REGISTRY": "registry",
     "CompressorSpec": "registry",
     "Context": "registry",

@@ -1,7 +1,7 @@
 """The compressor protocol: one class per compressor, in GRACE's shape.
 
 Modelled on GRACE (Xu et al. 2021, "GRACE: A Compressed Communication Framework for
-Distributed Machine Learning"): a compressor encodes one learner's tensor
+Distributed Machine Learning"): a compressor encodes one learner's tensor of one message
 (:meth:`Compressor.compress`), decodes a payload (:meth:`Compressor.decompress`) and
 combines the decoded payloads of every learner (:meth:`Compressor.aggregate`); its
 error-feedback memory (:mod:`gradstat.compressors.memory`) and the collective that moves
@@ -13,42 +13,46 @@ the payloads are separate. A plain GRACE class (``compress`` and ``decompress``,
   ``average = True`` (GRACE's flag) the sum is divided by the number of learners.
   ``"allreduce"``: the payload tensors are summed element-wise, then decompressed once
   (for payloads that add up: casts, the dense baseline).
-* Bytes on the wire are the payload tensors' sizes (:func:`~gradstat.compressors.exchange.nbytes`).
-* ``sparse``: ``True`` when ``tensors[0]`` of a payload holds the indices sent (the
-  elements selected and the build-up of an all-gather are counted from them);
-  ``False`` for dense payloads (every element sent, no build-up); ``None`` (the default)
-  measures both from the decompressed tensor's non-zeros.
-* :meth:`~Compressor.memory`: residual error feedback; :meth:`~Compressor.work`: the
-  cost model's count of one learner's work (a generic estimate from the payload).
+* Bytes on the wire are the payload tensors' sizes; elements sent: ``sparse = True``:
+  ``tensors[0]`` holds the indices; ``False``: every element; ``None``: counted from the
+  payload (:func:`payload_count`).
+* :meth:`~Compressor.memory`: none (GRACE's default); :meth:`~Compressor.work`: the cost
+  model's count of one learner's work on another target (a generic estimate).
 
-Compressors that need every learner at once (CLT-k's leader, gTop-k's tree, PowerSGD's
-two all-reduces, random-k's shared draw) and built-ins with a faster streamed form
-override the two exchange forms the drivers call:
-
-* :meth:`~Compressor.stream`: the replay form, a
-  :class:`~gradstat.compressors.exchange.Stream` fed one learner's row at a time (the
-  replay never holds every learner's row);
-* :meth:`~Compressor.online`: the DDP communication hook's form, one learner's step with a
-  :class:`~gradstat.compressors.communicator.Communicator` (``torch.distributed``).
-
-Each learner has its own compressor object, in the replay as in training (the registry's
-``Scheme.for_learner``), so a compressor's state (random streams, adaptive stages) is the
-learner's own. docs/compressors.md describes what each driver does with the protocol.
+The exchange is written once, :meth:`Compressor.exchange`: a generator that yields the
+collectives it needs (:mod:`gradstat.compressors.exchange`) and returns what this
+learner sent and the aggregate. Training drives it with ``torch.distributed``, the
+replay drives every learner's in lockstep; a method that needs every learner (CLT-k's
+leader, gTop-k's tree, PowerSGD's two all-reduces, random-k's shared draw) overrides it.
+Each learner has its own compressor object for each message, in the replay as in
+training, so a compressor's state (warm starts, adaptive stages) is the learner's own.
+docs/compressors.md describes the protocol and what each driver does with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradstat.compressors.exchange import OnlineStep, Stream, Tensors
+from gradstat.compressors.exchange import (
+    AllGather,
+    AllReduce,
+    Call,
+    Sent,
+    Shared,
+    SparseRow,
+    Tensors,
+    Transfer,
+    nbytes,
+)
 
 if TYPE_CHECKING:
-    from gradstat.compressors.communicator import Communicator
     from gradstat.compressors.memory import Memory
     from gradstat.compressors.work import Work
+
+Exchange = Generator[Any, Any, Sent]
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -73,8 +77,21 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     return codes.view(-1)[:numel]
 
 
+def payload_count(tensors: Tensors) -> tuple[int, torch.Tensor | None]:
+    """Values a payload carries and the indices it names, counted from the payload: the
+    length of its longest tensor (values or codes, one per element they stand for); its
+    indices are an integer tensor as long as a floating-point one (a sparse payload's
+    ``(values, indices)`` in either order), else None."""
+    longest = max((t.numel() for t in tensors), default=0)
+    floats = {t.numel() for t in tensors if t.is_floating_point()}
+    for t in tensors:
+        if not t.is_floating_point() and t.numel() in floats and t.numel() == longest:
+            return longest, t.reshape(-1)
+    return longest, None
+
+
 class Compressor:
-    """A gradient compressor, one learner's view (see the module docstring).
+    """A gradient compressor, one learner's view of one message (see the module docstring).
 
     Class attributes a subclass may set: ``name`` (its label), ``collective``
     (``"allgather"`` or ``"allreduce"`` for the default exchange; built-ins with their own
@@ -90,9 +107,8 @@ class Compressor:
 
     # --- GRACE's part: what a user's class writes --------------------------------------
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        """Encode one learner's flat vector ``tensor`` (of scope ``name``): the payload
-        tensors it sends and a context that :meth:`decompress` needs (and every learner
-        knows: shapes, sizes)."""
+        """Encode one learner's vector ``tensor`` of message ``name``: the payload tensors
+        it sends and a context that :meth:`decompress` needs (and every learner knows)."""
         raise NotImplementedError(f"{type(self).__name__} has no compress method")
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
@@ -104,18 +120,12 @@ class Compressor:
         drivers divide by the number of learners when ``average``)."""
         return sum(tensors[1:], tensors[0].clone())
 
-    @property
-    def sums_payloads(self) -> bool:
-        """Whether :meth:`aggregate` is the default sum, which a driver may keep as a
-        running sum instead of holding every learner's decompressed vector."""
-        return type(self).aggregate is Compressor.aggregate
-
     # --- gradstat's part: defaults for a user's class ----------------------------------
     def memory(self) -> Memory:
-        """A fresh error-feedback memory for this compressor: residual by default."""
-        from gradstat.compressors.memory import ResidualMemory
+        """A fresh error-feedback memory for this compressor: none (GRACE's default)."""
+        from gradstat.compressors.memory import NoMemory
 
-        return ResidualMemory()
+        return NoMemory()
 
     def describe(self, ctx: Any) -> Mapping[str, float]:
         """Numbers of one payload a replay record shows (``threshold``, ``stages``)."""
@@ -126,32 +136,56 @@ class Compressor:
         return {} if self.k is None else {"k": self.k}
 
     def work(self, numel: int, memory: Memory) -> Work:
-        """One learner's work per step on a scope of ``numel`` elements with ``memory``,
-        for the cost model (:mod:`gradstat.compressors.work`): by default the memory's
-        passes plus a read of the vector and a write and read of a payload of
-        ``k`` (sparsifiers) or ``numel`` values."""
+        """One learner's work per step on a message of ``numel`` elements with
+        ``memory``, for the cost model on another target
+        (:mod:`gradstat.compressors.work`): by default the memory's passes plus a read of
+        the vector and a write and read of a payload of ``k`` (sparsifiers) or ``numel``
+        values."""
         from gradstat.compressors.work import generic_work
 
         return generic_work(self, memory, numel)
 
-    # --- the exchange forms the drivers call -------------------------------------------
-    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
-        """The replay form of ``scheme`` (this compressor, one object per learner, and its
-        memory, allocated) on scope ``name`` for ``learners`` rows of ``numel`` values:
-        the generic GRACE step, or for a class with an ``online`` form of its own and no
-        ``stream``, that form run for every learner against a simulated communicator
-        (:mod:`gradstat.compressors.simulated`)."""
-        if type(self).online is not Compressor.online:
-            from gradstat.compressors.simulated import OnlineStream
+    # --- the exchange -------------------------------------------------------------------
+    def own(self, tensors: Tensors, ctx: Any) -> torch.Tensor | SparseRow:
+        """What this learner contributed: its own payload decoded (flat)."""
+        return self.decompress(tensors, ctx).reshape(-1)
 
-            return OnlineStream(scheme, name, learners, numel)
-        from gradstat.compressors.streams import LocalStream
+    def combine(self, payloads: Sequence[Tensors], ctx: Any, n: int) -> torch.Tensor | SparseRow:
+        """The aggregate of every learner's gathered payload: each decoded into a fresh
+        vector (an in-place ``aggregate`` changes no one's data), aggregated, divided by
+        ``n`` when ``average``."""
+        decoded = [self.decompress(list(q), ctx).reshape(-1) for q in payloads]
+        total = self.aggregate(decoded).reshape(-1)
+        return total / n if self.average else total
 
-        return LocalStream(scheme, name, learners, numel)
+    def reduced(self, summed: Tensors, ctx: Any, n: int) -> torch.Tensor:
+        """The aggregate of all-reduced payload tensors: decoded once, / n if ``average``."""
+        total = self.decompress(summed, ctx).reshape(-1).to(torch.float32)
+        return total / n if self.average else total
 
-    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
-        """One learner's step in training: compress its corrected vector ``p``, exchange
-        through ``comm`` with the collective, decompress and aggregate."""
-        from gradstat.compressors.online import local_online
+    def counted(self, tensors: Tensors, numel: int) -> tuple[int, torch.Tensor | None]:
+        """Values on the wire and the indices sent (``sparse``, or from the payload)."""
+        if self.sparse:
+            return int(tensors[0].numel()), tensors[0].reshape(-1)
+        if self.sparse is False:
+            return numel, None
+        return payload_count(tensors)
 
-        return local_online(self, p, name, comm)
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """One learner's step on its corrected vector ``p`` of one message (GRACE's
+        ``Communicator.step``): compress, all-gather (or all-reduce) the payload, decode
+        and aggregate (once for every learner in the replay)."""
+        tensors, ctx = self.compress(p, call.name)
+        tensors = list(tensors)
+        n, collective = call.learners, self.collective
+        if collective == "allreduce":
+            summed = yield AllReduce(tensors)
+            estimate = yield Shared(self.reduced, (summed, ctx, n))
+        else:
+            gathered = yield AllGather(tensors)
+            estimate = yield Shared(self.combine, (gathered, ctx, n))
+        selected, indices = self.counted(tensors, p.numel())
+        transfer = Transfer(collective, sum(nbytes(t) for t in tensors))
+        info = dict(self.describe(ctx))
+        sent = lambda: self.own(tensors, ctx)  # noqa: E731 (made when asked for)
+        return Sent(sent, estimate, (transfer,), selected, indices, info, tensors, ctx)

@@ -10,7 +10,7 @@ import torch
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, passes, stack_ops
+from gradstat.compressors.work import Ops, Work, passes
 
 
 class Cast(Compressor):
@@ -24,7 +24,7 @@ class Cast(Compressor):
         self.name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        return (tensor.to(self.dtype),), None
+        return (tensor.reshape(-1).to(self.dtype),), None
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return tensors[0].float()
@@ -34,7 +34,7 @@ class Cast(Compressor):
 
     def work(self, numel: int, memory: Memory) -> Work:
         encode = memory.work(numel) + passes(1.5, numel)
-        return Work(encode, Ops(), passes(1.5, numel), stack_ops(numel), "one")
+        return Work(encode, Ops(), passes(1.5, numel), "one")
 
 
 def build_fp16(ctx: Any) -> Compressor:

@@ -1,7 +1,7 @@
 """CLT-k (ScaleCom, Chen et al. 2021, arXiv 2104.11125, docs/methods.md 4): the leader
-``t mod n`` broadcasts its top-k indices; every learner all-reduces its values at those
-indices. Exactly k non-zeros whatever n. Its memory is ScaleCom's low-pass residual
-``m = (1 - beta) m + beta (p - c)``."""
+``t mod n`` (t the recorded step) broadcasts its top-k indices; every learner
+all-reduces its values at those indices. Exactly k non-zeros whatever n. Its memory is
+ScaleCom's low-pass residual ``m = (1 - beta) m + beta (p - c)``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,20 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, index_dtype
-from gradstat.compressors.communicator import Communicator
-from gradstat.compressors.exchange import OnlineStep, ReadRow, Stream, Transfer, nbytes
+from gradstat.compressors.base import Compressor, Exchange, index_dtype
+from gradstat.compressors.exchange import (
+    AllReduce,
+    Broadcast,
+    Call,
+    Sent,
+    SparseRow,
+    Tensors,
+    Transfer,
+    nbytes,
+)
 from gradstat.compressors.memory import Memory, ResidualMemory
-from gradstat.compressors.shared_index import SharedIndexStream
-from gradstat.compressors.sparse_stream import add_with_squares
 from gradstat.compressors.topk import top_indices
-from gradstat.compressors.work import Ops, Work, passes, scatter, topk
+from gradstat.compressors.work import Work, passes, scatter, topk
 
 
 class CLTK(Compressor):
@@ -29,13 +35,11 @@ class CLTK(Compressor):
     def __init__(self, k: int, beta: float = 1.0) -> None:
         self.k = k
         self.beta = beta
-        self.step_count = 0
 
-    def next_leader(self, n: int) -> int:
-        """The learner whose top-k indices everyone uses this step: ``t mod n``."""
-        leader = self.step_count % n
-        self.step_count += 1
-        return leader
+    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
+        """The values at the leader's indices (the payload); the context is the length."""
+        indices, values = tensors
+        return SparseRow(ctx, indices.long(), values).dense()
 
     def memory(self) -> Memory:
         return ResidualMemory(beta=self.beta)
@@ -43,54 +47,27 @@ class CLTK(Compressor):
     def settings(self) -> dict[str, float]:
         return {"k": self.k, "beta": self.beta}
 
-    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
-        return CLTKStream(scheme, name, learners, numel)
-
-    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
         """Broadcast of the leader's k indices, all-reduce of the k values there."""
-        d, k = p.numel(), self.k
-        leader = self.next_leader(comm.size)
-        indices = torch.empty(k, dtype=index_dtype(d))
-        if comm.rank == leader:
-            indices.copy_(top_indices(p, k))
-        comm.broadcast(indices, root=leader)
-        idx = indices.long()
-        values = p[idx].clone()
-        sent = torch.zeros_like(p)
-        sent[idx] = values
-        comm.allreduce(values)
-        estimate = torch.zeros_like(p)
-        estimate[idx] = values / comm.size
+        flat = p.reshape(-1)
+        d, k = flat.numel(), self.k
+        leader = call.step % call.learners
+        indices = torch.zeros(k, dtype=index_dtype(d))
+        if call.learner == leader:
+            indices = top_indices(flat, k).to(indices.dtype)
+        indices = yield Broadcast(indices, leader)
+        at = indices.long()
+        values = flat[at]
+        (summed,) = yield AllReduce([values])
+        estimate = SparseRow(d, at, summed / call.learners)
         transfers = (Transfer("broadcast", nbytes(indices)), Transfer("allreduce", nbytes(values)))
-        return OnlineStep(sent, estimate, transfers, k)
+        info = {"leader": float(leader)}
+        sent = SparseRow(d, at, values)
+        return Sent(sent, estimate, transfers, k, None, info, (indices, values), d)
 
     def work(self, numel: int, memory: Memory) -> Work:
         local = memory.work(numel) + passes(1, numel) + scatter(self.k)
-        return Work(local, topk(numel, self.k), scatter(self.k), Ops(), "one")
-
-
-class CLTKStream(SharedIndexStream):
-    """The leader's corrected row is formed first, to pick the indices everyone sends."""
-
-    def choose(self, read_row: ReadRow) -> tuple[torch.Tensor, dict[str, float]]:
-        leader = self.compressor.next_leader(self.n)
-        g = read_row(leader)
-        indices = top_indices(self.leader_row(leader, g), self.compressor.k)
-        return indices, {"leader": leader}
-
-    def leader_row(self, leader: int, g: torch.Tensor) -> torch.Tensor:
-        """The leader's corrected row. With plain error feedback it is formed in the
-        leader's memory row, once, and kept for the leader's turn: a separate ``m + g``
-        was one more row (128 MB at 32M values) in every step."""
-        if not self.memory.plain_residual:
-            return self.memory.peek(leader, g)
-        p = self.memory.m.load(leader)
-        self.formed = (leader, p, add_with_squares(p, g))
-        return p
-
-    def transfers(self) -> tuple[Transfer, ...]:
-        index_bytes = self.compressor.k * torch.empty(0, dtype=index_dtype(self.d)).element_size()
-        return (Transfer("broadcast", index_bytes), *super().transfers())
+        return Work(local, topk(numel, self.k), scatter(self.k), "one")
 
 
 def build(ctx: Any) -> Compressor:

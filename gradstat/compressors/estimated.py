@@ -17,8 +17,11 @@ varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
 * Gaussian-k (Shi et al. 2019) and RedSync (Fang et al. 2019); ``redsync-sidco`` is
   RedSync as the SIDCo reference runs it (docs/methods.md section 2).
 * ``threshold``: a fixed hard threshold ``|p| >= lambda``. Without a given lambda it is
-  calibrated once, on learner 0's first replayed step, to the exact top-k threshold at
-  the ratio, then kept: the replay shows how the density drifts under a fixed lambda.
+  calibrated once per message, on learner 0's first step, to the exact top-k threshold
+  at the ratio, broadcast to every learner, then kept: the replay shows how the density
+  drifts under a fixed lambda.
+
+Random draws (DGC's sample) are seeded from (``--seed``, step, learner, message).
 """
 
 from __future__ import annotations
@@ -28,19 +31,11 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor
-from gradstat.compressors.communicator import Communicator
-from gradstat.compressors.exchange import OnlineStep, Stream, Tensors
+from gradstat.compressors.base import Compressor, Exchange
+from gradstat.compressors.exchange import Broadcast, Call, Tensors
 from gradstat.compressors.memory import DGCMemory, Memory, ResidualMemory
-from gradstat.compressors.online import local_online
-from gradstat.compressors.sparse_stream import (
-    SparseStream,
-    fits,
-    sparse_decompress,
-    sparse_payload,
-)
-from gradstat.compressors.streams import LocalStream
-from gradstat.compressors.work import Ops, Work, passes, scatter, stack_ops, union_ops
+from gradstat.compressors.topk import Sparsifier, sparse_payload
+from gradstat.compressors.work import Ops, Work, passes, scatter
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.sidco import STAGE_FITS, ZEROS, AdaptiveStages
 from gradstat.stats.thresholds import ESTIMATORS, estimate_threshold
@@ -66,16 +61,12 @@ ESTIMATOR_OPS = {
 }
 
 
-class EstimatedSparsifier(Compressor):
+class EstimatedSparsifier(Sparsifier):
     """Send ``|p| > eta`` with ``eta`` from a threshold estimator (see the module docstring).
 
-    ``stages=0`` makes the SIDCo stage count adaptive (per learner: each has its own
-    object). ``calibration``: where the hard threshold calibrated on learner 0's first
-    step is kept, shared by the learners of one replayed scheme.
+    ``stages=0`` makes the SIDCo stage count adaptive (per learner and message: each has
+    its own object).
     """
-
-    collective = "allgather"
-    sparse = True
 
     def __init__(
         self,
@@ -90,8 +81,6 @@ class EstimatedSparsifier(Compressor):
         zeros: str = "exclude",
         stage_fit: str = "moments",
         momentum: float = 0.9,
-        seed: int = 0,
-        calibration: dict[str, float] | None = None,
     ) -> None:
         self.name = name
         self.ratio = ratio
@@ -101,29 +90,33 @@ class EstimatedSparsifier(Compressor):
         self.zeros = zeros
         self.stage_fit = stage_fit
         self.momentum = momentum
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator()
         self.adaptive = AdaptiveStages(initial=ADAPTIVE_START) if not stages else None
         self.numel = numel
-        self.calibration = {} if calibration is None else calibration
-        if threshold is not None:
-            self.calibration["threshold"] = threshold
+        #: The hard threshold: given, or calibrated (None before the first step).
+        self.threshold = threshold
+        self.nonzeros: int | None = None
 
-    @property
-    def threshold(self) -> float | None:
-        """The hard threshold: given, or calibrated (None before the first step)."""
-        return self.calibration.get("threshold")
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """The generic exchange, with this call's seed and the memory's count of
+        non-zeros; a hard threshold not given is first calibrated on learner 0 and
+        broadcast."""
+        if self.estimator == "hard" and self.threshold is None:
+            value = torch.zeros(1, dtype=torch.float64)
+            if call.learner == 0:
+                value[0] = estimate_threshold(p.reshape(-1), self.ratio, "topk").threshold
+            value = yield Broadcast(value, 0)
+            self.threshold = float(value[0])
+        self.generator = call.generator()
+        self.nonzeros = call.facts.get("nonzeros")
+        return (yield from super().exchange(p, call))
 
-    def compress(
-        self, tensor: torch.Tensor, name: str, *, nonzeros: int | None = None
-    ) -> tuple[Tensors, Any]:
-        """``nonzeros``: how many values of ``tensor`` are not zero, when the caller
-        already counted them (replay's DGC memories do, while forming the row). The
-        context is ``(numel, {"threshold": eta, "stages": stages})``."""
+    def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
+        """The context is ``(numel, {"threshold": eta, "stages": stages})``."""
+        tensor = tensor.reshape(-1)
+        nonzeros, self.nonzeros = self.nonzeros, None
         shared = None if nonzeros is None else RowPasses(tensor, nonzeros=nonzeros)
         if self.estimator == "hard":
-            if self.threshold is None:
-                calibrated = estimate_threshold(tensor, self.ratio, "topk").threshold
-                self.calibration["threshold"] = calibrated
             result = estimate_threshold(tensor, self.ratio, "hard", threshold=self.threshold)
         else:
             result = estimate_threshold(
@@ -142,28 +135,14 @@ class EstimatedSparsifier(Compressor):
         info = {"threshold": float(result.threshold), "stages": float(result.stages)}
         return sparse_payload(tensor, indices), (tensor.numel(), info)
 
-    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
-        return sparse_decompress(tensors, ctx[0])
+    def numel_of(self, ctx: Any) -> int:
+        return ctx[0]
 
     def describe(self, ctx: Any) -> dict[str, float]:
         return ctx[1]
 
     def memory(self) -> Memory:
         return DGCMemory(self.momentum) if self.estimator == "dgc" else ResidualMemory()
-
-    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
-        stream = EstimatedStream if fits(scheme.memory) else LocalStream
-        return stream(scheme, name, learners, numel)
-
-    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
-        """The replay calibrates a fixed threshold on learner 0's first step: do the same
-        and broadcast it, so every learner uses learner 0's value."""
-        if self.estimator == "hard" and self.threshold is None:
-            value = torch.zeros(1, dtype=torch.float64)
-            if comm.rank == 0:
-                value[0] = estimate_threshold(p, self.ratio, "topk").threshold
-            self.calibration["threshold"] = float(comm.broadcast(value, root=0)[0])
-        return local_online(self, p, name, comm)
 
     def settings(self) -> dict[str, float]:
         settings: dict[str, float] = {"k": self.k}
@@ -191,15 +170,7 @@ class EstimatedSparsifier(Compressor):
             sample = self._sample()
             local += Ops(random=sample, topk_in=sample, topk_out=sample * self.ratio)
         local += passes(1, d)  # a dense zero vector
-        return Work(local, Ops(), scatter(k), stack_ops(d) + union_ops(k), "all")
-
-
-class EstimatedStream(SparseStream):
-    """The sparse replay step; with DGC's memories the estimator is told the row's
-    non-zeros, counted while the row was formed."""
-
-    def compress(self, i: int, p: torch.Tensor, **extra: Any) -> tuple[Tensors, Any]:
-        return self.compressors[i].compress(p, self.name, **extra)
+        return Work(local, Ops(), scatter(k), "all")
 
 
 def build(estimator: str) -> Any:
@@ -219,8 +190,6 @@ def build(estimator: str) -> Any:
             zeros=ZEROS[int(ctx.params.get("zeros", 0))],
             stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
             momentum=ctx.params.get("momentum", 0.9),
-            seed=ctx.own_seed,
-            calibration=ctx.shared.setdefault("calibration", {}),
         )
 
     return make

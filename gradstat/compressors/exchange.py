@@ -1,23 +1,36 @@
-"""What a compressor and the drivers that run it exchange: payloads, the bytes of each
-collective, one step's outcome and the replay's :class:`Stream` protocol.
+"""What a compressor's exchange and the drivers that run it share.
 
-The compressor protocol itself is :mod:`gradstat.compressors.base`; the replay drivers
-(:mod:`~gradstat.compressors.streams`, :mod:`~gradstat.compressors.simulated`) and the
-training form (:mod:`~gradstat.compressors.online`) need only these types, so they import
-this module and not the protocol (no import circle).
+A compressor's exchange is written once, as a generator (:meth:`Compressor.exchange
+<gradstat.compressors.base.Compressor.exchange>`): it compresses one learner's vector
+of one message, yields the collectives it needs and returns a :class:`Sent`. The ops it
+yields, and what the driver sends back:
+
+* :class:`AllReduce` ``(tensors)``: each tensor summed element-wise over the learners;
+* :class:`AllGather` ``(tensors)``: every learner's tensors, in learner order;
+* :class:`Broadcast` ``(tensor, root)``: ``root``'s tensor;
+* :class:`Round` ``(sends, receives)``: one round of point-to-point messages (a tree's
+  level): ``{peer: tensors}`` received, of the shapes and dtypes in ``receives``;
+* :class:`Shared` ``(function, *args)``: ``function(*args)``, work that is the same on
+  every learner (decoding the gathered payloads and aggregating them): training runs it
+  on every learner, the replay once for all of them.
+
+Training drives it with ``torch.distributed`` (:mod:`gradstat.compressors.communicator`),
+the replay every learner's in lockstep (:mod:`gradstat.compressors.simulated`). A reply
+is the driver's: read it, do not write into it (the replay hands every learner the same
+one); gathered payloads are copies of what the learners sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 #: A payload: the tensors one learner puts on the wire.
 Tensors = Sequence[torch.Tensor]
-#: ``read_row(i)``: learner i's gradient row of the step (for a stream that needs it early).
-ReadRow = Callable[[int], torch.Tensor]
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -35,84 +48,134 @@ class Transfer:
 
 @dataclass(frozen=True)
 class SparseRow:
-    """A row that is zero outside ``indices`` (distinct), with ``values`` there: the mean
-    of what the learners of a sparsifier sent, kept without a dense row of ``numel``
-    values (a dense aggregate is one more row per compressor, zeroed, added into,
-    divided and read again every step: 128 MB at 32M values)."""
+    """A vector that is zero outside ``indices`` (distinct), with ``values`` there: what a
+    sparsifier sent, or the aggregate of the learners' sparse payloads, without a dense
+    row of ``numel`` values."""
 
     numel: int
     indices: torch.Tensor
     values: torch.Tensor
 
     def dense(self) -> torch.Tensor:
-        """The row as a dense tensor (the same numbers as a dense aggregate)."""
+        """The vector as a dense tensor (the same numbers as a dense aggregate)."""
         row = torch.zeros(self.numel, dtype=self.values.dtype, device=self.values.device)
-        row[self.indices] = self.values
+        row[self.indices.long()] = self.values
         return row
 
 
+def dense(vector: torch.Tensor | SparseRow) -> torch.Tensor:
+    """A flat dense tensor of ``vector``."""
+    return vector.dense() if isinstance(vector, SparseRow) else vector.reshape(-1)
+
+
+def sparse_mean(rows: Sequence[SparseRow], n: int) -> tuple[SparseRow, torch.Tensor]:
+    """The sum of the learners' sparse ``rows`` divided by ``n``, at the indices any of
+    them holds, and how many learners hold each. Each index's values are added in learner
+    order from 0, then divided: bit for bit the dense sum learner by learner and ``/ n``."""
+    every = torch.cat([row.indices.long() for row in rows])
+    indices, position, holders = torch.unique(every, return_inverse=True, return_counts=True)
+    values = torch.cat([row.values for row in rows])
+    sums = torch.zeros(indices.numel(), dtype=values.dtype, device=values.device)
+    sums.index_add_(0, position, values)
+    return SparseRow(rows[0].numel, indices, sums.div_(n)), holders
+
+
 @dataclass
-class StepOutcome:
-    """What one replayed step of all learners produced.
+class AllReduce:
+    tensors: list[torch.Tensor]
 
-    ``estimate``: the aggregate every learner holds (dense, or a :class:`SparseRow`);
-    ``transfers``: the collectives with the bytes each learner puts in; ``selected[i]``:
-    how many elements learner i sent; ``memory_norm``: mean over learners of the memory's
-    norm after the step; ``union``: non-zeros of a sparse aggregate (build-up), ``None``
-    for dense ones; ``gathered_bytes``: what each learner holds after an all-gather;
-    ``info``: per-payload numbers averaged over learners (``threshold``, ``stages``);
-    ``multiplicity``: for all-gathered sparse sets, h(c), c = 1..n, how many coordinates
-    exactly c learners sent (:func:`gradstat.stats.topk_sets.buildup_curve`).
-    """
 
+@dataclass
+class AllGather:
+    tensors: list[torch.Tensor]
+
+
+@dataclass
+class Broadcast:
+    tensor: torch.Tensor
+    root: int
+
+
+@dataclass
+class Round:
+    """One round of point-to-point messages: ``sends`` ``{peer: tensors}``; ``receives``
+    ``{peer: [(shape, dtype), ...]}`` of what each peer sends this learner."""
+
+    sends: dict[int, list[torch.Tensor]]
+    receives: dict[int, list[tuple[tuple[int, ...], torch.dtype]]]
+
+
+@dataclass
+class Shared:
+    function: Callable[..., Any]
+    args: tuple
+
+
+@dataclass
+class Sent:
+    """One learner's outcome of one message: what it contributed (``sent``: dense, flat,
+    or a :class:`SparseRow`, or a function making it, called once by
+    :meth:`contribution`; a residual memory keeps ``p - sent``), what every learner holds
+    (``estimate``), the bytes it put into each collective, how many values it put on the
+    wire (``selected``), the coordinates it sent (``indices``, for the build-up; None for
+    a dense payload), numbers for the records (``info``), its payload and context (a
+    GRACE memory's ``update`` takes them) and ``overhead_bytes`` beyond the payload
+    (all-gather lengths and padding, a tree's counts)."""
+
+    sent: Any
     estimate: torch.Tensor | SparseRow
     transfers: tuple[Transfer, ...]
-    selected: list[int]
-    memory_norm: float
-    union: int | None = None
-    gathered_bytes: float | None = None
-    info: dict[str, float] = field(default_factory=dict)
-    multiplicity: list[int] | None = None
-
-    @property
-    def bytes_per_learner(self) -> float:
-        return sum(t.nbytes for t in self.transfers)
-
-
-@dataclass
-class OnlineStep:
-    """One learner's outcome of one training step: what it contributed (``sent``, dense;
-    its memory keeps ``p - sent``), what everyone holds (``estimate``), the bytes it put
-    into each collective, how many elements it sent, and ``overhead_bytes`` beyond the
-    payload (all-gather padding and lengths, gTop-k's node counts)."""
-
-    sent: torch.Tensor
-    estimate: torch.Tensor
-    transfers: tuple[Transfer, ...]
     selected: int
+    indices: torch.Tensor | None = None
+    info: dict[str, float] = field(default_factory=dict)
+    payload: Tensors = ()
+    ctx: Any = None
     overhead_bytes: int = 0
 
-    @property
-    def payload_bytes(self) -> float:
-        return sum(t.nbytes for t in self.transfers)
+    def contribution(self) -> torch.Tensor | SparseRow:
+        """What this learner sent (made on first use: a replay without memory needs it
+        not)."""
+        if callable(self.sent):
+            self.sent = self.sent()
+        return self.sent
 
 
-class Stream:
-    """One scheme's replay step, fed one learner's row at a time (learners 0..n-1).
+def drive(exchange: Any, answer: Callable[[Any], Any]) -> Sent:
+    """Run one learner's ``exchange`` to its end, ``answer(op)`` replying to each op."""
+    reply = None
+    while True:
+        try:
+            op = exchange.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        reply = answer(op)
 
-    ``begin(read_row)`` starts a step (``read_row(i)`` reads learner i's row of the
-    scope, for a method that needs a row before its turn, e.g. CLT-k's leader);
-    ``learner(i, g)`` feeds learner i's gradient row; ``finish()`` ends the step. The
-    stream owns the step's arithmetic; the memory (``Memory``) owns the rows kept.
-    """
 
-    def begin(self, read_row: ReadRow) -> None:
-        """Start a step."""
+@dataclass(frozen=True)
+class Call:
+    """Where one exchange runs: message ``index`` (``name``, the ``shape`` its vector is
+    handed in, its parameters' ``shapes``) of recorded ``step`` on ``learner`` of
+    ``learners``, with the run's ``seed``, and ``facts`` the memory found while forming
+    the vector (``nonzeros``)."""
 
-    def learner(self, i: int, g: torch.Tensor) -> None:
-        """Feed learner i's gradient row."""
-        raise NotImplementedError
+    name: str
+    index: int
+    step: int
+    learner: int
+    learners: int
+    seed: int = 0
+    shape: tuple[int, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
+    facts: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def finish(self) -> StepOutcome:
-        """End the step: the aggregate and what travelled."""
-        raise NotImplementedError
+    def seed_of(self, shared: bool = False) -> int:
+        """The seed of this call's draws: numpy's SeedSequence of (seed, step, learner,
+        message); ``shared``: the same on every learner (seed, step, message)."""
+        who = -1 if shared else self.learner
+        words = [self.seed, self.step, who + 1, self.index]
+        return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+
+    def generator(self, shared: bool = False) -> torch.Generator:
+        """A CPU generator seeded with :meth:`seed_of`: a window of steps draws what the
+        same steps of a whole replay draw."""
+        return torch.Generator().manual_seed(self.seed_of(shared))

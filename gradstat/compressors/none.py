@@ -9,7 +9,7 @@ import torch
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, stack_ops
+from gradstat.compressors.work import Ops, Work
 
 
 class NoCompression(Compressor):
@@ -20,7 +20,7 @@ class NoCompression(Compressor):
     sparse = False
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        return (tensor,), None
+        return (tensor.reshape(-1),), None
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return tensors[0]
@@ -29,7 +29,7 @@ class NoCompression(Compressor):
         return NoMemory()
 
     def work(self, numel: int, memory: Memory) -> Work:
-        return Work(Ops(), Ops(), Ops(), stack_ops(numel), "one")
+        return Work(Ops(), Ops(), Ops(), "one")
 
 
 def build(ctx: Any) -> Compressor:

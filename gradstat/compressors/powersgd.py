@@ -1,41 +1,51 @@
 """PowerSGD: rank-r power iteration per matrix with a warm-started Q.
 
 Vogels, Karimireddy and Jaggi 2019 (arXiv 1905.13727), Algorithm 1, as in PyTorch's
-``powerSGD_hook`` (docs/methods.md 4): each >= 2-D parameter is viewed as a matrix
-``M`` of shape ``(shape[0], prod(shape[1:]))``; ``P = M Q``; all-reduce ``P``;
-orthogonalise it; ``Q = M^T P``; all-reduce ``Q``; every learner ends with
-``M_hat = P Q^T`` (the same for all), and error feedback keeps ``M_i - M_hat``. ``Q``
-starts from a seeded normal draw shared by all learners and is reused the next step
-(warm start). A matrix is compressed only if ``(a + b) r < a b / 2``; vectors and small
-matrices travel uncompressed in the first all-reduce and keep no error-feedback residual
-(each learner sent exactly its own values, as in PyTorch's hook and GRACE). Its rate is
-set by the rank, not by ``--ratios``.
-
-Replay (:class:`PowerSGDStream`): pass 1 forms ``P = mean_i M_i Q`` (the corrected rows
-parked in the memory rows), pass 2 ``Q = mean_i M_i^T P``, pass 3 leaves ``M_i - P Q^T``
-in each memory (and nothing for the parameters sent uncompressed). Training
-(:meth:`PowerSGD.online`): the all-reduce of ``[uncompressed values, P]``,
-orthogonalisation, the all-reduce of ``Q``.
+``powerSGD_hook`` (docs/methods.md 4): each >= 2-D parameter of a message is viewed as a
+matrix ``M`` of shape ``(shape[0], prod(shape[1:]))``; ``P = M Q``; all-reduce ``P``;
+orthogonalise it; ``Q = M^T P``; all-reduce ``Q``; every learner ends with ``M_hat = P
+Q^T`` (the same for all), and error feedback keeps ``M_i - M_hat``. ``Q`` starts from a
+seeded normal draw shared by all learners and is reused the next step (warm start). A
+matrix is compressed only if ``(a + b) r < a b / 2``; vectors and small matrices travel
+uncompressed in the first all-reduce and keep no error-feedback residual (each learner
+sent exactly its own values, as in PyTorch's hook and GRACE). Its rate is set by the
+rank, not by ``--ratios``. The orthogonalisation and ``P Q^T`` are the same on every
+learner: the replay computes them once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor
-from gradstat.compressors.communicator import Communicator
-from gradstat.compressors.exchange import OnlineStep, StepOutcome, Stream, Transfer, nbytes
-from gradstat.compressors.memory import Memory, row_norm
+from gradstat.compressors.base import Compressor, Exchange
+from gradstat.compressors.exchange import AllReduce, Call, Sent, Shared, Tensors, Transfer, nbytes
+from gradstat.compressors.memory import Memory, ResidualMemory
 from gradstat.compressors.work import F, Ops, Work, passes
 from gradstat.errors import UsageError
 
 
+def matrices_of(shapes: Sequence[tuple[int, ...]], rank: int) -> tuple[list, list]:
+    """``(matrices, dense)`` of parameters laid end to end: ``(offset, rows, cols)`` of
+    each matrix PowerSGD compresses at ``rank``, ``(offset, numel)`` of the others."""
+    matrices, dense, offset = [], [], 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        rows = shape[0] if shape else 1
+        cols = numel // rows if rows else 0
+        if len(shape) >= 2 and (rows + cols) * rank < rows * cols / 2:
+            matrices.append((offset, rows, cols))
+        else:
+            dense.append((offset, numel))
+        offset += numel
+    return matrices, dense
+
+
 class PowerSGD(Compressor):
-    """Rank-``rank`` PowerSGD over the parameters ``shapes`` that tile the flat vector."""
+    """Rank-``rank`` PowerSGD over the parameters ``shapes`` that tile the message."""
 
     name = "powersgd"
     collective = "allreduce"
@@ -44,27 +54,14 @@ class PowerSGD(Compressor):
     def __init__(self, shapes: Sequence[tuple[int, ...]], rank: int = 4, seed: int = 0) -> None:
         if rank < 1:
             raise ValueError(f"powersgd rank must be >= 1, got {rank}")
-        self.rank = rank
-        self.seed = seed
-        self.matrices: list[tuple[int, int, int]] = []  # (offset, rows, cols)
-        self.dense: list[tuple[int, int]] = []  # (offset, numel)
-        offset = 0
-        for shape in shapes:
-            numel = math.prod(shape)
-            if len(shape) >= 2:
-                rows, cols = shape[0], numel // shape[0]
-                if (rows + cols) * rank < rows * cols / 2:
-                    self.matrices.append((offset, rows, cols))
-                    offset += numel
-                    continue
-            self.dense.append((offset, numel))
-            offset += numel
-        self.numel = offset
+        self.rank, self.seed = rank, seed
+        self.matrices, self.dense = matrices_of(shapes, rank)
+        self.numel = sum(math.prod(shape) for shape in shapes)
         self.q: list[torch.Tensor] | None = None
 
     def warm_q(self, numel: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
         """The ``Q`` of each matrix for this step: last step's (warm start), or at the first
-        step a seeded normal draw every learner shares. Checks the scope's size."""
+        step a seeded normal draw every learner shares. Checks the message's size."""
         if numel != self.numel:
             raise ValueError(f"powersgd was planned for {self.numel} elements, got {numel}")
         if self.q is None:
@@ -75,25 +72,60 @@ class PowerSGD(Compressor):
             ]
         return self.q
 
-    def transfers(self, size: int = 4) -> tuple[Transfer, ...]:
-        """The all-reduce of ``[uncompressed values, P]`` and that of ``Q`` (values of
-        ``size`` bytes)."""
-        dense = sum(numel for _, numel in self.dense)
-        first = (dense + self.rank * sum(rows for _, rows, _ in self.matrices)) * size
-        transfers = [Transfer("allreduce", first)]
-        if self.matrices:
-            second = self.rank * sum(cols for _, _, cols in self.matrices) * size
-            transfers.append(Transfer("allreduce", second))
-        return tuple(transfers)
+    def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
+        """What a learner sent: its context holds it (PowerSGD's payloads are P and Q)."""
+        return ctx
+
+    def memory(self) -> Memory:
+        return ResidualMemory()
 
     def settings(self) -> dict[str, float]:
         return {"rank": self.rank, "matrices": len(self.matrices)}
 
-    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
-        return PowerSGDStream(scheme, learners, numel)
+    def orthogonal(self, first: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """Each matrix's ``P``: its part of the all-reduced ``[dense, P]``, averaged, QR'd."""
+        position, ps = sum(numel for _, numel in self.dense), []
+        for _, a, _ in self.matrices:
+            ps.append(torch.linalg.qr(first[position : position + a * self.rank].view(a, -1) / n).Q)
+            position += a * self.rank
+        return ps
 
-    def online(self, p: torch.Tensor, name: str, comm: Communicator) -> OnlineStep:
-        return _online(self, p, comm)
+    def estimate(self, first, ps, second, n: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The aggregate every learner ends with, and each matrix's next warm ``Q``."""
+        estimate = torch.zeros(self.numel, dtype=first.dtype)
+        position = 0
+        for offset, numel in self.dense:
+            estimate[offset : offset + numel] = first[position : position + numel] / n
+            position += numel
+        qs, position = [], 0
+        for (offset, a, b), pm in zip(self.matrices, ps, strict=True):
+            qs.append(second[position : position + b * self.rank].view(b, -1) / n)
+            position += b * self.rank
+            estimate[offset : offset + a * b] = (pm @ qs[-1].T).reshape(-1)
+        return estimate, qs
+
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """The all-reduce of ``[uncompressed values, P]``, the orthogonalisation, the
+        all-reduce of ``Q``."""
+        flat, n = p.reshape(-1), call.learners
+        q = self.warm_q(flat.numel(), flat.dtype)
+        dense = [flat[o : o + k] for o, k in self.dense]
+        matrices = [flat[o : o + a * b].view(a, b) for o, a, b in self.matrices]
+        first = torch.cat(dense + [(m @ qj).reshape(-1) for m, qj in zip(matrices, q, strict=True)])
+        payload = [first]
+        (first,) = yield AllReduce([first])
+        ps = yield Shared(self.orthogonal, (first, n))
+        second = torch.zeros(0)
+        if matrices:
+            second = torch.cat([(m.T @ pm).reshape(-1) for m, pm in zip(matrices, ps, strict=True)])
+            payload.append(second)
+            (second,) = yield AllReduce([second])
+        estimate, self.q = yield Shared(self.estimate, (first, ps, second, n))
+        sent = estimate.clone()
+        for offset, numel in self.dense:  # sent as they were: no residual (PowerSGD)
+            sent[offset : offset + numel] = flat[offset : offset + numel]
+        transfers = tuple(Transfer("allreduce", nbytes(t)) for t in payload)
+        return Sent(sent, estimate, transfers, flat.numel(), None, {}, payload, sent)
 
     def work(self, numel: int, memory: Memory) -> Work:
         """Per matrix a x b at rank r: P = M Q and Q = M^T P (4abr FLOP, M read twice)
@@ -106,102 +138,18 @@ class PowerSGD(Compressor):
             shared += Ops(mm_flops=2 * a * b * r + 4 * a * r * r, bytes=3 * F * a * b, launches=6)
         for _, n in self.dense:
             shared += passes(3, n)
-        return Work(local, shared, Ops(), Ops(), "one")
+        return Work(local, shared, Ops(), "one")
 
 
-class PowerSGDStream(Stream):
-    """PowerSGD in three passes over the learners (see the module docstring)."""
-
-    def __init__(self, scheme: Any, learners: int, numel: int) -> None:
-        self.compressor, self.memory = scheme.compressor, scheme.memory
-        self.n, self.d = learners, numel
-
-    def begin(self, read_row: Any) -> None:
-        c = self.compressor
-        self.q = c.warm_q(self.d)
-        self.dense = torch.zeros(self.d)
-        self.p = [torch.zeros(rows, c.rank) for _, rows, _ in c.matrices]
-
-    def _matrix(self, row: torch.Tensor, j: int) -> torch.Tensor:
-        offset, rows, cols = self.compressor.matrices[j]
-        return row[offset : offset + rows * cols].view(rows, cols)
-
-    def learner(self, i: int, g: torch.Tensor) -> None:
-        p, _ = self.memory.compensate(i, g)
-        for offset, numel in self.compressor.dense:
-            self.dense[offset : offset + numel] += p[offset : offset + numel]
-        for j, q in enumerate(self.q):
-            self.p[j] += self._matrix(p, j) @ q
-        self.memory.park(i, p)
-
-    def finish(self) -> StepOutcome:
-        c, n, store = self.compressor, self.n, self.memory.m
-        ps = [torch.linalg.qr(p / n, mode="reduced").Q for p in self.p]
-        qs = [torch.zeros_like(q) for q in self.q]
-        for i in range(n):
-            row = store.load(i)
-            for j, p in enumerate(ps):
-                qs[j] += self._matrix(row, j).T @ p
-        estimate = self.dense / n
-        for j, (offset, rows, cols) in enumerate(c.matrices):
-            self.q[j] = qs[j] / n
-            estimate[offset : offset + rows * cols] = (ps[j] @ self.q[j].T).reshape(-1)
-        for i in range(n):
-            row = store.load(i)
-            torch.sub(row, estimate, out=row)
-            for offset, numel in c.dense:  # sent as they were: no residual (PowerSGD)
-                row[offset : offset + numel] = 0.0
-            store.save(i, row)
-            self.memory.norms.append(row_norm(row))
-        return StepOutcome(
-            estimate=estimate,
-            transfers=c.transfers(),
-            selected=[self.d] * n,
-            memory_norm=self.memory.norm(),
+def fits(plan: Any, params: Mapping[str, float]) -> None:
+    """Refuse a plan with no matrix PowerSGD compresses at its rank."""
+    rank = int(params["rank"])
+    if not any(matrices_of(m.shapes, rank)[0] for m in plan.messages if not m.dense):
+        raise UsageError(
+            f"powersgd at rank {rank} compresses no parameter of this scope (needs a "
+            "matrix with (rows + cols) * rank < rows * cols / 2)"
         )
-
-
-def _online(c: PowerSGD, p: torch.Tensor, comm: Communicator) -> OnlineStep:
-    """PowerSGD's two all-reduces, with the replay's matrices, warm start and residual
-    rule (uncompressed parameters are sent as they are)."""
-    world, d, r = comm.size, p.numel(), c.rank
-    q = c.warm_q(d, p.dtype)
-    dense = [p[offset : offset + numel] for offset, numel in c.dense]
-    matrices = [p[o : o + a * b].view(a, b) for o, a, b in c.matrices]
-    first = torch.cat(dense + [(m @ qj).reshape(-1) for m, qj in zip(matrices, q, strict=True)])
-    transfers = [Transfer("allreduce", nbytes(first))]
-    comm.allreduce(first)
-    first /= world
-    estimate = torch.zeros_like(p)
-    position = 0
-    for offset, numel in c.dense:
-        estimate[offset : offset + numel] = first[position : position + numel]
-        position += numel
-    ps = []
-    for _, a, _ in c.matrices:
-        ps.append(torch.linalg.qr(first[position : position + a * r].view(a, r)).Q)
-        position += a * r
-    if matrices:
-        second = torch.cat([(m.T @ pm).reshape(-1) for m, pm in zip(matrices, ps, strict=True)])
-        transfers.append(Transfer("allreduce", nbytes(second)))
-        comm.allreduce(second)
-        second /= world
-        position = 0
-        for j, ((offset, a, b), pm) in enumerate(zip(c.matrices, ps, strict=True)):
-            q[j] = second[position : position + b * r].view(b, r).clone()
-            position += b * r
-            estimate[offset : offset + a * b] = (pm @ q[j].T).reshape(-1)
-    sent = estimate.clone()
-    for offset, numel in c.dense:
-        sent[offset : offset + numel] = p[offset : offset + numel]
-    return OnlineStep(sent, estimate, tuple(transfers), d)
 
 
 def build(ctx: Any) -> Compressor:
-    compressor = PowerSGD(ctx.shapes, rank=int(ctx.params["rank"]), seed=ctx.seed)
-    if not compressor.matrices:
-        raise UsageError(
-            f"powersgd at rank {int(ctx.params['rank'])} compresses no parameter of this "
-            "scope (needs a matrix with (rows + cols) * rank < rows * cols / 2)"
-        )
-    return compressor
+    return PowerSGD(ctx.shapes, rank=int(ctx.params["rank"]), seed=ctx.seed)

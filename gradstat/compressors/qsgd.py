@@ -1,7 +1,7 @@
 """QSGD (Alistarh et al. 2017): per bucket of ``bucket`` elements one float32 norm and per
 element a signed level in ``[-s, s]`` rounded stochastically (unbiased), sent as int8
 (int16 when ``s > 127``, as GRACE does); all-gathered; no error feedback. Each learner
-draws its own random stream (``Context.own_seed``)."""
+draws its own random stream, seeded from (``--seed``, step, learner, message)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor
-from gradstat.compressors.exchange import Tensors
+from gradstat.compressors.base import Compressor, Exchange
+from gradstat.compressors.exchange import Call, Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, passes, stack_ops
+from gradstat.compressors.work import Ops, Work, passes
 
 
 class QSGD(Compressor):
@@ -32,7 +32,13 @@ class QSGD(Compressor):
         self.level_dtype = torch.int8 if levels <= 127 else torch.int16
         self.generator = torch.Generator().manual_seed(seed)
 
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """The generic exchange, drawing from this call's own seed."""
+        self.generator = call.generator()
+        return (yield from super().exchange(p, call))
+
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
+        tensor = tensor.reshape(-1)
         d = tensor.numel()
         padded = torch.nn.functional.pad(tensor, (0, (-d) % self.bucket)).view(-1, self.bucket)
         norms = torch.linalg.vector_norm(padded, dim=1, keepdim=True)
@@ -58,9 +64,9 @@ class QSGD(Compressor):
         # pad (2), bucket norms (1), |p| (2), / norm (3), x s (2), noise, + (3), floor (2),
         # clamp (2), sign (2), x (3), to int8 (1.25); decode: to float, pad, x norm, / s
         encode = memory.work(numel) + passes(23.25, numel, 12) + Ops(random=numel)
-        return Work(encode, Ops(), passes(10.25, numel, 4), stack_ops(numel), "all")
+        return Work(encode, Ops(), passes(10.25, numel, 4), "all")
 
 
 def build(ctx: Any) -> Compressor:
     levels, bucket = int(ctx.params["levels"]), int(ctx.params["bucket"])
-    return QSGD(levels, bucket, seed=ctx.own_seed)
+    return QSGD(levels, bucket)

@@ -1,27 +1,34 @@
-"""The compressor registry: names, parameters, rates and their error-feedback memories.
+"""The compressor registry: names, parameters, rates, memories, and the scheme that runs
+one of them over a plan.
 
-A compressor is named on the command line as ``NAME[:PARAM=VALUE[:PARAM=VALUE]]``, e.g.
-``clt-k:beta=0.1``, ``powersgd:rank=2`` or ``sidco-gpd:stages=3:stage_fit=mle:zeros=include``
-(a choice parameter is stored as the index of its word in :data:`CHOICES`). Sparsifiers
-take their density from ``--ratios``; fixed-rate compressors (casts, sign, QSGD,
-TernGrad, PowerSGD) ignore it and are replayed once. :func:`build_scheme` pairs a
-compressor with its memory.
+A compressor is named on the command line as ``NAME[:PARAM=VALUE[:PARAM=VALUE]][+MEMORY]``,
+e.g. ``clt-k:beta=0.1``, ``powersgd:rank=2``, ``terngrad+residual`` or
+``sidco-gpd:stages=3:stage_fit=mle:zeros=include`` (a choice parameter is stored as the
+index of its word in :data:`CHOICES`; parsing: :mod:`gradstat.compressors.spec`).
+Sparsifiers take their density from ``--ratios`` and apply it to every message of the
+plan (``k = max(1, round(ratio * numel))`` for the built-ins, GRACE's ``max(1, int(numel
+* ratio))`` for a user's class); fixed-rate compressors (casts, sign, QSGD, TernGrad,
+PowerSGD) ignore it and are replayed once. :func:`build_scheme` pairs a compressor with
+its memory over a plan (:mod:`gradstat.compressors.plan`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
 import torch
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.exchange import StepOutcome, Stream
-from gradstat.compressors.memory import TensorRows
+from gradstat.compressors.exchange import Call
+from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
+from gradstat.compressors.plan import Plan
+from gradstat.compressors.simulated import Reduce, sum_in_order
 from gradstat.errors import UsageError
+from gradstat.stats.density import k_for
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
 
 #: Parameters that take a word: their choices, stored by index (the default is index 0).
@@ -30,8 +37,9 @@ CHOICES: dict[str, tuple[str, ...]] = {"zeros": ZEROS, "stage_fit": STAGE_FITS}
 
 @dataclass(frozen=True)
 class Context:
-    """What a compressor is built for, once per learner: its rate, the scope's size and
-    parameter shapes, its parameters, the scheme's ``seed`` and the ``learner``."""
+    """What a compressor is built for, once per learner and message: its rate and ``k``
+    there, the message's size and its parameters' ``shapes``, the compressor's
+    parameters, the scheme's ``seed``, the ``learner``."""
 
     ratio: float | None
     k: int | None
@@ -40,23 +48,21 @@ class Context:
     params: Mapping[str, float]
     seed: int
     learner: int = 0
-    #: state the learners of one replayed scheme share (a calibrated threshold; in
-    #: training each learner has its own and the compressor's ``online`` agrees on it)
-    shared: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    @property
-    def own_seed(self) -> int:
-        """The seed of a random stream of this learner's own (QSGD's levels, DGC's
-        sample): ``seed + 7919 learner``; a draw all learners share uses ``seed``."""
-        return self.seed + 7919 * self.learner
+
+def grace_k(ratio: float, numel: int) -> int:
+    """GRACE's elements kept of ``numel`` at density ``ratio``: ``max(1, int(numel * ratio))``."""
+    return max(1, int(numel * ratio))
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One registered compressor: how to build it (once per learner), whether its rate is
-    fixed (it ignores ``--ratios``), and its parameters with their defaults. ``build``:
-    a function of the :class:`Context`, or ``"MODULE[:FUNCTION]"`` naming one in
-    ``gradstat.compressors`` (``FUNCTION`` defaults to ``build``), imported on first use."""
+    """One registered compressor: how to build it (once per learner and message),
+    whether its rate is fixed (it ignores ``--ratios``), and its parameters with their
+    defaults. ``build``: a function of the :class:`Context`, or ``"MODULE[:FUNCTION]"``
+    naming one in ``gradstat.compressors`` (``FUNCTION`` defaults to ``build``), imported
+    on first use; ``fits``: likewise a function of the plan and parameters that refuses a
+    plan the compressor cannot run on (PowerSGD without a matrix)."""
 
     build: Callable[[Context], Compressor] | str
     fixed_rate: bool
@@ -64,24 +70,42 @@ class Entry:
     params: Mapping[str, float] = field(default_factory=dict)
     #: Among ``recommend``'s default candidates (reference behaviours run on request).
     candidate: bool = True
+    #: The collectives ``:collective=`` may choose (the first is the default); empty for a
+    #: compressor with an exchange of its own (CLT-k's broadcast, gTop-k's tree).
+    collectives: tuple[str, ...] = ("allgather",)
+    #: Elements a density keeps of a message: the built-ins' rule, or GRACE's.
+    k_rule: Callable[[float, int], int] = k_for
+    fits: str | None = None
+
+    def _function(self, named: Callable | str, default: str) -> Callable:
+        if callable(named):
+            return named
+        module, _, function = named.partition(":")
+        home = import_module(f"gradstat.compressors.{module}")
+        return getattr(home, function or default)
 
     def make(self, context: Context) -> Compressor:
-        """One learner's compressor object."""
-        if callable(self.build):
-            return self.build(context)
-        module, _, function = self.build.partition(":")
-        home = import_module(f"gradstat.compressors.{module}")
-        return getattr(home, function or "build")(context)
+        """One learner's compressor object for one message."""
+        return self._function(self.build, "build")(context)
+
+    def check(self, plan: Plan, params: Mapping[str, float]) -> None:
+        """Refuse a plan the compressor cannot run on (a :class:`UsageError`)."""
+        if self.fits is not None:
+            self._function(self.fits, "fits")(plan, params)
 
 
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
+#: Payloads that add up element-wise: all-reduced by default, all-gathered on request.
+_SUMS = ("allreduce", "allgather")
 #: Every built-in compressor: one module each, one line here.
 REGISTRY: dict[str, Entry] = {
-    "none": Entry("none", True, "dense float32 all-reduce", candidate=False),
-    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce"),
-    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce"),
+    "none": Entry("none", True, "dense float32 all-reduce", candidate=False, collectives=_SUMS),
+    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce", collectives=_SUMS),
+    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce", collectives=_SUMS),
     "topk": Entry("topk", False, "exact top-k, all-gather"),
-    "randomk": Entry("randomk", False, "random-k with a shared seed, all-reduce of values"),
+    "randomk": Entry(
+        "randomk", False, "random-k with a shared seed, all-reduce of values", collectives=()
+    ),
     "threshold": Entry(
         "estimated:build_threshold",
         False,
@@ -108,10 +132,21 @@ REGISTRY: dict[str, Entry] = {
         "estimated:build_sidco_gamma_gpd", False, "SIDCo-GP (gamma, then GPD)", _SIDCO
     ),
     "clt-k": Entry(
-        "cltk", False, "ScaleCom cyclic local top-k with low-pass memory", {"beta": 1.0}
+        "cltk",
+        False,
+        "ScaleCom cyclic local top-k with low-pass memory",
+        {"beta": 1.0},
+        collectives=(),
     ),
-    "gtopk": Entry("gtopk", False, "global top-k by tree merge"),
-    "powersgd": Entry("powersgd", True, "PowerSGD rank-r, warm-started", {"rank": 4}),
+    "gtopk": Entry("gtopk", False, "global top-k by tree merge", collectives=()),
+    "powersgd": Entry(
+        "powersgd",
+        True,
+        "PowerSGD rank-r, warm-started",
+        {"rank": 4},
+        collectives=(),
+        fits="powersgd:fits",
+    ),
     "signsgd": Entry("signsgd:build_majority", True, "signSGD with majority vote"),
     "ef-signsgd": Entry("signsgd:build_ef", True, "scaled sign with error feedback"),
     "qsgd": Entry(
@@ -123,23 +158,26 @@ REGISTRY: dict[str, Entry] = {
 
 @dataclass(frozen=True)
 class CompressorSpec:
-    """A compressor name with its parameters (registry defaults filled in); ``custom``:
-    the entry of a compressor that is not a built-in (a user's class), else None."""
+    """A compressor name with its parameters (registry defaults filled in); ``memory``:
+    the error-feedback memory named after ``+`` (a
+    :class:`~gradstat.compressors.spec.MemorySpec`; None: the compressor's own default);
+    ``collective``: ``allgather`` or ``allreduce`` given as ``:collective=``, else None."""
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
-    custom: Entry | None = None
+    memory: Any = None
+    collective: str | None = None
 
     @property
     def entry(self) -> Entry:
-        return self.custom or REGISTRY[self.name]
+        return REGISTRY[self.name]
 
     @property
     def fixed_rate(self) -> bool:
         return self.entry.fixed_rate
 
     @property
-    def label(self) -> str:
+    def base_label(self) -> str:
         """``name`` plus the parameters that differ from the defaults."""
         changed = [
             f"{key}={CHOICES[key][int(value)] if key in CHOICES else format(value, 'g')}"
@@ -148,99 +186,145 @@ class CompressorSpec:
         ]
         return ":".join([self.name, *changed])
 
+    @property
+    def label(self) -> str:
+        """The spec as the user would write it: :attr:`base_label`, the collective and
+        ``+MEMORY`` where given."""
+        label = self.base_label
+        if self.collective is not None:
+            label += f":collective={self.collective}"
+        return label if self.memory is None else f"{label}+{self.memory.label}"
+
+
+def builtin_memory(name: str, params: Mapping[str, float]) -> Memory:
+    """A fresh built-in memory ``none``, ``residual`` or ``dgc`` with ``params``."""
+    if name == "residual":
+        return ResidualMemory(beta=params.get("beta", 1.0))
+    if name == "dgc":
+        return DGCMemory(momentum=params.get("momentum", 0.9))
+    return NoMemory()
+
 
 class Scheme:
-    """A compressor and its error-feedback memory replayed together over steps.
+    """A compressor and its error-feedback memory over a plan, replayed over steps.
 
-    Every learner has its own compressor object (:meth:`for_learner`, built on first
-    use), as in training; ``compressor`` is learner 0's and ``memory`` serves them all.
-    ``reference`` is the dense update the estimate is judged against: the mean gradient,
-    or for DGC the dense momentum update ``u = mu u + mean(g)`` that momentum correction
-    stands in for (Lin et al. 2018, section 3.2).
+    Every learner has its own compressor object for every message (:meth:`compressor`,
+    built on first use), as in training; ``memory`` serves them all. ``reference`` is
+    the dense update an estimate is judged against: the mean gradient, or for DGC's
+    memory the dense momentum update ``u = mu u + mean(g)`` that momentum correction
+    stands in for (Lin et al. 2018, section 3.2). ``reduce``: the simulated all-reduce
+    (:mod:`gradstat.compressors.simulated`).
     """
 
-    def __init__(self, spec: CompressorSpec, ratio: float | None, context: Context) -> None:
-        self.spec = spec
-        self.ratio = ratio
-        self.context = context
-        self._learners: dict[int, Compressor] = {}
-        self.compressor = self.for_learner(0)
-        self.memory = self.compressor.memory()
-        self._velocity: torch.Tensor | None = None
-        self._stream: Stream | None = None
+    def __init__(
+        self,
+        spec: Any,
+        ratio: float | None,
+        plan: Plan,
+        seed: int = 0,
+        reduce: Reduce = sum_in_order,
+    ) -> None:
+        self.spec, self.ratio, self.plan, self.seed, self.reduce = spec, ratio, plan, seed, reduce
+        self._objects: dict[tuple[int, int], Compressor] = {}
+        self._velocity: dict[int, torch.Tensor] = {}
+        first = self.compressor(0, plan.compressed[0]) if plan.compressed else None
+        self.memory = self._memory(first)
 
-    def for_learner(self, learner: int) -> Compressor:
-        """Learner ``learner``'s compressor object."""
-        if learner not in self._learners:
-            context = replace(self.context, learner=learner)
-            self._learners[learner] = self.spec.entry.make(context)
-        return self._learners[learner]
+    def _memory(self, first: Compressor | None) -> Memory:
+        named = self.spec.memory
+        if named is None:
+            return first.memory() if first is not None else NoMemory()
+        if named.builtin:
+            return builtin_memory(named.name, dict(named.params))
+        from gradstat.compressors.user import user_memory
 
-    def step(self, grads: torch.Tensor, name: str = "model") -> StepOutcome:
-        """One step of every learner's rows ``grads[n, d]`` held in memory (benchmarks,
-        tests): the replay's stream fed the rows in order, the memory in RAM."""
-        n, d = grads.shape
-        if self._stream is None:
-            self.memory.allocate(n, d, TensorRows)
-            self._stream = self.compressor.stream(self, name, n, d)
-        self._stream.begin(lambda i: grads[i])
-        for i in range(n):
-            self._stream.learner(i, grads[i])
-        return self._stream.finish()
+        return user_memory(named)
 
-    def reference(self, mean_grad: torch.Tensor) -> torch.Tensor:
-        """The dense update this step's estimate should match."""
+    def k(self, message: int) -> int | None:
+        """The elements a sparsifier keeps of ``message`` (None at a fixed rate)."""
+        if self.ratio is None:
+            return None
+        return self.spec.entry.k_rule(self.ratio, self.plan.messages[message].numel)
+
+    def compressor(self, learner: int, message: int) -> Compressor:
+        """Learner ``learner``'s compressor object for ``message``."""
+        key = (learner, message)
+        if key not in self._objects:
+            m = self.plan.messages[message]
+            params = dict(self.spec.params)
+            context = Context(
+                self.ratio, self.k(message), m.numel, m.shapes, params, self.seed, learner
+            )
+            made = self.spec.entry.make(context)
+            if self.spec.collective is not None:
+                made.collective = self.spec.collective
+            self._objects[key] = made
+        return self._objects[key]
+
+    def call(self, learner: int, message: int, step: int, learners: int) -> Call:
+        """Where ``learner``'s exchange of ``message`` at recorded ``step`` runs."""
+        m = self.plan.messages[message]
+        return Call(m.name, message, step, learner, learners, self.seed, m.shape, m.shapes)
+
+    def reference(self, message: int, mean_grad: torch.Tensor) -> torch.Tensor:
+        """The dense update ``message``'s estimate this step should match."""
         momentum = self.memory.momentum
-        if not momentum:
+        if not momentum or self.plan.messages[message].dense:
             return mean_grad
-        if self._velocity is None:
-            self._velocity = mean_grad.clone()
+        velocity = self._velocity.get(message)
+        if velocity is None:
+            velocity = self._velocity[message] = mean_grad.clone()
         else:
-            self._velocity.mul_(momentum).add_(mean_grad)
-        return self._velocity
+            velocity.mul_(momentum).add_(mean_grad)
+        return velocity
+
+    @property
+    def memory_label(self) -> str:
+        """The memory that ran, as the records name it."""
+        return self.spec.memory.label if self.spec.memory is not None else self.memory.label
 
     def settings(self) -> dict[str, float]:
         """Concrete settings: the parameters, and each compressor setting's mean over the
-        learners built (SIDCo's adaptive stages differ by learner)."""
+        objects built (SIDCo's adaptive stages differ by learner and message; ``k`` is
+        summed over the messages)."""
         settings = dict(self.spec.params)
-        objects = list(self._learners.values())
+        objects = [c for (learner, _), c in self._objects.items() if learner == 0]
+        if not objects:
+            return settings
         for key in objects[0].settings():
             values = [float(c.settings()[key]) for c in objects]
-            settings[key] = sum(values) / len(values)
+            settings[key] = sum(values) if key == "k" else sum(values) / len(values)
         return settings
 
 
 def build_scheme(
-    spec: CompressorSpec,
+    spec: Any,
     ratio: float | None,
-    k: int | None,
+    plan: Plan,
     *,
-    numel: int,
-    shapes: Sequence[tuple[int, ...]] = (),
     seed: int = 0,
+    reduce: Reduce = sum_in_order,
 ) -> Scheme:
-    """Build ``spec`` at density ``ratio`` keeping ``k`` elements (both ``None`` for
-    fixed-rate compressors) for a scope of ``numel`` elements.
-
-    Raises :class:`UsageError` for a rate the compressor cannot honour: a sparsifier
-    without a ratio, or a ratio that keeps less than one element.
-    """
-    params = dict(spec.params)
+    """Build ``spec`` at density ``ratio`` (``None`` for fixed-rate compressors) over
+    ``plan``. Raises :class:`UsageError` for a rate the compressor cannot honour (a
+    sparsifier without a ratio, a ratio outside (0, 1) or one that keeps less than one of
+    the plan's compressed elements) or a plan it cannot run on."""
     if spec.fixed_rate:
-        ratio = k = None
+        ratio = None
+    elif ratio is None:
+        raise UsageError(f"{spec.label} is a sparsifier: give it a ratio")
+    elif not 0.0 < ratio < 1.0 or not math.isfinite(ratio):
+        raise UsageError(f"ratio {ratio} is outside (0, 1)")
     else:
-        if ratio is None or k is None:
-            raise UsageError(f"{spec.label} is a sparsifier: give it a ratio")
-        if not 0.0 < ratio < 1.0 or not math.isfinite(ratio):
-            raise UsageError(f"ratio {ratio} is outside (0, 1)")
-        if ratio * numel < 1:
+        numel = sum(m.numel for m in plan.messages if not m.dense)
+        if numel and ratio * numel < 1:
             raise UsageError(
                 f"{spec.label} cannot honour ratio {ratio:g} on {numel:,} elements "
                 f"(it keeps less than one element; the smallest density is {1 / numel:.3g})"
             )
-    context = Context(ratio, k, numel, tuple(tuple(s) for s in shapes), params, seed)
+    spec.entry.check(plan, dict(spec.params))
     try:
-        return Scheme(spec, ratio, context)
+        return Scheme(spec, ratio, plan, seed, reduce)
     except ValueError as exc:
         if isinstance(exc, UsageError):
             raise

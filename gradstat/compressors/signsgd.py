@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor, pack_bits, unpack_bits
-from gradstat.compressors.exchange import Stream, Tensors
-from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.streams import LocalStream
-from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, stack_ops, unpack_bits_ops
+from gradstat.compressors.exchange import Tensors
+from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
+from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
 
 class EFSignSGD(Compressor):
@@ -28,14 +27,18 @@ class EFSignSGD(Compressor):
     majority = False
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        scale = tensor.abs().mean().reshape(1)
-        bits = pack_bits((tensor >= 0).to(torch.int32), 1)
-        return (bits, scale), tensor.numel()
+        flat = tensor.reshape(-1)
+        scale = flat.abs().mean().reshape(1)
+        bits = pack_bits((flat >= 0).to(torch.int32), 1)
+        return (bits, scale), flat.numel()
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         bits, scale = tensors
         signs = unpack_bits(bits, 1, ctx).to(scale.dtype) * 2 - 1
         return signs * scale
+
+    def memory(self) -> Memory:
+        return ResidualMemory()
 
     def work(self, numel: int, memory: Memory) -> Work:
         # scale: |p| mean (3); p >= 0 (1 comparison) packed; decode: unpack, 2 s - 1 (4),
@@ -43,7 +46,7 @@ class EFSignSGD(Compressor):
         d = numel
         encode = memory.work(d) + passes(3, d, 2) + Ops(compare=d) + pack_bits_ops(d)
         decode = unpack_bits_ops(d) + passes(6 + (3 if self.majority else 0), d, 3)
-        return Work(encode, Ops(), decode, stack_ops(d), "all")
+        return Work(encode, Ops(), decode, "all")
 
 
 class SignSGD(EFSignSGD):
@@ -54,33 +57,13 @@ class SignSGD(EFSignSGD):
     majority = True
 
     def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``sign(sum of signs)`` times the learners' mean scale."""
         sent = torch.stack(list(tensors))
         scale = sent.abs().mean(dim=1).mean()
         return torch.sign(torch.sign(sent).sum(dim=0)) * scale
 
     def memory(self) -> Memory:
         return NoMemory()
-
-    def stream(self, scheme: Any, name: str, learners: int, numel: int) -> Stream:
-        return MajorityStream(scheme, name, learners, numel)
-
-
-class MajorityStream(LocalStream):
-    """signSGD's vote one row at a time: the sum of the signs and each learner's scale."""
-
-    def start_aggregate(self) -> None:
-        if self.total is None:
-            self.total = torch.zeros(self.d)
-        else:
-            self.total.zero_()
-        self.scales: list[torch.Tensor] = []
-
-    def fold(self, sent: torch.Tensor) -> None:
-        self.total += torch.sign(sent)
-        self.scales.append(sent.abs().mean())
-
-    def estimate(self) -> torch.Tensor:
-        return torch.sign(self.total) * torch.stack(self.scales).mean()
 
 
 def build_majority(ctx: Any) -> Compressor:

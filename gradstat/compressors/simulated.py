@@ -1,135 +1,100 @@
-"""The replay of a compressor known only by its training form: every learner's ``online``
-step run against a simulated communicator.
+"""The replay's side of every exchange: all learners' exchanges driven in lockstep.
 
-A compressor that needs every learner at once and has no streamed form of its own (a
-user's class overriding ``online(p, name, comm)`` only) is replayed by
-:class:`OnlineStream`: the learners' corrected rows are formed one at a time, then each
-learner's ``online`` runs in a thread of its own and their collectives meet in a
-:class:`SimulatedCommunicator` (sums in learner order, so the numbers are those of one
-process adding the rows). It holds every learner's corrected row of the step (n rows),
-where a streamed form holds one.
+Each learner's :meth:`~gradstat.compressors.base.Compressor.exchange` of one message is
+started as its row arrives (compressed up to its first collective); once every learner
+has started, :func:`lockstep` answers their collectives together, one op at a time,
+until every exchange has returned (no threads: the exchanges are generators). An answer
+is formed once and handed to every learner: an all-reduce is ``reduce`` of the learners'
+tensors (:func:`sum_in_order` by default: a float32 sum in learner order, the numbers of
+one process adding the rows; issue 37 plugs the emulation of a ring or tree with a
+number format on the wire in here), an all-gather the learners' payloads copied, a
+:class:`~gradstat.compressors.exchange.Shared` function of the learners' identical
+arguments computed once. The driver that feeds it rows is
+:class:`gradstat.analysis.replay_block.BlockStep`.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
 
-from gradstat.compressors.communicator import Communicator
-from gradstat.compressors.exchange import OnlineStep, StepOutcome, Stream, Transfer
+from gradstat.compressors.exchange import (
+    Sent,
+)
+
+#: ``reduce(tensors)``: the learners' tensors of an all-reduce, in learner order, summed.
+Reduce = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
 
-class Hub:
-    """Where ``size`` simulated learners meet: a barrier, one slot each, and a queue per
-    (sender, receiver) pair for point-to-point messages."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.barrier = threading.Barrier(size)
-        self.slots: list[Any] = [None] * size
-        self.queues = {(a, b): queue.Queue() for a in range(size) for b in range(size)}
-
-    def exchange(self, rank: int, value: Any) -> list[Any]:
-        """Every learner's ``value``, once all have arrived (then the slots are free)."""
-        self.slots[rank] = value
-        self.barrier.wait()
-        values = list(self.slots)
-        self.barrier.wait()
-        return values
+def sum_in_order(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The float32 sum of ``parts`` added in learner order (a fresh tensor)."""
+    total = parts[0].to(torch.float32, copy=True)
+    for part in parts[1:]:
+        total += part
+    return total
 
 
-class SimulatedCommunicator(Communicator):
-    """Learner ``rank``'s end of a :class:`Hub`: the collectives of
-    :class:`~gradstat.compressors.communicator.Communicator` between threads."""
-
-    def __init__(self, hub: Hub, rank: int) -> None:
-        self.hub, self.rank, self.size = hub, rank, hub.size
-        self.overhead_bytes = 0
-
-    def allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = self.hub.exchange(self.rank, tensor.clone())
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return tensor.copy_(total)
-
-    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        return [t.clone() for t in self.hub.exchange(self.rank, tensor.reshape(-1).clone())]
-
-    def broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
-        values = self.hub.exchange(self.rank, tensor.clone() if self.rank == root else None)
-        return tensor.copy_(values[root])
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.hub.queues[self.rank, dst].put(tensor.clone())
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        while True:  # until the message comes, or another learner failed
-            try:
-                return tensor.copy_(self.hub.queues[src, self.rank].get(timeout=0.1))
-            except queue.Empty:
-                if self.hub.barrier.broken:
-                    raise threading.BrokenBarrierError from None
+def advance(exchange: Generator, reply: Any) -> tuple[Any, Sent | None]:
+    """``(next op, None)``, or ``(None, outcome)`` once the exchange has returned."""
+    try:
+        return exchange.send(reply), None
+    except StopIteration as stop:
+        return None, stop.value
 
 
-def run_online(compressors: list[Any], rows: list[torch.Tensor], name: str) -> list[OnlineStep]:
-    """Every learner's ``online`` step on its row, in threads meeting in one hub. A
-    failure in one learner breaks the others' waits and is raised."""
-    hub = Hub(len(rows))
-
-    def one(i: int) -> OnlineStep:
-        try:
-            return compressors[i].online(rows[i], name, SimulatedCommunicator(hub, i))
-        except BaseException:
-            hub.barrier.abort()
-            raise
-
-    with ThreadPoolExecutor(max_workers=len(rows)) as pool:
-        futures = [pool.submit(one, i) for i in range(len(rows))]
-        errors = [e for e in (f.exception() for f in futures) if e is not None]
-    if errors:  # the learner that failed, not those it left waiting
-        broken = threading.BrokenBarrierError
-        raise next((e for e in errors if not isinstance(e, broken)), errors[0])
-    return [f.result() for f in futures]
+def _same(ops: Sequence[Any], what: Callable[[Any], Any], label: str) -> Any:
+    values = [what(op) for op in ops]
+    if any(v != values[0] for v in values):
+        raise RuntimeError(f"the learners' exchanges disagree on {label}: {values}")
+    return values[0]
 
 
-class OnlineStream(Stream):
-    """A compressor's ``online`` form as a replay step (see the module docstring)."""
+def answer(ops: Sequence[Any], reduce: Reduce = sum_in_order) -> list[Any]:
+    """Every learner's reply to the learners' ``ops`` (one op each, of one kind)."""
+    kind = _same(ops, lambda op: type(op).__name__, "the collective")
+    n = len(ops)
+    if kind == "AllReduce":
+        count = _same(ops, lambda op: len(op.tensors), "the tensors all-reduced")
+        summed = [reduce([op.tensors[j] for op in ops]) for j in range(count)]
+        return [summed] * n
+    if kind == "AllGather":
+        gathered = [[t.clone() for t in op.tensors] for op in ops]
+        return [gathered] * n
+    if kind == "Broadcast":
+        root = _same(ops, lambda op: op.root, "the broadcast's root")
+        return [ops[root].tensor.clone()] * n
+    if kind == "Round":
+        return [
+            {peer: [t.clone() for t in ops[peer].sends[i]] for peer in op.receives}
+            for i, op in enumerate(ops)
+        ]
+    if kind == "Shared":
+        _same(ops, lambda op: getattr(op.function, "__func__", op.function), "shared work")
+        return [ops[0].function(*ops[0].args)] * n
+    raise TypeError(f"an exchange yielded {kind}, not a collective")
 
-    def __init__(self, scheme: Any, name: str, learners: int, numel: int) -> None:
-        self.scheme, self.name, self.n, self.d = scheme, name, learners, numel
-        self.memory = scheme.memory
-        self.compressors = [scheme.for_learner(i) for i in range(learners)]
 
-    def begin(self, read_row: Any) -> None:
-        self.rows: list[tuple[torch.Tensor, Any]] = []
+def lockstep(
+    exchanges: Sequence[Generator], ops: list[Any], reduce: Reduce = sum_in_order
+) -> list[Sent]:
+    """Drive the learners' ``exchanges`` (each waiting at its op in ``ops``) to their end."""
+    results: list[Sent | None] = [None] * len(exchanges)
+    while any(op is not None for op in ops):
+        if any(op is None for op in ops):
+            raise RuntimeError("the learners' exchanges made different numbers of collectives")
+        for i, reply in enumerate(answer(ops, reduce)):
+            ops[i], results[i] = advance(exchanges[i], reply)
+    return results  # type: ignore[return-value]
 
-    def learner(self, i: int, g: torch.Tensor) -> None:
-        p, state = self.memory.compensate(i, g)
-        self.rows.append((p.clone(), state))
 
-    def finish(self) -> StepOutcome:
-        steps = run_online(self.compressors, [p for p, _ in self.rows], self.name)
-        for i, ((p, state), step) in enumerate(zip(self.rows, steps, strict=True)):
-            self.memory.update(i, p, step.sent, state)
-        self.rows = []
-        sent_any = torch.zeros(self.d, dtype=torch.bool)
-        for step in steps:
-            sent_any |= step.sent != 0
-        kinds = [t.collective for t in steps[0].transfers]
-        transfers = tuple(
-            Transfer(kind, sum(s.transfers[j].nbytes for s in steps) / self.n)
-            for j, kind in enumerate(kinds)
-        )
-        sparse = self.compressors[0].k is not None
-        return StepOutcome(
-            estimate=steps[0].estimate,
-            transfers=transfers,
-            selected=[s.selected for s in steps],
-            memory_norm=self.memory.norm(),
-            union=int(sent_any.sum()) if sparse else None,
-        )
+def take(
+    row: torch.Tensor, ranges: Sequence[tuple[int, int]], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A message's vector from its block's row: a view of one range, else a copy (into
+    ``out``, a buffer of the message's length, where given)."""
+    if len(ranges) == 1:
+        start, stop = ranges[0]
+        return row[start:stop]
+    return torch.cat([row[start:stop] for start, stop in ranges], out=out)

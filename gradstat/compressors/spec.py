@@ -1,69 +1,61 @@
-"""Compressors of the user's own, named wherever a built-in is.
+"""Compressor specs: what a user names on the command line, parsed and checked.
 
-Besides a registry name (:mod:`gradstat.compressors.registry`), a compressor is named as
+A compressor is named ``COMPRESSOR[+MEMORY]``. ``COMPRESSOR`` is a registry name
+(:mod:`gradstat.compressors.registry`) with ``:PARAM=VALUE`` parameters, or a user's own
+(``MODULE:CLASS``, ``FILE.py:CLASS``, an entry point: :mod:`gradstat.compressors.loader`;
+an entry point with a built-in's name is refused) with optional ``:PARAM=VALUE``
+constructor arguments (integers, floats, ``true`` / ``false`` or text).
+``:collective=allgather`` or ``:collective=allreduce`` (on any spec) chooses how the
+payloads travel. ``MEMORY`` is the error-feedback memory: ``none``, ``residual``
+(``:beta=`` for ScaleCom's low-pass form), ``dgc`` (``:momentum=``), or a user's class
+or function in GRACE's shape named as above with its parameters. Without ``+MEMORY`` a
+built-in runs with its own memory (docs/replay.md), a user's class with its ``memory``
+attribute, else none (GRACE's default).
 
-* ``MODULE:CLASS``: a class importable from the working directory or ``PYTHONPATH``
-  (``mypkg.compressors:TopK``);
-* ``path/to/file.py:CLASS``: a class in a Python file (its folder joins the import path,
-  so the file may import its neighbours);
-* ``NAME``: an entry point of the group ``gradstat.compressors`` that an installed
-  package declares (``[project.entry-points."gradstat.compressors"] mytopk =
-  "mypkg.compressors:TopK"``), listed by ``--compressors list``;
-
-each followed by optional ``:PARAM=VALUE`` constructor arguments (integers, floats,
-``true`` / ``false`` or text). A class whose constructor takes ``compress_ratio``
-(GRACE's name) or ``ratio`` is a sparsifier: each density of ``--ratios`` reaches it
-under that name; a constructor that takes ``seed`` gets ``--seed`` unless the spec sets
-it. The class's protocol and how it runs: :mod:`gradstat.compressors.user`.
-
-Mistakes in a spec (a file or module that does not import, no such class, a class
-without ``compress`` / ``decompress``, a parameter the constructor does not take) are
-:class:`~gradstat.errors.UsageError` (exit 2); a failure inside the user's code is a
-:class:`~gradstat.errors.UserCodeError` (exit 1). Both name the spec, and the user's file
-and line where there is one.
+Mistakes in a spec are :class:`~gradstat.errors.UsageError` (exit 2); a failure inside
+the user's code is a :class:`~gradstat.errors.UserCodeError` (exit 1). Both name the
+spec, and the user's file and line where there is one.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib
-import importlib.metadata
-import importlib.util
 import inspect
 import math
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.registry import CHOICES, REGISTRY, CompressorSpec, Context, Entry
-from gradstat.compressors.user import (
-    Blame,
-    adapter,
-    shown_path,
-    user_frame,
+from gradstat.compressors.loader import (
+    DOCS,
+    GROUP,
+    REQUIRED,
+    Value,
+    check_params,
+    entry_points,
+    is_file,
+    user_class,
 )
+from gradstat.compressors.registry import (
+    CHOICES,
+    REGISTRY,
+    CompressorSpec,
+    Context,
+    Entry,
+    grace_k,
+)
+from gradstat.compressors.user import Blame, UserCompressor
 from gradstat.errors import UsageError
 
-#: The entry-point group installed packages declare their compressors in.
-GROUP = "gradstat.compressors"
-#: Constructor parameters that take a sparsifier's density, in order of preference.
-RATIO_NAMES = ("compress_ratio", "ratio")
-#: The methods every compressor class must have.
-REQUIRED = ("compress", "decompress")
-DOCS = "docs/compressors.md"
-
-Value = int | float | bool | str
-
-
-def entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """Installed packages' compressors: entry-point name -> entry point."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
+#: The built-in error-feedback memories named after ``+``, with their parameters.
+MEMORIES: dict[str, dict[str, float]] = {
+    "none": {},
+    "residual": {"beta": 1.0},
+    "dgc": {"momentum": 0.9},
+}
+#: The collectives ``:collective=`` chooses from.
+COLLECTIVES = ("allgather", "allreduce")
 
 
 def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
@@ -72,11 +64,7 @@ def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
     if head in builtin:
         return False
     second = rest.split(":", 1)[0]
-    return _is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
-
-
-def _is_file(head: str) -> bool:
-    return head.endswith(".py") or "/" in head or os.sep in head
+    return is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
 
 
 def parse_value(text: str) -> Value:
@@ -115,173 +103,13 @@ def split_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
     return head, tuple(params.items())
 
 
-def _import_file(source: str, path: Path) -> Any:
-    if not path.is_file():
-        raise UsageError(f"{source}: no such file {path}")
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    name = f"gradstat_user_{re.sub(r'[^0-9A-Za-z_]', '_', resolved.stem)}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = str(resolved.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)  # the file may import its neighbours
-    spec = importlib.util.spec_from_file_location(name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{source}: {path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        del sys.modules[name]
-        raise _import_error(source, exc, {str(resolved)}) from exc
-    return module
-
-
-def _import_module(source: str, dotted: str) -> Any:
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)  # MODULE:CLASS from the working directory, as ``python -m``
-    try:
-        return importlib.import_module(dotted)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (dotted == exc.name or dotted.startswith(exc.name + ".")):
-            raise UsageError(
-                f"{source}: no module named {exc.name!r} in the working directory or on PYTHONPATH"
-            ) from None
-        raise _import_error(source, exc, set()) from exc
-    except BaseException as exc:
-        raise _import_error(source, exc, set()) from exc
-
-
-def _import_error(source: str, exc: BaseException, files: set[str]) -> UsageError:
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f"{shown_path(exc.filename)}:{exc.lineno}"
-        return UsageError(f"{source}: does not import: SyntaxError: {exc.msg} (at {where})")
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        raise exc
-    where = user_frame(exc, files)
-    at = f" (at {where})" if where else ""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return UsageError(f"{source}: does not import: {text}{at}")
-
-
-def _load_class(source: str) -> type:
-    """The class ``source`` names (``MODULE:CLASS``, ``FILE.py:CLASS`` or an entry point)."""
-    target = source
-    if ":" not in source:
-        found = entry_points().get(source)
-        if found is None and _is_file(source):
-            raise UsageError(f"{source}: name the class too, as {source}:CLASS")
-        if found is None:
-            raise UsageError(f"unknown compressor {source!r}")
-        target = found.value
-        if ":" not in target:
-            raise UsageError(f"{source}: entry point {target!r} names no MODULE:CLASS")
-    where, _, qualname = target.rpartition(":")
-    from_file = _is_file(where)
-    module = _import_file(source, Path(where)) if from_file else _import_module(source, where)
-    found: Any = module
-    for attribute in qualname.split("."):
-        found = getattr(found, attribute, None)
-        if found is None:
-            classes = sorted(
-                n
-                for n, v in vars(module).items()
-                if inspect.isclass(v) and callable(getattr(v, "compress", None))
-            )
-            hint = f" (it has: {', '.join(classes)})" if classes else ""
-            raise UsageError(f"{source}: {shown_path(where)} has no class {qualname!r}{hint}")
-    if not inspect.isclass(found):
-        raise UsageError(f"{source}: {qualname} is a {type(found).__name__}, not a class")
-    for method in REQUIRED:
-        own = getattr(found, method, None)
-        if not callable(own) or own is getattr(Compressor, method):  # gradstat's placeholder
-            raise UsageError(
-                f"{source}: {qualname} has no {method} method (a compressor needs "
-                f"compress(tensor, name) and decompress(tensors, ctx); {DOCS})"
-            )
-        if getattr(getattr(found, method), "__isabstractmethod__", False):
-            raise UsageError(f"{source}: {qualname}.{method} is abstract (GRACE's base class)")
-    return found
-
-
-@functools.cache
-def load_class(source: str, cwd: str) -> type:
-    """:func:`_load_class`, once per process and working directory."""
-    return _load_class(source)
-
-
-@dataclass(frozen=True)
-class UserClass:
-    """A user's class and what its constructor takes."""
-
-    source: str
-    cls: type
-    signature: inspect.Signature
-
-    @property
-    def ratio_name(self) -> str | None:
-        """The parameter the density goes to, ``None`` for a fixed-rate compressor."""
-        names = self.signature.parameters
-        return next((n for n in RATIO_NAMES if n in names), None)
-
-    @property
-    def takes_seed(self) -> bool:
-        return "seed" in self.signature.parameters
-
-    @property
-    def summary(self) -> str:
-        doc = inspect.getdoc(self.cls) or ""
-        return doc.split("\n\n")[0].replace("\n", " ") or self.cls.__name__
-
-
-def user_class(source: str) -> UserClass:
-    """The class ``source`` names with its constructor's signature."""
-    cls = load_class(source, os.getcwd())
-    try:
-        signature = inspect.signature(cls)
-    except (TypeError, ValueError):
-        signature = inspect.Signature()
-    return UserClass(source, cls, signature)
-
-
-def _check_params(part: str, found: UserClass, params: Mapping[str, Value]) -> None:
-    taken = [
-        name
-        for name, p in found.signature.parameters.items()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    name = found.cls.__name__
-    for key in params:
-        if key in RATIO_NAMES and found.ratio_name == key:
-            raise UsageError(f"{part}: give {name}'s density with --ratios, not {key}=")
-    fixed = {found.ratio_name: 0.5} if found.ratio_name else {}
-    if found.takes_seed:
-        fixed.setdefault("seed", 0)
-    try:
-        found.signature.bind(**{**fixed, **params})
-    except TypeError as exc:
-        message = str(exc)
-        missing = re.search(r"missing a required argument: '(\w+)'", message)
-        if missing:
-            raise UsageError(
-                f"{part}: {name} needs {missing.group(1)} (give {part}:{missing.group(1)}=VALUE)"
-            ) from None
-        unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
-        known = ", ".join(t for t in taken if t not in RATIO_NAMES) or "none"
-        what = f"no parameter {unexpected.group(1)!r}" if unexpected else message
-        raise UsageError(f"{part}: {name} takes {what} (its parameters: {known})") from None
-
-
 def build_user(
     label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed, learner=0
 ) -> Compressor:
-    """Learner ``learner``'s instance of the user's class at density ``ratio`` (``None``:
-    fixed rate), behind :class:`UserCompressor`; a subclass of gradstat's
-    :class:`~gradstat.compressors.base.Compressor` runs as it is (its own ``stream`` or
-    ``online`` form: a method needing every learner; its errors are not renamed)."""
+    """Learner ``learner``'s instance of the user's class (or a function's result) at
+    density ``ratio`` (``None``: fixed rate), behind :class:`UserCompressor`; a subclass
+    of gradstat's :class:`~gradstat.compressors.base.Compressor` runs as it is (its own
+    exchange; its errors are not renamed)."""
     found = user_class(source)
     kwargs = dict(params)
     if found.ratio_name is not None and ratio is not None:
@@ -289,22 +117,22 @@ def build_user(
     if found.takes_seed:
         kwargs.setdefault("seed", seed)
     blame = Blame(label, found.cls)
-    obj = blame.call("__init__", found.cls, **kwargs)
-    if isinstance(obj, Compressor):  # on gradstat's protocol already: its own stream, online
+    made = "__init__" if inspect.isclass(found.cls) else found.cls.__name__
+    obj = blame.call(made, found.cls, **kwargs)
+    if isinstance(obj, Compressor):  # on gradstat's protocol already: its own exchange
         if obj.k is None:
             obj.k = k
         return obj
-    return adapter(obj)(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
+    for method in REQUIRED:
+        if not callable(getattr(obj, method, None)):
+            raise blame.wrong(made, found.cls, f"returned an object without {method}()")
+    return UserCompressor(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
 
 
 def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
     """``(source, params)`` of a user's spec, imported and checked (errors: exit 2)."""
     source, params = split_spec(part)
-    found = user_class(source)
-    _check_params(part, found, dict(params))
-    for key, value in params:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"{part}: {key} must be finite")
+    check_params(part, user_class(source), dict(params))
     return source, params
 
 
@@ -313,7 +141,7 @@ def _entry(spec: UserSpec) -> Entry:
 
     def build(ctx: Context) -> Compressor:
         ratio = ctx.ratio if found.ratio_name is not None else None
-        return build_user(
+        made = build_user(
             spec.label,
             spec.source,
             dict(spec.params),
@@ -323,8 +151,15 @@ def _entry(spec: UserSpec) -> Entry:
             seed=ctx.seed,
             learner=ctx.learner,
         )
+        return made
 
-    return Entry(build, found.ratio_name is None, found.summary)
+    return Entry(
+        build, found.ratio_name is None, found.summary, collectives=COLLECTIVES, k_rule=grace_k
+    )
+
+
+def _joined(name: str, params: Sequence[tuple[str, Value]]) -> str:
+    return ":".join([name, *(f"{k}={format_value(v)}" for k, v in params)])
 
 
 @dataclass(frozen=True)
@@ -337,8 +172,7 @@ class UserSpec(CompressorSpec):
     params: tuple[tuple[str, Value], ...] = ()
 
     def __post_init__(self) -> None:
-        part = ":".join([self.name, *(f"{k}={format_value(v)}" for k, v in self.params)])
-        check_user_spec(part)
+        check_user_spec(_joined(self.name, self.params))
 
     @property
     def source(self) -> str:
@@ -353,21 +187,151 @@ class UserSpec(CompressorSpec):
         return user_class(self.source).ratio_name is None
 
     @property
-    def label(self) -> str:
+    def base_label(self) -> str:
         """The spec as written: its source and every parameter given."""
-        return ":".join([self.name, *(f"{k}={format_value(v)}" for k, v in self.params)])
+        return _joined(self.name, self.params)
 
 
-def user_spec(part: str) -> UserSpec:
-    """The :class:`UserSpec` of ``SOURCE[:PARAM=VALUE...]`` (errors: exit 2)."""
-    source, params = split_spec(part)
-    return UserSpec(source, params)
+@dataclass(frozen=True)
+class MemorySpec:
+    """An error-feedback memory named after ``+``: a built-in (:data:`MEMORIES`, its
+    parameters as floats) or a user's class or function (``name`` its source, ``params``
+    its arguments), checked when made."""
+
+    name: str
+    params: tuple[tuple[str, Value], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.builtin:
+            check_params(
+                _joined(self.name, self.params), user_class(self.name, "memory"), dict(self.params)
+            )
+
+    @property
+    def builtin(self) -> bool:
+        return self.name in MEMORIES
+
+    @property
+    def label(self) -> str:
+        if not self.builtin:
+            return _joined(self.name, self.params)
+        defaults = MEMORIES[self.name]
+        changed = [(k, v) for k, v in self.params if v != defaults[k]]
+        return ":".join([self.name, *(f"{k}={v:g}" for k, v in changed)])
+
+    def factory(self) -> Any:
+        """The user's class or function (a built-in has none)."""
+        return user_class(self.name, "memory").cls
+
+
+def parse_memory(text: str, part: str) -> MemorySpec:
+    """The :class:`MemorySpec` of ``MEMORY[:PARAM=VALUE...]`` (errors: exit 2)."""
+    name, *assignments = text.split(":")
+    if name not in MEMORIES:
+        if not (is_file(name) or (assignments and "=" not in assignments[0])):
+            known = ", ".join(MEMORIES)
+            raise UsageError(
+                f"{part}: unknown memory {name!r}; known: {known}, or your own as "
+                f"MODULE:CLASS or FILE.py:CLASS ({DOCS})"
+            )
+        source, params = split_spec(text)
+        return MemorySpec(source, params)
+    allowed = MEMORIES[name]
+    params = dict(allowed)
+    for assignment in assignments:
+        key, _, value = assignment.partition("=")
+        if key not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise UsageError(f"{part}: memory {name} has no parameter {key!r} (known: {known})")
+        params[key] = _number(part, key, value)
+    return MemorySpec(name, tuple(params.items()))
+
+
+def _number(part: str, key: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"{part!r}: {key} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise UsageError(f"{part!r}: {key} must be finite")
+    return number
+
+
+def split_memory(part: str) -> tuple[str, str | None]:
+    """``(compressor, memory)`` of ``COMPRESSOR+MEMORY`` (``memory`` None without ``+``).
+    A ``+`` inside a number (``1e+3``) is no separator."""
+    pieces = re.split(r"\+(?![0-9])", part)
+    if len(pieces) > 2 or any(not p for p in pieces):
+        raise UsageError(f"{part}: expected COMPRESSOR or COMPRESSOR+MEMORY")
+    return pieces[0], pieces[1] if len(pieces) == 2 else None
+
+
+def _collective(part: str, value: Value, allowed: Sequence[str], name: str) -> str:
+    """A ``:collective=`` value, checked against what the compressor can do."""
+    if value not in COLLECTIVES:
+        raise UsageError(f"{part}: collective must be allgather or allreduce, got {value!r}")
+    if value not in allowed:
+        if not allowed:
+            reason = "its exchange is its own"
+        else:
+            reason = "its payloads do not add up element-wise"
+        raise UsageError(f"{part}: {name} cannot use collective={value} ({reason})")
+    return str(value)
+
+
+def _builtin(part: str, text: str, defaults: Mapping[str, float]) -> CompressorSpec:
+    """A registry compressor ``NAME[:PARAM=VALUE...]`` (``defaults``: ``--rank``, ...)."""
+    name, *assignments = text.split(":")
+    entry = REGISTRY[name]
+    allowed = entry.params
+    params = {k: v for k, v in defaults.items() if k in allowed}
+    collective = None
+    for assignment in assignments:
+        key, _, value = assignment.partition("=")
+        if key == "collective":
+            collective = _collective(part, value, entry.collectives, name)
+            continue
+        if key not in allowed:
+            known = ", ".join([*allowed, "collective"])
+            raise UsageError(f"{part!r}: {name} has no parameter {key!r} (known: {known})")
+        if key in CHOICES:
+            if value not in CHOICES[key]:
+                choices = ", ".join(CHOICES[key])
+                raise UsageError(f"{part!r}: {key} must be one of {choices}, got {value!r}")
+            params[key] = float(CHOICES[key].index(value))
+            continue
+        params[key] = _number(part, key, value)
+    filled = tuple((key, float(params.get(key, default))) for key, default in allowed.items())
+    return CompressorSpec(name, filled, collective=collective)
+
+
+def _user(part: str, text: str) -> CompressorSpec:
+    """A user's compressor ``SOURCE[:PARAM=VALUE...]``; ``collective=`` is gradstat's."""
+    source, params = split_spec(text)
+    given = dict(params)
+    collective = given.pop("collective", None)
+    if collective is not None:
+        collective = _collective(part, collective, COLLECTIVES, source)
+    spec = UserSpec(source, tuple(given.items()))
+    return replace(spec, collective=collective) if collective else spec
+
+
+def _refuse_shadowing(name: str) -> None:
+    """An installed package's entry point with a built-in's name is refused (it would
+    be listed as the package's while the built-in runs)."""
+    shadow = entry_points().get(name)
+    if shadow is not None:
+        raise UsageError(
+            f"the entry point {name!r} ({shadow.value}) of an installed package has the "
+            f"name of the built-in {name}: rename it in that package's {GROUP} entry points"
+        )
 
 
 def parse_compressors(
     spec: str | Sequence[str], defaults: Mapping[str, float] | None = None
 ) -> list[CompressorSpec]:
-    """Parse ``topk,clt-k:beta=0.1,powersgd:rank=2`` (or a list of such names).
+    """Parse ``topk,clt-k:beta=0.1,powersgd:rank=2,terngrad+residual`` (or a list of such
+    names; see the module docstring).
 
     ``defaults`` overrides registry defaults for every compressor that has the parameter
     (e.g. ``--rank`` and ``--beta``), unless the name sets it itself.
@@ -378,34 +342,21 @@ def parse_compressors(
         raise UsageError("give at least one compressor")
     specs = []
     for part in parts:
-        name, *assignments = part.split(":")
-        if name not in REGISTRY:
-            if is_user_spec(part, REGISTRY):  # MODULE:CLASS, FILE.py:CLASS, entry point
-                specs.append(user_spec(part))
-                continue
+        text, memory = split_memory(part)
+        name = text.split(":")[0]
+        if name in REGISTRY:
+            _refuse_shadowing(name)
+            made = _builtin(part, text, defaults or {})
+        elif is_user_spec(text, REGISTRY):  # MODULE:CLASS, FILE.py:CLASS, entry point
+            made = _user(part, text)
+        else:
             raise UsageError(
                 f"unknown compressor {name!r}; known: {', '.join(sorted(REGISTRY))}, "
                 "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md)"
             )
-        allowed = REGISTRY[name].params
-        params = {k: v for k, v in (defaults or {}).items() if k in allowed}
-        for assignment in assignments:
-            key, _, value = assignment.partition("=")
-            if key not in allowed:
-                known = ", ".join(allowed) or "none"
-                raise UsageError(f"{part!r}: {name} has no parameter {key!r} (known: {known})")
-            if key in CHOICES:
-                if value not in CHOICES[key]:
-                    choices = ", ".join(CHOICES[key])
-                    raise UsageError(f"{part!r}: {key} must be one of {choices}, got {value!r}")
-                params[key] = float(CHOICES[key].index(value))
-                continue
-            try:
-                params[key] = float(value)
-            except ValueError:
-                raise UsageError(f"{part!r}: {key} must be a number, got {value!r}") from None
-        filled = tuple((key, float(params.get(key, default))) for key, default in allowed.items())
-        specs.append(CompressorSpec(name, filled))
+        if memory is not None:
+            made = replace(made, memory=parse_memory(memory, part))
+        specs.append(made)
     labels = [s.label for s in specs]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:

@@ -18,24 +18,17 @@ GPU. A :class:`Target` holds the few rates the work model
   costs ``max(flops / flops rate, bytes / matmul_bandwidth)``;
 * ``launch``: fixed seconds per kernel launch (GPU) or operator call (CPU).
 
-Built-in GPU profiles take the memory bandwidth and float32 rate from the vendor's
-datasheet; the effective bandwidth is 85 % of the datasheet peak (streaming kernels such
-as BabelStream reach 80-90 % of HBM peak). Their top-k, sort and permutation rates are
-*derived* from the bandwidth, not measured (no GPU was available when they were set up):
-top-k as a radix select of float32 keys (4 digit passes of 8 bits plus a gather, PyTorch's
-multi-block ``topk`` for large inputs; Shanbhag et al. 2018, "Efficient Top-K Query
-Processing on Massively Parallel Hardware", find radix select near memory bandwidth),
-sort and ``randperm`` as an LSD radix sort of 32-bit keys with 32-bit values (4 passes,
-each reading and writing 8 bytes per element, CUB's ``DeviceRadixSort``). ``cpu-here``
-is measured when first used, on the torch threads compression runs with (replay's
-``--threads``, default 1); ``gpu-here`` likewise on the analysis machine's CUDA GPU, with
-the same operations (``benchmarks/gpu_check.sh`` prints it beside the derived profile of
-that GPU). A measured rate is the median of :data:`REPEATS` timed calls after
-:data:`WARMUP` untimed ones, with its spread (interquartile range / median) kept in
-``spread`` and a warning when it exceeds :data:`NOISY_SPREAD`: one measurement of a busy
-machine must not decide a recommendation. ``--target-file`` reads the same fields from
-JSON (:func:`load_target`), also the ``target`` of a ``gradstat recommend --out``
-document, so a report can price compression with the very profile a recommendation used.
+Built-in GPU profiles take the memory bandwidth (85 % of the datasheet peak, as
+BabelStream-like kernels reach) and float32 rate from the vendor's datasheet; their
+top-k, sort and permutation rates are *derived* from the bandwidth, not measured: top-k
+as a radix select (4 digit passes plus a gather; Shanbhag et al. 2018 find radix select
+near memory bandwidth), sort and ``randperm`` as CUB's 4-pass LSD radix sort of (key,
+value) pairs. ``cpu-here`` and ``gpu-here`` are measured when first used, with the same
+operations, on the torch threads compression runs with (``benchmarks/gpu_check.sh``
+prints a GPU's beside its derived profile): each rate the median of :data:`REPEATS` timed
+calls after :data:`WARMUP` untimed ones, its spread (interquartile range / median) in
+``spread``, a warning above :data:`NOISY_SPREAD`. ``--target-file`` reads the same fields
+from JSON (:func:`load_target`), also a ``gradstat recommend --out`` document's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """TernGrad (Wen et al. 2017): ``s = max |p|``, each element ``s * sign * b`` with
 ``b ~ Bernoulli(|p| / s)`` (unbiased); 2-bit codes packed four per byte plus one float32
 ``s``; all-gathered; no error feedback. (The paper's optional gradient clipping is not
-applied.) Each learner draws its own random stream (``Context.own_seed``)."""
+applied.) Each learner draws its own random stream, seeded from (``--seed``, step, learner,
+message)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, pack_bits, unpack_bits
-from gradstat.compressors.exchange import Tensors
+from gradstat.compressors.base import Compressor, Exchange, pack_bits, unpack_bits
+from gradstat.compressors.exchange import Call, Tensors
 from gradstat.compressors.memory import Memory, NoMemory
-from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, stack_ops, unpack_bits_ops
+from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
 
 class TernGrad(Compressor):
@@ -25,7 +26,13 @@ class TernGrad(Compressor):
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """The generic exchange, drawing from this call's own seed."""
+        self.generator = call.generator()
+        return (yield from super().exchange(p, call))
+
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
+        tensor = tensor.reshape(-1)
         scale = tensor.abs().max().reshape(1)
         prob = tensor.abs() / scale.clamp_min(torch.finfo(tensor.dtype).tiny)
         keep = torch.rand(tensor.shape, generator=self.generator, dtype=tensor.dtype) < prob
@@ -46,8 +53,8 @@ class TernGrad(Compressor):
         d = numel
         encode = memory.work(d) + passes(17, d, 10) + Ops(random=d, compare=d)
         encode += pack_bits_ops(d)
-        return Work(encode, Ops(), unpack_bits_ops(d) + passes(6, d, 3), stack_ops(d), "all")
+        return Work(encode, Ops(), unpack_bits_ops(d) + passes(6, d, 3), "all")
 
 
 def build(ctx: Any) -> Compressor:
-    return TernGrad(seed=ctx.own_seed)
+    return TernGrad()

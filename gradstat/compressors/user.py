@@ -1,30 +1,22 @@
 """A user's compressor class (GRACE's shape) on gradstat's protocol.
 
-A user's class needs two methods, GRACE's (Xu et al. 2021, ``grace_dl.torch.Compressor``):
-``compress(tensor, name) -> (tensors, ctx)`` (the tensors go on the wire, ``ctx`` stays
-with the learner) and ``decompress(tensors, ctx) -> tensor``. Optional, as in GRACE and
-gradstat's protocol (:mod:`gradstat.compressors.base`): ``aggregate(decompressed)``
-(default: their sum), ``average`` (default True: the aggregate is divided by the number
-of learners), ``collective`` (``"allgather"``, or ``"allreduce"`` for payloads that add
-up), ``sparse`` (how the elements sent are counted), ``describe(ctx)`` and ``memory``, a
-GRACE memory (``compensate(tensor, name)`` / ``update(tensor, name, compressor,
-tensors, ctx)``, e.g. GRACE's ``ResidualMemory``) or a class or function making one;
-without it gradstat's residual error feedback runs (``m = p - decompress(compress(p))``).
-
-:class:`UserCompressor` runs such an object, one per learner: bytes on the wire are the
-payload tensors' sizes; each ``compress`` draws from torch's and numpy's global
-generators seeded from the run's seed, the step and the learner (their state outside is
-kept); a GRACE memory is applied around ``compress`` with the real payload and ``ctx``,
-as GRACE's ``Communicator.send_step`` does; a failure inside the user's code is a
+A user's class needs GRACE's ``compress(tensor, name) -> (tensors, ctx)`` and
+``decompress(tensors, ctx) -> tensor`` (Xu et al. 2021); optional, as in GRACE and
+:mod:`gradstat.compressors.base`: ``aggregate``, ``average``, ``collective``, ``sparse``,
+``describe(ctx)`` and ``memory`` (a GRACE memory class or function, ``"none"`` or
+``"residual"``; without it none, GRACE's default; ``+MEMORY`` in the spec wins).
+:class:`UserCompressor` runs one per learner and message: bytes on the wire are the
+payload tensors' sizes; ``compress`` gets a copy of the vector and draws from torch's
+and numpy's global generators seeded from (seed, recorded step, learner, message), their
+state outside kept; a failure inside the user's code is a
 :class:`~gradstat.errors.UserCodeError` naming the spec, the method and the user's file
-and line.
+and line (:class:`Blame`).
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-import math
 import os
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -35,10 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradstat.compressors.base import Compressor
-from gradstat.compressors.exchange import Tensors
-from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory
-from gradstat.compressors.work import Ops, passes
+from gradstat.compressors.base import Compressor, Exchange
+from gradstat.compressors.exchange import Call, Tensors
+from gradstat.compressors.memory import Memory, NoMemory, ResidualMemory, UserMemory
 from gradstat.errors import UserCodeError
 
 COLLECTIVES = ("allgather", "allreduce")
@@ -97,8 +88,9 @@ class Blame:
     def __init__(self, label: str, cls: type) -> None:
         self.label = label
         self.cls = cls
+        owners = getattr(cls, "__mro__", (cls,))  # a class and its bases, or a function
         self.files = {
-            os.path.realpath(f) for f in (_defined_in(c) for c in cls.__mro__) if f is not None
+            os.path.realpath(f) for f in (_defined_in(c) for c in owners) if f is not None
         }
 
     def error(self, method: str, message: str, where: str | None) -> UserCodeError:
@@ -118,11 +110,6 @@ class Blame:
     def wrong(self, method: str, function: Any, message: str) -> UserCodeError:
         """An error about what ``method`` returned, at its definition."""
         return self.error(method, message, definition(function))
-
-
-def seed_for(seed: int, step: int, learner: int) -> int:
-    """The seed of one learner's draws at one step (numpy's SeedSequence of the three)."""
-    return int(np.random.SeedSequence([seed, step, learner]).generate_state(1, np.uint32)[0])
 
 
 @contextmanager
@@ -151,26 +138,14 @@ def _describe(tensors: Any) -> str:
     return type(tensors).__name__
 
 
-class OwnMemory(NoMemory):
-    """The scheme's memory of a class that brings its own: the class's memory runs inside
-    :meth:`UserCompressor.compress`; its norm is unknown to gradstat (NaN), its work
-    priced as a residual memory's."""
-
-    def update(self, i: int, p: torch.Tensor, sent: torch.Tensor, state: Any) -> None:
-        self.norms.append(math.nan)
-
-    def work(self, numel: int) -> Ops:
-        return passes(6, numel, 2)
-
-
 class UserCompressor(Compressor):
     """A user's compressor object (see the module docstring) as a gradstat compressor,
-    one per learner (``learner``).
+    one per learner and message.
 
     ``k`` is the target count of a sparsifier (``None`` for fixed-rate ones), used for
-    the quality column; unless the class sets ``sparse``, a sparsifier's elements sent and
-    build-up are the non-zeros of its decompressed vectors (``sparse = None``) and a
-    fixed-rate compressor sends every element (``False``).
+    the quality column; unless the class sets ``sparse``, the elements sent and the
+    build-up are counted from the payload (:func:`~gradstat.compressors.base.
+    payload_count`).
     """
 
     name = "user"
@@ -178,16 +153,14 @@ class UserCompressor(Compressor):
     def __init__(
         self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int, learner: int = 0
     ) -> None:
-        self.obj = obj
+        self.obj = self.grace = obj  # ``grace``: what a GRACE memory's update is handed
         self.blame = blame
         self.k = k
-        sparse = getattr(obj, "sparse", None if k is not None else False)
+        sparse = getattr(obj, "sparse", None)
         if sparse not in (None, True, False):
             raise blame.wrong("sparse", type(obj), f"is {sparse!r}; use True, False or None")
         self.sparse = sparse
         self.numel = numel
-        self.seed = seed
-        self.learner = learner
         collective = getattr(obj, "collective", "allgather")
         if collective not in COLLECTIVES:
             raise blame.wrong(
@@ -197,43 +170,34 @@ class UserCompressor(Compressor):
             )
         self.collective = collective
         self.average = bool(getattr(obj, "average", True))
-        self._calls = 0
-        self._own_memory: Any = None
-        self._memory = getattr(obj, "memory", None)
-
-    @property
-    def own_memory(self) -> bool:
-        """Whether the class brings its own (GRACE-shaped) error-feedback memory."""
-        return self._memory is not None
+        self._seed = seed
+        memory = getattr(obj, "memory", None)
+        if isinstance(memory, str) and memory not in ("none", "residual"):
+            raise blame.wrong("memory", type(obj), f"is {memory!r}; use none, residual or a class")
+        self._memory = memory
 
     def memory(self) -> Memory:
-        """A class with its own memory applies it inside :meth:`compress`."""
-        return OwnMemory() if self.own_memory else ResidualMemory()
+        """The class's ``memory``: a GRACE memory class or function, ``"residual"``
+        (gradstat's), else none (GRACE's default)."""
+        made = self._memory
+        if made is None or made == "none":
+            return NoMemory()
+        if made == "residual":
+            return ResidualMemory()
+        if not callable(made):
+            prototype = made
+            made = lambda: copy.deepcopy(prototype)  # noqa: E731 (an instance: one copy each)
+        return UserMemory(made, self.blame, getattr(made, "__name__", "memory"))
 
-    def _learner_memory(self) -> Any:
-        memory = self._own_memory
-        if memory is None:
-            made = self._memory
-            if inspect.isclass(made) or (callable(made) and not hasattr(made, "compensate")):
-                made = self.blame.call("memory", made)
-            else:
-                made = copy.deepcopy(made)
-            for method in ("compensate", "update"):
-                if not callable(getattr(made, method, None)):
-                    raise self.blame.wrong(
-                        "memory", type(self.obj), f"has no {method} method (GRACE's Memory)"
-                    )
-            memory = self._own_memory = made
-        return memory
+    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
+        """The generic exchange; ``compress`` draws from this call's seed."""
+        self._seed = call.seed_of() % 2**32
+        return (yield from super().exchange(p, call))
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
-        step, self._calls = self._calls, self._calls + 1
         obj, blame = self.obj, self.blame
-        memory = self._learner_memory() if self.own_memory else None
-        with seeded(seed_for(self.seed, step, self.learner), tensor.device):
-            if memory is not None:
-                tensor = blame.call("memory.compensate", memory.compensate, tensor, name)
-            result = blame.call("compress", obj.compress, tensor, name)
+        with seeded(self._seed, tensor.device):
+            result = blame.call("compress", obj.compress, tensor.clone(), name)
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
             raise blame.wrong(
                 "compress", obj.compress, f"returned {_describe(result)}; return (tensors, ctx)"
@@ -249,8 +213,6 @@ class UserCompressor(Compressor):
                 obj.compress,
                 f"returned tensors {_describe(tensors)}; the tensors must be a list of tensors",
             )
-        if memory is not None:
-            blame.call("memory.update", memory.update, tensor, name, obj, list(tensors), ctx)
         return tuple(tensors), ctx
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
@@ -279,16 +241,12 @@ class UserCompressor(Compressor):
         describe = getattr(self.obj, "describe", None)
         return {} if describe is None else dict(self.blame.call("describe", describe, ctx))
 
-    def settings(self) -> dict[str, float]:
-        return {} if self.k is None else {"k": self.k}
-
-
-class UserAggregating(UserCompressor):
-    """A user's compressor with an ``aggregate`` of its own (the drivers divide by the
-    number of learners when ``average``, GRACE's communicators)."""
-
     def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        function = self.obj.aggregate
+        """The class's ``aggregate`` of the decoded vectors (GRACE's base class: their
+        sum), else their sum; the drivers divide by the learners when ``average``."""
+        function = getattr(self.obj, "aggregate", None)
+        if function is None:
+            return super().aggregate(tensors)
         total = self.blame.call("aggregate", function, list(tensors))
         if not isinstance(total, torch.Tensor) or total.numel() != self.numel:
             raise self.blame.wrong(
@@ -297,13 +255,9 @@ class UserAggregating(UserCompressor):
         return total.reshape(-1).to(torch.float32)
 
 
-def adapter(obj: Any) -> type[UserCompressor]:
-    """The adapter class for ``obj``: :class:`UserAggregating` where its class has an
-    ``aggregate`` other than a plain sum (GRACE's base class sums, which the replay keeps
-    as a running sum of one row)."""
-    own = getattr(type(obj), "aggregate", None)
-    plain = own is None or (
-        getattr(own, "__qualname__", "") == "Compressor.aggregate"
-        and (getattr(own, "__module__", "") or "").startswith("grace_dl")
-    )
-    return UserCompressor if plain else UserAggregating
+def user_memory(named: Any) -> Memory:
+    """The memory of a :class:`~gradstat.compressors.spec.MemorySpec` naming a user's
+    class or function, made with its parameters once per learner."""
+    factory = named.factory()
+    params = dict(named.params)
+    return UserMemory(lambda: factory(**params), Blame(named.label, factory), named.label)

@@ -1,11 +1,11 @@
-"""The work model: what one learner's compression costs, timed on a target profile.
+"""The work model: what one learner's compression costs on another machine (an estimate).
 
-A compressor's time on the training machine is not the time it took on the analysis
-machine. Each compressor counts its own *work* per learner and step (its ``work(numel,
-memory)`` method, :class:`Work`, from the operations its module performs, the same code
-the DDP hooks run; a memory's passes are ``memory.work(numel)``; a class without a model
-of its own gets :func:`generic_work`), and :func:`seconds` times that work with a
-:class:`~gradstat.compressors.targets.Target`:
+On the analysis machine compression is measured (:mod:`gradstat.analysis.pricing`); for
+another ``--target`` each compressor counts its own *work* per learner and message (its
+``work(numel, memory)`` method, :class:`Work`, from the operations its module performs;
+a memory's passes are ``memory.work(numel)``; a class without a model of its own, a
+user's, gets the generic :func:`generic_work`), and :func:`seconds` times that work with
+a :class:`~gradstat.compressors.targets.Target`:
 
     t = (bytes / bandwidth + topk_in / topk_rate + topk_out * topk_per_selected
         + sort / sort_rate + randperm / randperm_rate + compare / compare_rate
@@ -13,26 +13,15 @@ of its own gets :func:`generic_work`), and :func:`seconds` times that work with 
         + max(mm_flops / flops, mm_bytes / matmul_bandwidth)) * CALIBRATION
         + launches * launch
 
-Counts are in elements of the scope (``d``), ``k`` selected elements and float32 values
-(4 bytes). A pass is one read or one write of a float32 vector (``4d`` bytes); an
-element-wise binary op such as ``p = g + m`` costs 3 passes.
-
-Work is split by who does it, because the replay and training differ there:
-
-* ``local``: every learner, every step (compensate, encode, memory update);
-* ``shared``: work the replay does once for all learners but every learner does in
-  training (CLT-k's leader top-k, which every learner waits for; random-k's permutation;
-  PowerSGD's orthogonalisation and reconstruction);
-* ``per_payload``: decoding one received payload (all-gathers: one per learner;
-  all-reduces: one; gTop-k: one merge per tree level);
-* ``replay_extra``: the replay's own bookkeeping per learner (it stacks every learner's
-  dense contribution and averages them; it counts the union of sparse sets), which
-  training does not do.
-
-:meth:`Work.online` is one learner's time in training with ``n`` learners;
-:meth:`Work.replay` predicts the replay's measured ``compress_seconds`` (all learners'
-work divided by ``n``), which is how the model is calibrated (benchmarks/cost_model.py,
-docs/replay.md).
+Counts are in elements of the message (``d``), ``k`` selected elements and float32
+values (4 bytes). A pass is one read or one write of a float32 vector (``4d`` bytes); an
+element-wise binary op such as ``p = g + m`` costs 3 passes. Work is split by who does
+it: ``local`` (compensate, encode, memory update), ``shared`` (the same on every learner:
+CLT-k's leader top-k, random-k's permutation, PowerSGD's orthogonalisation) and
+``per_payload`` (decoding one received payload: all-gathers one per learner, all-reduces
+one, gTop-k one merge per tree level). :meth:`Work.online` is one learner's work in
+training with ``n`` learners; benchmarks/cost_model.py calibrates it against the price
+measured here (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -121,7 +110,6 @@ class Work:
     local: Ops
     shared: Ops
     per_payload: Ops
-    replay_extra: Ops
     #: how many payloads one learner decodes in training: ``n`` (all-gather), ``1``
     #: (all-reduce) or ``log2 n`` (gTop-k's merges on a learner's path).
     received: str
@@ -133,12 +121,6 @@ class Work:
             return float(math.ceil(math.log2(n))) if n > 1 else 0.0
         return 1.0
 
-    def payloads_replay(self, n: int) -> float:
-        """Payloads the replay decodes per learner (it aggregates once for everyone)."""
-        if self.received == "tree":
-            return (n - 1) / n
-        return 1.0
-
     def online(self, n: int) -> Ops:
         """One learner's work in training with ``n`` learners. Received payloads are
         decoded together (one batch of kernels, as the hooks do), so their launches count
@@ -147,15 +129,6 @@ class Work:
             self.per_payload * self.payloads_online(n), launches=self.per_payload.launches
         )
         return self.local + self.shared + payloads
-
-    def replay(self, n: int) -> Ops:
-        """The replay's work per learner with ``n`` replayed learners."""
-        return (
-            self.local
-            + self.shared * (1.0 / n)
-            + self.per_payload * self.payloads_replay(n)
-            + self.replay_extra
-        )
 
 
 def pack_bits_ops(d: int) -> Ops:
@@ -168,17 +141,6 @@ def unpack_bits_ops(d: int) -> Ops:
     return passes(5.25, d, 4)
 
 
-def stack_ops(d: int) -> Ops:
-    """The replay's dense aggregate: it adds every learner's dense contribution (2) and
-    averages (1)."""
-    return passes(3, d, 2)
-
-
-def union_ops(k: int) -> Ops:
-    """The union of the learners' sparse index sets (build-up)."""
-    return Ops(sort=k, launches=2)
-
-
 def generic_work(compressor: Any, memory: Any, d: int) -> Work:
     """The work of a compressor with no model of its own (a user's class): the memory's
     passes, a read of the vector, and a payload of ``k`` values (sparsifiers) or ``d``
@@ -188,10 +150,4 @@ def generic_work(compressor: Any, memory: Any, d: int) -> Work:
         encode, decode = passes(2, d, 2), passes(2, d, 1)
     else:
         encode, decode = passes(1, d, 2) + Ops(topk_in=d, topk_out=k), scatter(k)
-    return Work(memory.work(d) + encode, Ops(), decode, stack_ops(d), "all")
-
-
-def compressor_work(compressor: Any, memory: Any, d: int) -> Work:
-    """The :class:`Work` of ``compressor`` with ``memory`` on a scope of ``d`` elements:
-    the compressor's own model (``compressor.work``)."""
-    return compressor.work(d, memory)
+    return Work(memory.work(d) + encode, Ops(), decode, "all")

@@ -1,56 +1,70 @@
-"""Every registry compressor with an online form as a DDP communication hook.
+"""Every compressor as a DDP communication hook, message by message as buckets arrive.
 
-``compression_hook(name, ratio=..., **params)`` returns ``(hook, state)`` for
-``ddp.register_comm_hook(state, hook)``. The compressor and its error-feedback memory are
-the replay's own (:func:`gradstat.compressors.registry.build_scheme`; this learner's
-compressor object is ``Scheme.for_learner(rank)``), and one step is the compressor's
-``online`` form with a :class:`~gradstat.compressors.communicator.TorchCommunicator`, so
-online and offline run the same compressor code.
+``compression_hook(name, ratio=..., granularity="bucket", **params)`` returns ``(hook,
+state)`` for ``ddp.register_comm_hook(state, hook)``. The compressor, its memory and the
+communication plan are the replay's own (:func:`gradstat.compressors.registry.
+build_scheme` over :func:`gradstat.compressors.plan.build_plan` of the model's trainable
+parameters), and one message is its compressor's exchange driven by a
+:class:`~gradstat.compressors.communicator.TorchCommunicator`: online and offline run the
+same compressor code on the same messages.
 
-**Whole-model compression, as the replay.** DDP calls a hook once per gradient bucket,
-while the replay compresses the flat model vector (scope ``model``: every trainable
-parameter in ``named_parameters`` order, the capture's layer table). The hook therefore
-collects the buckets of a step: each bucket's gradients are copied into one flat vector
-at their parameters' offsets and the bucket gets a future that is not yet complete. When
-the last bucket of the step arrives (every element collected), the state compensates
-with its memory, runs the exchange once on the whole vector, updates its memory and
-completes every pending future with its slice of the aggregate. DDP waits on the
-futures only once the backward pass is over, so nothing blocks. The price is that no
-communication overlaps the backward pass (as with any whole-model compressor).
+**Per bucket, overlapping the backward pass.** DDP calls the hook once per gradient
+bucket as its gradients become ready. The hook copies the bucket's gradients into the
+flat row and hands every message of the plan whose parameters have all arrived to a
+worker thread, which compensates it with its memory, runs its exchange, updates the
+memory and writes the aggregate; the backward pass goes on meanwhile. A bucket's future
+completes once the messages holding its parameters are done. At ``bucket`` granularity
+(DDP's rule, the default) a message is its bucket: it is exchanged as soon as DDP hands
+it over, as PyTorch's own hooks do (DDP's first iteration hands every parameter in one
+bucket: the messages then go once it arrives). At ``model`` granularity the one message
+goes with the last bucket; at ``tensor`` each parameter as its bucket arrives. One
+worker runs the messages in the plan's order of completion, which is the same on every
+learner, so their collectives meet.
 
 The state keeps, for recording (``GradientCapture`` writes it as the ``sent`` dataset)
-and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32,
-``m_{t+1} = p_t - sent_t`` for plain error feedback), ``estimate`` (the aggregate every
-learner applied), ``transfers`` (the bytes it put into each collective) and
-``overhead_bytes``. The hooks compute on the CPU and need a gloo process group for
-their collectives (``process_group=``): the replay compressors are CPU code.
+and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32, in
+the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
+``estimate`` (the aggregate every learner applied), ``transfers`` (the bytes it put into
+each collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
+the replay numbers the recorded steps of a capture that starts at 0: random draws and
+CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
+and run their collectives on a gloo process group: ``process_group=``, else one of
+their own made when the state is bound (so they never meet DDP's own collectives).
 """
 
+import json
 import math
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from gradstat.compressors.base import Compressor
 from gradstat.compressors.communicator import TorchCommunicator
-from gradstat.compressors.exchange import Transfer
+from gradstat.compressors.exchange import SparseRow, Transfer
 from gradstat.compressors.memory import TensorRows
+from gradstat.compressors.plan import MIB, Plan, build_plan, ddp_bucket_caps
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
-from gradstat.stats.density import k_for
+from gradstat.store.schema import layer_table
 
-#: Registry compressors that have no online form (none: every one has).
-OFFLINE_ONLY: frozenset[str] = frozenset()
+
+def _put(row: torch.Tensor, slices, vector: torch.Tensor | SparseRow) -> None:
+    """A message's flat ``vector`` into ``row`` at its ``slices``."""
+    flat = vector.dense() if isinstance(vector, SparseRow) else vector.reshape(-1)
+    position = 0
+    for offset, numel in slices:
+        row[offset : offset + numel] = flat[position : position + numel]
+        position += numel
 
 
 class CompressionState:
-    """The state of a compression hook: the scheme, its memory and the last step's
-    outcome (see the module docstring). Bind it to the model's parameters before the
-    first backward pass (``compression_hook(..., model=ddp)`` or ``GradientCapture``
-    does it)."""
+    """The state of a compression hook (see the module docstring). Bind it to the model's
+    parameters before the first backward pass (``compression_hook(..., model=ddp)`` or
+    ``GradientCapture`` does it)."""
 
     def __init__(
         self,
@@ -60,6 +74,9 @@ class CompressionState:
         *,
         process_group: dist.ProcessGroup | None = None,
         seed: int = 0,
+        granularity: str = "bucket",
+        dense: str | None = None,
+        dense_below: int = 0,
     ) -> None:
         spec = name if isinstance(name, CompressorSpec) else parse_compressors(name)[0]
         unknown = sorted(set(params) - set(spec.entry.params))
@@ -68,21 +85,24 @@ class CompressionState:
             raise UsageError(f"{name} has no parameter {unknown[0]!r} (known: {known})")
         if params:
             assignments = ":".join(f"{k}={float(v):g}" for k, v in params.items())
-            spec = parse_compressors(f"{spec.name}:{assignments}")[0]
+            spec = parse_compressors(f"{spec.base_label}:{assignments}")[0]
         if not spec.fixed_rate and ratio is None:
             raise UsageError(f"{name} is a sparsifier: give it a ratio")
         self.spec = spec
         self.ratio = None if spec.fixed_rate else ratio
         self.process_group = process_group
         self.seed = seed
+        self.plan_options: dict[str, Any] = {
+            "granularity": granularity,
+            "dense": dense,
+            "dense_below": dense_below,
+        }
+        build_plan(
+            layer_table([("check", (1,))]), granularity, dense=dense, dense_below=dense_below
+        )
         self.scheme: Scheme | None = None
-        self.compressor: Compressor | None = None
-        self.numel = 0
-        self._slots: dict[Any, tuple[int, int]] = {}
-        self._flat: torch.Tensor | None = None
-        self._collected = 0
-        self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []
-        self.steps = 0
+        self.plan: Plan | None = None
+        self.step = 0
         self.sent: torch.Tensor | None = None
         self.estimate: torch.Tensor | None = None
         self.transfers: tuple[Transfer, ...] = ()
@@ -96,8 +116,8 @@ class CompressionState:
     def settings(self) -> dict[str, float]:
         """The compressor's settings (as ``recommend`` reports them) and its ratio."""
         settings = {}
-        if self.scheme is not None and self.compressor is not None:
-            settings = {**dict(self.spec.params), **self.compressor.settings()}
+        if self.scheme is not None:
+            settings = self.scheme.settings()
         if self.ratio is not None:
             settings["ratio"] = self.ratio
         return settings
@@ -107,88 +127,170 @@ class CompressionState:
         """Bytes this learner put into the last step's collectives."""
         return sum(t.nbytes for t in self.transfers)
 
-    def bind(self, parameters: list[torch.nn.Parameter] | Any) -> None:
-        """Lay the trainable ``parameters`` end to end (in this order) and build the
-        compressor for that flat vector, as the replay does for scope ``model``."""
-        params = [p for p in parameters if p.requires_grad]
-        if not params:
+    def bind(self, model: torch.nn.Module) -> None:
+        """Lay the trainable parameters of ``model`` (a DDP model or its module) end to
+        end (``named_parameters`` order, the capture's layer table) and build the plan
+        (``bucket`` with a DDP model's caps) and the compressor on them."""
+        module = getattr(model, "module", model)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
             raise UsageError("the model has no trainable parameter to compress")
-        offset, shapes = 0, []
-        self._slots = {}
-        for param in params:
-            self._slots[param] = (offset, param.numel())
-            shapes.append(tuple(param.shape))
-            offset += param.numel()
-        self.numel = offset
-        k = None if self.ratio is None else k_for(self.ratio, self.numel)
-        self.scheme = build_scheme(
-            self.spec, self.ratio, k, numel=self.numel, shapes=shapes, seed=self.seed
-        )
-        rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
-        self.compressor = self.scheme.for_learner(rank)
-        self.scheme.memory.allocate(1, self.numel, TensorRows)
-        self._flat = torch.zeros(self.numel)
+        layers = layer_table([(n, tuple(p.shape)) for n, p in named])
+        options = dict(self.plan_options)
+        caps = ddp_bucket_caps(model)
+        if options["granularity"] == "bucket" and caps is not None:
+            options["granularity"] = f"bucket:{caps[0] / MIB:g}"
+            options["first_bucket_bytes"] = caps[1]
+        self.plan_options = options
+        self.plan = build_plan(layers, **options)
+        self.scheme = build_scheme(self.spec, self.ratio, self.plan, seed=self.seed)
+        self.scheme.memory.allocate(1, self.plan, TensorRows)
+        if self.process_group is None and dist.is_initialized():
+            # a gloo group of its own (made on every rank, as binding is): the worker's
+            # collectives never meet DDP's own (find_unused_parameters' all-reduce)
+            self.process_group = dist.new_group(backend="gloo")
+        self.rank = dist.get_rank(self.process_group) if dist.is_initialized() else 0
+        self.world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+        self._slots = {
+            p: (layer.offset, layer.numel) for (_, p), layer in zip(named, layers, strict=True)
+        }
+        holder = {}
+        for m, message in enumerate(self.plan.messages):
+            for offset, _ in message.slices:
+                holder[offset] = m
+        self._message_of = {p: holder[offset] for p, (offset, _) in self._slots.items()}
+        self._needs = [len(m.slices) for m in self.plan.messages]
+        numel = layers[-1].stop
+        self._flat, self.sent, self.estimate = (torch.zeros(numel) for _ in range(3))
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="gradstat-compress")
+        self._start_step()
 
-    def bind_for_capture(self, module: torch.nn.Module, layers: str | None) -> None:
-        """Bind to the captured model; the capture must record every parameter, so that
-        its ``grad`` and ``sent`` rows are the vectors the hook compressed."""
+    def bind_for_capture(self, model: Any, layers: str | None) -> None:
+        """Bind to the captured model (the DDP model: its bucket caps become the plan's);
+        the capture must record every parameter, so that its ``grad`` and ``sent`` rows
+        are the vectors the hook compressed."""
         if layers:
             raise UsageError(
-                "a compression hook compresses the whole model: record every layer "
-                "(no layers regex) so that grad and sent rows are the compressed vector"
+                "a compression hook compresses every parameter: record every layer "
+                "(no layers regex) so that grad and sent rows are the vectors it compressed"
             )
         if self.scheme is None:
-            self.bind(list(module.parameters()))
+            self.bind(model)
+
+    def plan_meta(self) -> dict[str, str]:
+        """The capture's record of the plan (``compressor_plan``: how to replay the run)."""
+        return {"compressor_plan": json.dumps(self.plan_options)}
+
+    def _start_step(self) -> None:
+        self._arrived = [0] * len(self.plan.messages)
+        self._done = [False] * len(self.plan.messages)
+        self._pending: list[tuple[Any, torch.futures.Future, set[int]]] = []
+        self._results: dict[int, Any] = {}
 
     # --- the hook's work ------------------------------------------------------------
     def collect(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        """Copy a bucket into the flat vector; its future completes with the step."""
-        if self.scheme is None or self._flat is None:
+        """Copy a bucket into the flat row; start the messages it completes. Its future
+        completes once the messages holding its parameters are done."""
+        if self.scheme is None:
             raise UsageError(
                 "bind the compression hook's state to the model first: "
                 "compression_hook(..., model=ddp) or GradientCapture(hook=..., hook_state=...)"
             )
-        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
-            slot = self._slots.get(param)
-            if slot is None:
-                raise UsageError("the hook's state was bound to other parameters than DDP's")
-            offset, numel = slot
-            self._flat[offset : offset + numel].copy_(grad.detach().reshape(-1))
-            self._collected += numel
         future: torch.futures.Future = torch.futures.Future()
-        self._pending.append((bucket, future))
-        if self._collected >= self.numel:
-            self._finish_step()
+        needs: set[int] = set()
+        ready = []
+        with self._lock:
+            for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                slot = self._slots.get(param)
+                if slot is None:
+                    raise UsageError("the hook's state was bound to other parameters than DDP's")
+                offset, numel = slot
+                self._flat[offset : offset + numel].copy_(grad.detach().reshape(-1))
+                m = self._message_of[param]
+                needs.add(m)
+                self._arrived[m] += 1
+                if self._arrived[m] == self._needs[m]:
+                    ready.append(m)
+            self._pending.append((bucket, future, needs))
+        for m in sorted(ready):
+            self._worker.submit(self._exchange, m)
         return future
 
-    def _finish_step(self) -> None:
-        assert self.scheme is not None and self._flat is not None and self.compressor
-        memory = self.scheme.memory
-        corrected, state = memory.compensate(0, self._flat)
-        comm = TorchCommunicator(self.process_group)
-        outcome = self.compressor.online(corrected, "model", comm)
-        memory.update(0, corrected, outcome.sent, state)
-        memory.norm()  # the step's norm is not recorded online
-        self.sent, self.estimate = outcome.sent, outcome.estimate
-        self.transfers, self.overhead_bytes = outcome.transfers, outcome.overhead_bytes
-        self.selected = outcome.selected
-        self.steps += 1
-        pending, self._pending, self._collected = self._pending, [], 0
-        for bucket, future in pending:
+    def _exchange(self, m: int) -> None:
+        """Message ``m`` of this step, on the worker thread (see the module docstring)."""
+        try:
+            self._run(m)
+        except BaseException as exc:  # every bucket waiting on it fails with it
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for _, future, _ in pending:
+                future.set_exception(exc)
+            raise
+        self._finish_buckets(m)
+
+    def _run(self, m: int) -> None:
+        scheme, plan = self.scheme, self.plan
+        message = plan.messages[m]
+        g = torch.cat([self._flat[o : o + k] for o, k in message.slices])
+        if message.dense:  # sent as it is: a float32 all-reduce, averaged
+            total = g.clone()
+            dist.all_reduce(total, group=self.process_group)
+            sent, estimate = g, total / self.world
+            result = (sent, estimate, (Transfer("allreduce", 4 * g.numel()),), g.numel(), 0)
+        else:
+            memory = scheme.memory
+            block = memory.places[m][0]
+            rows = memory.open(0, block)
+            call = scheme.call(self.rank, m, self.step, self.world)
+            p = memory.compensate(rows, call, g)
+            communicator = TorchCommunicator(self.process_group)
+            compressor = scheme.compressor(self.rank, m)
+            outcome = communicator.run(compressor.exchange(p.view(call.shape), call))
+            memory.update(rows, call, p, outcome, compressor)
+            memory.close(0, block, rows)
+            sent = outcome.contribution()
+            result = (
+                sent,
+                outcome.estimate,
+                outcome.transfers,
+                outcome.selected,
+                outcome.overhead_bytes,
+            )
+        _put(self.sent, message.slices, result[0])
+        _put(self.estimate, message.slices, result[1])
+        with self._lock:
+            self._results[m] = result
+            self._done[m] = True
+
+    def _finish_buckets(self, m: int) -> None:
+        """Complete the buckets whose messages are all done; at the step's last, close it."""
+        with self._lock:
+            ready = [entry for entry in self._pending if all(self._done[j] for j in entry[2])]
+            self._pending = [entry for entry in self._pending if entry not in ready]
+            last = all(self._done)
+            if last:
+                ordered = [self._results[j] for j in range(len(self._done))]
+                self.transfers = tuple(t for r in ordered for t in r[2])
+                self.selected = sum(r[3] for r in ordered)
+                self.overhead_bytes = sum(r[4] for r in ordered)
+                self.step += 1
+                self._start_step()
+        for bucket, future, _ in ready:
             buffer = bucket.buffer()
-            result = torch.empty_like(buffer)
+            out = torch.empty_like(buffer)
             position = 0
             for param in bucket.parameters():
                 offset, numel = self._slots[param]
-                result[position : position + numel].copy_(outcome.estimate[offset : offset + numel])
+                out[position : position + numel].copy_(self.estimate[offset : offset + numel])
                 position += numel
-            future.set_result(result)
+            future.set_result(out)
 
 
 def _compression_hook(
     state: CompressionState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """The DDP communication hook: collect the bucket, compress once per step.
+    """The DDP communication hook: collect the bucket, exchange the messages it completes.
 
     Annotations are real objects (no postponed evaluation in this module): DDP checks
     that a hook's bucket argument is annotated ``dist.GradBucket``.
@@ -203,16 +305,22 @@ def compression_hook(
     model: torch.nn.Module | None = None,
     process_group: dist.ProcessGroup | None = None,
     seed: int = 0,
+    granularity: str = "bucket",
+    dense: str | None = None,
+    dense_below: int = 0,
     **params: float,
 ):
-    """``(hook, state)`` of registry compressor ``name`` for ``register_comm_hook``.
+    """``(hook, state)`` of compressor ``name`` (a registry name or a user's spec, with
+    ``+MEMORY``) for ``register_comm_hook``.
 
     ``ratio`` is the density k/d of sparsifiers (ignored by fixed-rate compressors);
     ``params`` are the registry parameters (``beta=`` for CLT-k, ``rank=`` for PowerSGD,
     ``momentum=`` for DGC, ``levels=``/``bucket=`` for QSGD, ``stages=`` for SIDCo,
-    ``threshold=``). ``model`` (the DDP model or its module) binds the state now;
-    ``GradientCapture`` binds it otherwise. ``seed`` seeds random-k's shared draw, DGC's
-    sampling, QSGD and TernGrad (each learner draws its own stream for the last three).
+    ``threshold=``). ``granularity`` (``bucket[:MB]``, ``model``, ``tensor``), ``dense``
+    and ``dense_below`` make the plan, as the replay's options. ``model`` (the DDP model
+    or its module) binds the state now, with the DDP model's bucket caps where it is one;
+    ``GradientCapture`` binds it otherwise. ``seed`` seeds the random draws, as the
+    replay's ``--seed``.
 
     Example::
 
@@ -221,8 +329,16 @@ def compression_hook(
     """
     if ratio is not None and not (0.0 < ratio < 1.0 and math.isfinite(ratio)):
         raise UsageError(f"ratio {ratio} is outside (0, 1)")
-    state = CompressionState(name, ratio, params, process_group=process_group, seed=seed)
+    state = CompressionState(
+        name,
+        ratio,
+        params,
+        process_group=process_group,
+        seed=seed,
+        granularity=granularity,
+        dense=dense,
+        dense_below=dense_below,
+    )
     if model is not None:
-        module = getattr(model, "module", model)
-        state.bind(list(module.parameters()))
+        state.bind(model)
     return _compression_hook, state

@@ -48,6 +48,10 @@ class ReportSettings:
     #: compressors of those trained with a user's class (``--trained-with``).
     with_runs: Sequence[str] = ()
     trained_with: Mapping[str, str] = field(default_factory=dict)
+    #: The replay's plan: granularity (None: the capture's own) and dense exclusions.
+    granularity: str | None = None
+    dense: str | None = None
+    dense_below: int = 0
 
 
 @dataclass
@@ -75,7 +79,15 @@ class ReportContext:
     def replay(self) -> tuple[Replay, pd.DataFrame]:
         s = self.settings
         params = ReplayParams(
-            s.compressors, s.ratios, s.link, cost_learners=s.cost_learners, skip_unfit=True
+            s.compressors,
+            s.ratios,
+            s.link,
+            cost_learners=s.cost_learners,
+            skip_unfit=True,
+            granularity=s.granularity,
+            dense=s.dense,
+            dense_below=s.dense_below,
+            tolerate=True,  # a candidate that fails is one warning; the others still run
         )
         run = Replay(self.cap, self.selection, params, compute=self.compute)
         return run, run.run(self.progress("replay"))

@@ -236,12 +236,17 @@ def _overlap(ctx: ReportContext) -> Part:
 def _replay(ctx: ReportContext) -> Part:
     records, n = ctx.replay[1], ctx.cost_learners
     summary = ctx.priced
+    run = ctx.replay[0]
+    priced = ctx.recommendation.priced
+    where = "measured here" if priced == "measured" else f"estimated for {ctx.target.name}"
     reading = (
-        f"Each compressor was replayed with error feedback over {records['step'].nunique()} "
-        f"recorded steps; times are predicted for {counted(n, 'learner')} on the modelled link, "
-        f"compression on {ctx.target.name} from the work model (the times of the "
-        "recommendation below); the replay's own compression time here, the median over "
-        "the warm steps (the first step excluded), is listed beside it with its spread. "
+        f"Each compressor was replayed with its error-feedback memory (the memory column) "
+        f"over {records['step'].nunique()} recorded steps, each step cut into messages at "
+        f"granularity {run.plan.describe()}; times are predicted for "
+        f"{counted(n, 'learner')} on the modelled link, compression {where} (the times of "
+        "the recommendation below); the "
+        "replay's own compression time here, the median over the warm steps (the first "
+        "step excluded), is listed beside it with its spread. "
         + " ".join(answers.replay_answer(summary))
         + " Relative errors above 1 are normal with error feedback: what is sent at a step "
         "includes residuals of earlier steps. Replay is open-loop: it follows the "
@@ -250,6 +255,7 @@ def _replay(ctx: ReportContext) -> Part:
     )
     columns = [
         "compressor",
+        "memory",
         "ratio",
         "density",
         "quality",

@@ -1,0 +1,266 @@
+"""The communication plan: how one step is cut into messages, as training cuts it.
+
+Replay, recommend, the report, the DDP hook, ``compare`` and the cost model share one
+:class:`Plan`, built from the capture's layer table (each trainable parameter's slice of
+the flat row, in ``named_parameters`` order) by :func:`build_plan` at a granularity:
+
+* ``model``: one message, the whole flat vector (every parameter end to end);
+* ``tensor``: one message per parameter, handed to the compressor in its shape (as
+  GRACE compresses each tensor, docs/methods.md 6);
+* ``bucket[:MB]``: DistributedDataParallel's gradient buckets, each one flat message in
+  the order DDP hands them to its hook. DDP's rule, from its behaviour: parameters in
+  reverse registration order (their gradients' order in backward) fill a bucket until it
+  holds at least its cap, 1 MiB for the first and ``bucket_cap_mb`` (25 by default, in
+  MiB) for the others, or the explicit ``bucket_cap_mb`` for all (DDP's first iteration
+  is one bucket; the hook compresses the plan's messages whatever bucket carried them);
+* ``unit``: FSDP2's ``fully_shard`` units (the next granularity, issue 37; refused).
+
+``--dense REGEX`` and ``--dense-below N`` keep matching or small parameters out of the
+compressed messages: in each group (the model, a bucket) they travel as one more message
+sent uncompressed (a float32 all-reduce, no memory), as torch_cgx and PowerSGD send
+biases and norms. A compressor applies its density to each message by its own rule.
+
+A plan also groups its messages into :class:`Block`\\ s: column ranges a replay reads
+together (every message of a block is replayed in lockstep while the block's rows of
+every learner are held; the model is one block, a bucket is one, consecutive tensors
+share blocks of about :data:`BLOCK` values).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gradstat.errors import UsageError
+
+if TYPE_CHECKING:
+    from gradstat.store.schema import Layer
+
+GRANULARITIES = ("model", "tensor", "bucket", "unit")
+#: DDP's defaults: ``bucket_cap_mb`` (MiB) and the first bucket's cap (bytes).
+DDP_BUCKET_CAP_MB = 25.0
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+MIB = 1 << 20
+#: Values of consecutive tensors a replay reads (and holds per learner) together.
+BLOCK = 1 << 22
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message: ``slices`` (offset, numel) of the flat row in message order, the
+    ``shapes`` of the parameters they hold, the ``shape`` the compressor receives (the
+    parameter's at ``tensor`` granularity, else flat) and whether it goes ``dense``."""
+
+    name: str
+    slices: tuple[tuple[int, int], ...]
+    shapes: tuple[tuple[int, ...], ...]
+    shape: tuple[int, ...]
+    dense: bool = False
+
+    @property
+    def numel(self) -> int:
+        return sum(numel for _, numel in self.slices)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Columns read together: ``slices`` of the flat row in column order, and each of its
+    messages (indices into the plan) as ``(start, stop)`` ranges of the block's row."""
+
+    slices: tuple[tuple[int, int], ...]
+    messages: tuple[int, ...]
+    ranges: tuple[tuple[tuple[int, int], ...], ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(numel for _, numel in self.slices)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a step is cut into messages (see the module docstring)."""
+
+    granularity: str
+    messages: tuple[Message, ...]
+    blocks: tuple[Block, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(m.numel for m in self.messages)
+
+    @property
+    def compressed(self) -> list[int]:
+        """Indices of the messages a compressor handles (not sent dense)."""
+        return [i for i, m in enumerate(self.messages) if not m.dense]
+
+    def describe(self) -> str:
+        """``bucket:25 (6 messages, 2 dense)``: what every answer says ran."""
+        dense = len(self.messages) - len(self.compressed)
+        extra = f", {dense} dense" if dense else ""
+        count = len(self.messages)
+        return f"{self.granularity} ({count} message{'s' * (count != 1)}{extra})"
+
+
+def parse_granularity(text: str) -> tuple[str, float | None]:
+    """``(kind, bucket_cap_mb)`` of ``model``, ``tensor``, ``bucket``, ``bucket:MB`` or
+    ``unit`` (a usage error otherwise)."""
+    kind, _, size = text.partition(":")
+    if kind not in GRANULARITIES or (size and kind != "bucket"):
+        raise UsageError(
+            f"--granularity {text!r}: choose model, tensor or bucket[:MB] (docs/replay.md)"
+        )
+    if kind == "unit":
+        raise UsageError(
+            "--granularity unit (FSDP2's fully_shard units) is not supported yet: "
+            "use model, tensor or bucket"
+        )
+    if not size:
+        return kind, None
+    try:
+        cap = float(size)
+    except ValueError:
+        cap = math.nan
+    if not (cap > 0 and math.isfinite(cap)):
+        raise UsageError(f"--granularity {text!r}: the bucket cap must be a positive MiB count")
+    return kind, cap
+
+
+def ddp_bucket_caps(model: object) -> tuple[int, int] | None:
+    """``(bucket cap, first bucket cap)`` in bytes of a DistributedDataParallel model
+    (None for another model): its ``bucket_bytes_cap``, and 1 MiB for the first bucket
+    where DDP uses its default caps (``bucket_bytes_cap_default``), else the cap."""
+    cap = getattr(model, "bucket_bytes_cap", None)
+    if not isinstance(cap, int):
+        return None
+    small_first = bool(getattr(model, "bucket_bytes_cap_default", False))
+    return cap, DDP_FIRST_BUCKET_BYTES if small_first else cap
+
+
+def ddp_buckets(
+    layers: Sequence[Layer], cap_bytes: int, first_bytes: int, element_size: int = 4
+) -> list[list[Layer]]:
+    """DDP's buckets of ``layers`` (see the module docstring): in reverse order, a
+    bucket closes once it holds at least its cap (``first_bytes`` for the first)."""
+    buckets: list[list[Layer]] = []
+    current: list[Layer] = []
+    size, limit = 0, first_bytes
+    for layer in reversed(layers):
+        current.append(layer)
+        size += layer.numel * element_size
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap_bytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _groups(
+    layers: Sequence[Layer], kind: str, cap_mb: float | None, first_bytes: int | None
+) -> list[tuple[str, list[Layer]]]:
+    if kind == "model":
+        return [("model", list(layers))]
+    if kind == "tensor":
+        return [(layer.name, [layer]) for layer in layers]
+    cap = int((DDP_BUCKET_CAP_MB if cap_mb is None else cap_mb) * MIB)
+    if first_bytes is None:
+        first_bytes = DDP_FIRST_BUCKET_BYTES if cap_mb is None else cap
+    buckets = ddp_buckets(layers, cap, first_bytes)
+    return [(f"bucket{i}", bucket) for i, bucket in enumerate(buckets)]
+
+
+def _message(name: str, layers: Sequence[Layer], kind: str, dense: bool) -> Message:
+    shapes = tuple(tuple(layer.shape) for layer in layers)
+    numel = sum(layer.numel for layer in layers)
+    shape = shapes[0] if kind == "tensor" and len(layers) == 1 else (numel,)
+    slices = tuple((layer.offset, layer.numel) for layer in layers)
+    return Message(name, slices, shapes, shape, dense)
+
+
+def _blocks(messages: Sequence[Message], kind: str) -> tuple[Block, ...]:
+    """Messages of a group together (a bucket's compressed and dense parts); at tensor
+    granularity consecutive messages up to :data:`BLOCK` values."""
+    groups: list[list[int]] = []
+    for i, message in enumerate(messages):
+        group = message.name.removesuffix(" (dense)")
+        if groups:
+            previous = messages[groups[-1][-1]].name.removesuffix(" (dense)")
+            size = sum(messages[j].numel for j in groups[-1])
+            if group == previous or (kind == "tensor" and size + message.numel <= BLOCK):
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return tuple(_block(messages, group) for group in groups)
+
+
+def _block(messages: Sequence[Message], members: Sequence[int]) -> Block:
+    pieces = sorted(piece for i in members for piece in messages[i].slices)
+    merged: list[list[int]] = []
+    for offset, numel in pieces:
+        if merged and merged[-1][0] + merged[-1][1] == offset:
+            merged[-1][1] += numel
+        else:
+            merged.append([offset, numel])
+    local, position = {}, 0  # flat offset of each piece -> its place in the block's row
+    for offset, numel in pieces:
+        local[offset] = position
+        position += numel
+    ranges = tuple(
+        _joined([(local[offset], local[offset] + numel) for offset, numel in messages[i].slices])
+        for i in members
+    )
+    return Block(tuple((o, n) for o, n in merged), tuple(members), ranges)
+
+
+def _joined(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges with each one that starts where the one before stops joined to it (a
+    message of one range is a view of its block's row, not a copy)."""
+    joined: list[tuple[int, int]] = []
+    for start, stop in ranges:
+        if joined and joined[-1][1] == start:
+            joined[-1] = (joined[-1][0], stop)
+        else:
+            joined.append((start, stop))
+    return tuple(joined)
+
+
+def build_plan(
+    layers: Sequence[Layer],
+    granularity: str = "model",
+    *,
+    dense: str | None = None,
+    dense_below: int = 0,
+    first_bucket_bytes: int | None = None,
+) -> Plan:
+    """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``)
+    with the parameters matching the regex ``dense`` or smaller than ``dense_below``
+    values sent uncompressed; ``first_bucket_bytes`` overrides the first bucket's cap (a
+    capture's record of its DDP's)."""
+    kind, cap_mb = parse_granularity(granularity)
+    try:
+        pattern = re.compile(dense) if dense else None
+    except re.error as exc:
+        raise UsageError(f"--dense {dense!r} is not a valid regex: {exc}") from None
+    if dense_below < 0:
+        raise UsageError(f"--dense-below {dense_below}: must be >= 0")
+
+    def sent_dense(layer: Layer) -> bool:
+        return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
+
+    messages: list[Message] = []
+    for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes):
+        compressed = [layer for layer in group if not sent_dense(layer)]
+        plain = [layer for layer in group if sent_dense(layer)]
+        if compressed:
+            messages.append(_message(name, compressed, kind, False))
+        if plain:
+            messages.append(
+                _message(name if kind == "tensor" else f"{name} (dense)", plain, kind, True)
+            )
+    label = "bucket" if kind == "bucket" and cap_mb is None else granularity
+    if kind == "bucket" and cap_mb is not None:
+        label = f"bucket:{cap_mb:g}"
+    return Plan(label, tuple(messages), _blocks(messages, kind))
