@@ -17,6 +17,7 @@ from gradstat.analysis.compute import Compute
 from gradstat.analysis.replay import Replay, ReplayParams
 from gradstat.analysis.selection import Selection
 from gradstat.compressors import parse_link
+from gradstat.errors import UsageError
 from gradstat.store import layer_table, open_capture, write_capture
 from tests.helpers import TESTS, run_cli, torchrun
 
@@ -181,7 +182,7 @@ def test_replay_with_scratch_memories_equals_replay_in_memory(tmp_path, monkeypa
 
         monkeypatch.setenv(ef_store.SCRATCH_ENV, str(scratch))  # not made yet
         in_memory = run(None)
-        with pytest.raises(OSError):
+        with pytest.raises(UsageError, match=r"scratch folder .*cannot create a file there"):
             run(1 << 20)
         scratch.mkdir()
         in_scratch = run(1 << 20)

@@ -220,10 +220,10 @@ def test_sent_rows_and_losses_are_checked(tmp_path, capsys):
             cap.read_step(2, dataset="sent")
     result = run_cli(capsys, "info", flipped, "--verify")
     assert_clean_error(result, code=1)
-    assert "rank-00000.h5 (learner 0): steps 2 damaged" in result.stderr
+    assert "rank-00000.h5 (learner 0): step 2 damaged" in result.stderr
     zeroed = _copy(path, tmp_path / "zeroed")
     _edit(zeroed, rank_file_name(1), lambda f: f["loss"].__setitem__(1, 0.0))
-    with pytest.raises(DataError, match=r"rank-00001.h5 \(learner 1\): rows 1 damaged: their"):
+    with pytest.raises(DataError, match=r"rank-00001.h5 \(learner 1\): row 1 damaged: their"):
         open_capture(zeroed)
 
 
@@ -287,7 +287,7 @@ def test_swapped_and_foreign_rank_files_are_refused(synthetic_capture, tmp_path)
         (rank_file_name(2), lambda f: f.attrs.__setitem__("committed", 5), "recorded 6 when"),
         ("capture.h5", lambda f: f.attrs.__setitem__("recorded_ranks", [0, 1, 1]), "recorded_ra"),
         ("capture.h5", lambda f: f.attrs.__setitem__("world_size", 2), "recorded_ranks"),
-        (rank_file_name(0), lambda f: f["step"].__setitem__(3, 2), "rows 3 damaged"),
+        (rank_file_name(0), lambda f: f["step"].__setitem__(3, 2), "row 3 damaged"),
         (rank_file_name(0), lambda f: f.__delitem__("grad_crc32c"), "/grad_crc32c is missing"),
         (rank_file_name(0), lambda f: f.attrs.__setitem__("run_id", "x"), "another capture"),
     ],
@@ -308,7 +308,7 @@ def test_a_repeated_step_in_every_file_is_refused(synthetic_capture):
     path, _ = synthetic_capture
     for rank in range(3):
         _edit(path, rank_file_name(rank), lambda f: f["step"].__setitem__(3, 2))
-    with pytest.raises(DataError, match=r"\(learner 0\): rows 3 damaged"):
+    with pytest.raises(DataError, match=r"\(learner 0\): row 3 damaged"):
         open_capture(path)
 
 

@@ -78,7 +78,7 @@ def test_report_is_valid_html_with_every_section(report_page):
     assert all(src.startswith("data:image/png;base64,") for src in figures)
     assert page.count('<a href="#zoom"') == len(figures)  # every figure opens full size
     assert "http://" not in page and "https://" not in page  # nothing to fetch
-    assert "Assumed: cluster" in page and "target: cpu-here" in page  # what it assumed
+    assert "Assumed: cluster" in page and "compression time: measured here" in page
 
 
 def test_report_leads_with_the_summary_box_and_states_its_assumptions(report_page, real_capture):

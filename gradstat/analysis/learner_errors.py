@@ -4,7 +4,7 @@ What ``noise --compressors`` sets against the sampling noise and ``consistency
 --compressors`` correlates with the learners' agreement: the error a compressor makes on
 one learner's raw gradient, without error feedback (a replay's errors include the
 memories of earlier steps; docs/noise.md). ``C(g_i)`` comes from ONE adapter,
-:func:`compressed`: the learner's compressor object (``Scheme.for_learner``) compresses
+:func:`compressed`: the learner's compressor object (``Scheme.compressor``) compresses
 and decompresses the row through the public GRACE protocol
 (:mod:`gradstat.compressors.base`). Compressors without a per-learner form (CLT-k,
 gTop-k, PowerSGD exchange across learners within the step) are refused when planned.
@@ -24,20 +24,21 @@ import numpy as np
 import torch
 
 from gradstat.analysis.compute import Compute
+from gradstat.analysis.replay import scope_layers
 from gradstat.analysis.row_workspace import read_block
 from gradstat.compressors.base import Compressor
+from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatWarning, UsageError
-from gradstat.stats.density import k_for
 from gradstat.stats.rows import require_finite
-from gradstat.store import Capture, Scope
+from gradstat.store import Capture, Scope, layer_table
 
 
 def compressed(scheme: Scheme, learner: int, row: torch.Tensor, name: str) -> torch.Tensor:
     """``C(g)`` of learner ``learner``'s row ``row`` of scope ``name``: its compressor's
     ``compress`` then ``decompress`` (the one place the compressor API is used here)."""
-    compressor = scheme.for_learner(learner)
+    compressor = scheme.compressor(learner, 0)
     tensors, ctx = compressor.compress(row, name)
     return compressor.decompress(tensors, ctx)
 
@@ -45,7 +46,7 @@ def compressed(scheme: Scheme, learner: int, row: torch.Tensor, name: str) -> to
 def per_learner(scheme: Scheme) -> bool:
     """Whether ``scheme``'s compressor compresses one learner's row on its own (has a
     ``compress`` of its own)."""
-    return type(scheme.compressor).compress is not Compressor.compress
+    return type(scheme.compressor(0, 0)).compress is not Compressor.compress
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,9 @@ def plan_configs(
 
 
 def build(cap: Capture, sc: Scope, spec: CompressorSpec, ratio: float | None, seed: int) -> Scheme:
-    """``spec``'s scheme at ``ratio`` for scope ``sc`` (with its layers' shapes)."""
-    shapes = [
-        layer.shape
-        for layer in cap.layers
-        if any(o <= layer.offset and layer.stop <= o + n for o, n in sc.slices)
-    ]
-    k = None if ratio is None else k_for(ratio, sc.numel)
-    return build_scheme(spec, ratio, k, numel=sc.numel, shapes=shapes, seed=seed)
+    """``spec``'s scheme at ``ratio`` for scope ``sc``: one message, the whole scope
+    (``--granularity model``), as one learner's gradient is compared with its ``C(g)``."""
+    return build_scheme(spec, ratio, build_plan(scope_layers(cap.layers, sc)), seed=seed)
 
 
 def learner_errors(
@@ -156,9 +152,9 @@ def per_learner_names(compressors: str) -> str:
     noise, from its list of replayed compressors (each tried on a scope of 64 values)."""
     kept = []
     for spec in parse_compressors(compressors):
-        ratio, k = (None, None) if spec.fixed_rate else (0.5, 32)
+        ratio = None if spec.fixed_rate else 0.5
         try:
-            scheme = build_scheme(spec, ratio, k, numel=64)
+            scheme = build_scheme(spec, ratio, build_plan(layer_table([("x", (64,))])))
         except UsageError:
             continue
         if per_learner(scheme):

@@ -307,21 +307,13 @@ def build_scheme(
 ) -> Scheme:
     """Build ``spec`` at density ``ratio`` (``None`` for fixed-rate compressors) over
     ``plan``. Raises :class:`UsageError` for a rate the compressor cannot honour (a
-    sparsifier without a ratio, a ratio outside (0, 1) or one that keeps less than one of
-    the plan's compressed elements) or a plan it cannot run on."""
+    sparsifier without a ratio, a ratio outside (0, 1)) or a plan it cannot run on."""
     if spec.fixed_rate:
         ratio = None
     elif ratio is None:
         raise UsageError(f"{spec.label} is a sparsifier: give it a ratio")
     elif not 0.0 < ratio < 1.0 or not math.isfinite(ratio):
         raise UsageError(f"ratio {ratio} is outside (0, 1)")
-    else:
-        numel = sum(m.numel for m in plan.messages if not m.dense)
-        if numel and ratio * numel < 1:
-            raise UsageError(
-                f"{spec.label} cannot honour ratio {ratio:g} on {numel:,} elements "
-                f"(it keeps less than one element; the smallest density is {1 / numel:.3g})"
-            )
     spec.entry.check(plan, dict(spec.params))
     try:
         return Scheme(spec, ratio, plan, seed, reduce)

@@ -61,9 +61,13 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
         + ("s" if ctx.cost_learners != 1 else "")
         + " for the cost model; errors and "
         f"build-up measured with the capture's {cap.learners_text()}",
-        "target hardware": f"communication: the link above; compression: the work model "
-        f"on {_target_text(ctx.target)}; replay's own compression times measured on "
-        f"{machine}",
+        "target hardware": "communication: the link above; compression: "
+        + (
+            f"measured here, each candidate's own code on the capture's messages ({machine})"
+            if ctx.target.name == "cpu-here"
+            else f"the work model on {_target_text(ctx.target)}; replay's own compression "
+            f"times measured on {machine}"
+        ),
         "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
         f"error budget {s.error_budget:g}; fits on {s.fit_steps} evenly spaced steps",
         "same recommendation as": equivalent_command(ctx) if ctx.cost_learners > 1 else "-",
