@@ -138,7 +138,7 @@ def test_torchrun_m_gradstat_every_command(capsys, capture, command):
 
 #: --jobs 2 in make test: one command per kind of unit (rows, step pairs, configurations,
 #: overlap's lags in test_parallel.py); the others, whose units are those, in the slow set
-JOBS_SLOW = {"overlap", "recommend", "noise", "consistency"}
+JOBS_SLOW = {"overlap", "recommend", "noise", "consistency", "buildup", "fit"}
 
 
 @pytest.mark.parametrize(

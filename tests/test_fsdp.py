@@ -167,6 +167,7 @@ def test_refusals_are_one_line_usage_errors(monkeypatch):
         fsdp.check_fsdp_support()
 
 
+@pytest.mark.slow  # two learners: the tests above
 def test_four_learners_one_and_two_dimensional_and_one_learner(tmp_path):
     """Shards over 4 learners (uneven, some empty: the 2 gain rows), HSDP on a 2 x 2 mesh
     in the same launch, and a world of one."""

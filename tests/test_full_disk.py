@@ -131,7 +131,12 @@ def capture(tmp_path_factory) -> Path:
     ("option", "args", "name"),
     [
         ("--csv", ["info", "{cap}", "--csv", "{out}"], "layers.csv"),
-        ("--plot", ["similarity", "{cap}", "--ratios", "0.1", "--plot", "{out}"], "s.png"),
+        pytest.param(
+            "--plot",
+            ["similarity", "{cap}", "--ratios", "0.1", "--plot", "{out}"],
+            "s.png",
+            marks=pytest.mark.slow,  # the same atomic writer as --csv (test_full_disk below)
+        ),
     ],
     ids=["csv", "plot"],
 )

@@ -32,7 +32,12 @@ def _installed(module: str) -> bool:
 @pytest.mark.parametrize(
     "framework",
     [
-        pytest.param(name, marks=pytest.mark.skipif(not _installed(module), reason=f"no {module}"))
+        pytest.param(
+            name,
+            marks=[pytest.mark.skipif(not _installed(module), reason=f"no {module}")]
+            # lightning runs in `make test`; the others share its path (make test-slow)
+            + ([] if name == "lightning" else [pytest.mark.slow]),
+        )
         for name, module in FRAMEWORKS.items()
     ],
 )

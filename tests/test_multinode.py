@@ -73,6 +73,7 @@ def _check_four_learners(path):
         assert not np.allclose(grads[0], grads[2])  # each learner its own shard
 
 
+@pytest.mark.slow  # the launcher's checks: test_a_node_that_never_joins, test_merge_*
 def test_two_nodes_share_one_folder(tmp_path):
     out = tmp_path / "shared"
     (_, _), (stdout0, _) = _run_nodes(out, out)

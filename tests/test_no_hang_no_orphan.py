@@ -61,7 +61,9 @@ def slow_fit(tmp_path_factory) -> Path:
     return write_capture(path, grads, layer_table([("w", (400_000,))]))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
+)
 def test_jobs_workers_end_with_their_parent(slow_fit, signum):
     """Regression: `fit --dist all --method mle --jobs 2` stopped with SIGTERM left both
     workers and the resource tracker running (still there 115 s later)."""

@@ -79,7 +79,7 @@ def test_an_error_that_cannot_travel_is_named():
     )
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_records_warnings_and_errors_are_the_same_in_every_mode(small_cap, jobs):
     expected = [
         {"step": i, "sum": float(small_cap.read_row(s, 0).sum())}

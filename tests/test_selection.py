@@ -146,7 +146,7 @@ def test_compute_validates_and_sizes_blocks():
         parse_bytes("lots", "--memory")
 
 
-@pytest.mark.parametrize("jobs", [None, 2])
+@pytest.mark.parametrize("jobs", [None, pytest.param(2, marks=pytest.mark.slow)])
 def test_progress_moves_once_a_step_whatever_the_units(synthetic_capture, jobs):
     """A unit is a run of steps (one per process); progress still counts each step once,
     in this process and in workers alike."""
