@@ -22,7 +22,7 @@ stated model of :mod:`gradstat.analysis.cluster`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -32,6 +32,7 @@ from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.pricing import measure_price
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.screening import SCREEN_VALUES, Screen, announce, sample_for, screen
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
@@ -78,6 +79,8 @@ class Recommendation:
     priced: str = "measured"
     #: The plan every candidate ran on (``plan.describe()``), and the memories used.
     plan: str = "model"
+    #: The screen on a column sample, when one ran (:mod:`gradstat.analysis.screening`).
+    screen: Screen | None = None
 
     def assumptions(self) -> list[str]:
         """What the prediction assumes: target, link, collective algorithms, cluster."""
@@ -197,6 +200,7 @@ class Recommendation:
             "priced": self.priced,
             "granularity": self.plan,
             "buildup": {k: v.to_dict() for k, v in (self.buildup or {}).items()},
+            "screen": self.screen.to_dict() if self.screen is not None else None,
             "assumptions": self.assumptions(),
             "explanation": self.explanation(),
             "candidates": [
@@ -259,8 +263,10 @@ class RecommendParams:
     """What to choose among and how to judge: the ``error_budget`` (largest acceptable
     mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
     ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``, the
-    ``target`` hardware compression is timed on (default ``cpu-here``) and the torch
-    ``threads`` the replay measures compression with."""
+    ``target`` hardware compression is timed on (default ``cpu-here``), the torch
+    ``threads`` the replay measures compression with, and ``screen``: the values per
+    learner of the column sample every candidate is screened on first (0: none;
+    :mod:`gradstat.analysis.screening`)."""
 
     error_budget: float = defaults.ERROR_BUDGET  # as `gradstat report`
     link: Link = None  # a Link, "10Gbit/s[,5us]" or (bandwidth, latency); None: defaults
@@ -274,6 +280,7 @@ class RecommendParams:
     granularity: str | None = None
     dense: str | None = None
     dense_below: int = 0
+    screen: int = SCREEN_VALUES
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -308,21 +315,36 @@ def recommend(
     *,
     compute: Compute | None = None,
     progress: Progress = no_progress,
+    say: Callable[[str], None] = lambda text: None,
 ) -> Recommendation:
     """Replay the candidates over the selection (the whole model by default) and pick the
     fastest within budget. Ratios a sparsifier cannot honour on this capture are skipped
-    with a warning."""
+    with a warning. On a large capture the candidates are screened on a column sample
+    first (:mod:`gradstat.analysis.screening`) and only those that can still win replay
+    the whole model; ``say`` gets the line of what will run (before the work) and one
+    per group the screen dropped."""
     if params is None:
         raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
     run = Replay(capture, selection, params.replay_params(), compute=compute)
-    records = run.run(progress)
-    return choose(
+    sample = sample_for(run.selection.scopes(capture)[0], run.plan, params.screen)
+    if len(run.plans) > 1 or len(run.schemes) < 2:
+        sample = None
+    say(announce(run, sample))
+    screened = None
+    if sample is not None:
+        screened = screen(run, sample, params.error_budget, progress=progress)
+        for group in screened.dropped:
+            say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
+    records = run.run(progress, only=screened.survivors if screened is not None else None)
+    result = choose(
         run,
         records,
         error_budget=params.error_budget,
         baseline=params.baseline,
         target=params.target,
     )
+    result.screen = screened
+    return result
 
 
 def _scheme_of(run: Replay, row) -> tuple:

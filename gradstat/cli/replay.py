@@ -392,12 +392,18 @@ def recommend_command(
                 "it for N learners"
             )
         tick = lambda units: progress(units, "recommend")  # noqa: E731
-        result = recommend(cap, Selection.of(cap, steps), params, compute=compute, progress=tick)
+        selection = Selection.of(cap, steps)
+        result = recommend(cap, selection, params, compute=compute, progress=tick, say=_note)
     show(recommend_result(result), Output(as_json, csv))
     if result.winner is None:
         raise _nothing_fits(result.closest, error_budget)
     if out is not None:
         _write_recommendation(result, out)
+
+
+def _note(text: str) -> None:
+    """A line of what recommend does (plain text on stderr, never markup)."""
+    err_console.print(f"note: {escape(text)}", highlight=False, soft_wrap=False)
 
 
 def target_profile(target: str, target_file: Path | None, threads: int):

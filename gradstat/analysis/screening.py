@@ -1,0 +1,281 @@
+"""The screen of ``recommend``: every candidate on a column sample first, then only
+those that can still win on the whole model.
+
+Replaying every default candidate (about 40) over a large capture costs some hundred
+times one top-k replay, nearly all of it their compression (docs/replay.md). So the
+candidates are first replayed side by side over every selected step and learner, with
+their memories, on a **column sample**: the leading rows of every parameter (``ceil(r /
+f)`` of a parameter's ``r`` rows; one value at least), cut into the same messages and
+blocks as the plan (:func:`~gradstat.compressors.plan.regrouped`), about
+:data:`SCREEN_VALUES` values (more where the plan has many messages: at least
+:data:`MIN_MESSAGE` per compressed message, so that per-call costs do not dominate the
+sample's times). On the sample each candidate's mean relative error is measured, and
+its time per step at full size predicted: the communication of the alpha-beta model
+with the link's bandwidth divided by ``f`` (the sample's messages are ``f`` times
+smaller, so that the byte terms are those of the full messages and the latency terms
+unchanged) plus ``f`` times its measured compression time per learner, ``f`` the
+compressed values of the plan over those of the sample.
+
+A candidate is dropped when its error on the sample is far outside the budget (more
+than :data:`ERROR_MARGIN` times it), or when it is predicted more than
+:data:`TIME_MARGIN` times slower than the fastest candidate clearly within the budget
+(an error at most the budget over :data:`ERROR_MARGIN`), which wins over it unless its
+own error on the whole model is that much worse than on the sample. The others (and any
+whose code failed on the sample: the full replay reports it) are replayed on the whole
+model. A capture too small for the sample to save work (under :data:`MIN_FRACTION`
+times the sample) is not screened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from gradstat.analysis.ef_store import scratch_folder
+from gradstat.analysis.replay import Replay
+from gradstat.analysis.replay_records import COLUMNS, step_records, summarize_replay
+from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
+from gradstat.compressors.cost import Link
+from gradstat.compressors.plan import Message, Plan, regrouped
+from gradstat.compressors.registry import Scheme, build_scheme
+from gradstat.formatting import counted
+from gradstat.parallel.progress import Progress, no_progress
+from gradstat.sizes import format_bytes
+from gradstat.store import Scope
+from gradstat.threads import torch_threads
+
+__all__ = ["SCREEN_VALUES", "Dropped", "Screen", "announce", "sample_for", "sample_plan", "screen"]
+
+#: Values per learner and step the screen replays (the sample's size).
+SCREEN_VALUES = 1 << 18
+#: Least values of each compressed message in the sample.
+MIN_MESSAGE = 1 << 15
+#: The screen runs only when the plan is at least this many times the sample.
+MIN_FRACTION = 4.0
+#: Dropped: error on the sample over this times the budget ...
+ERROR_MARGIN = 1.5
+#: ... or predicted more than this times slower than the fastest clearly within it.
+TIME_MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The screen's columns: ``scope`` (the sampled columns of the replayed scope),
+    ``plan`` (the plan's messages cut down to them) and ``fraction``, the plan's
+    compressed values over the sample's."""
+
+    scope: Scope
+    plan: Plan
+    fraction: float
+
+
+def _rows(shape: tuple[int, ...], numel: int, every: float) -> tuple[tuple[int, ...], int]:
+    """A parameter's leading ``ceil(rows / every)`` rows: (shape, values)."""
+    if not shape or numel == 0:
+        return shape, numel
+    rows = max(1, math.ceil(shape[0] / every))
+    return (rows, *shape[1:]), numel // shape[0] * rows
+
+
+def sample_plan(scope: Scope, plan: Plan, every: float) -> Sample:
+    """The column sample of ``plan`` (a plan of ``scope``) keeping one row in ``every``
+    of each parameter, its leading rows."""
+    messages, pieces = [], []
+    for message in plan.messages:
+        slices, shapes = [], []
+        for (offset, numel), shape in zip(message.slices, message.shapes, strict=True):
+            cut, kept = _rows(shape, numel, every)
+            slices.append((offset, kept))
+            shapes.append(cut)
+        total = sum(kept for _, kept in slices)
+        whole = len(message.shapes) == 1 and message.shape == message.shapes[0]
+        shape = shapes[0] if whole else (total,)
+        messages.append(Message(message.name, tuple(slices), tuple(shapes), shape, message.dense))
+        pieces += slices
+    sampled = regrouped(plan, messages)
+    inside = sum(m.numel for m in sampled.messages if not m.dense)
+    full = sum(m.numel for m in plan.messages if not m.dense)
+    return Sample(Scope(scope.name, tuple(sorted(pieces))), sampled, full / max(inside, 1))
+
+
+def sample_for(scope: Scope, plan: Plan, values: int) -> Sample | None:
+    """The sample of about ``values`` values (at least :data:`MIN_MESSAGE` per
+    compressed message), or None where the plan is under :data:`MIN_FRACTION` times it."""
+    values = max(values, MIN_MESSAGE * len(plan.compressed))
+    if values <= 0 or plan.numel < MIN_FRACTION * values:
+        return None
+    return sample_plan(scope, plan, plan.numel / values)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Candidates left out by the screen for one ``reason`` (``over budget`` or
+    ``slower``): their ``names``, and the sentence that says why."""
+
+    reason: str
+    names: tuple[str, ...]
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"reason": self.reason, "candidates": list(self.names), "why": self.why}
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The outcome: ``survivors`` (indices into the replay's schemes), the ``dropped``
+    groups, the sample's ``values`` and ``fraction``, and ``estimates``, one row per
+    scheme: its ``name``, error on the sample and predicted ``seconds`` at full size."""
+
+    survivors: tuple[int, ...]
+    dropped: tuple[Dropped, ...]
+    values: int
+    fraction: float
+    estimates: pd.DataFrame
+
+    def to_dict(self) -> dict:
+        return {
+            "sample_values": self.values,
+            "fraction": self.fraction,
+            "error_margin": ERROR_MARGIN,
+            "time_margin": TIME_MARGIN,
+            "kept": len(self.survivors),
+            "dropped": [group.to_dict() for group in self.dropped],
+        }
+
+
+def label(scheme: Scheme) -> str:
+    """A candidate as the screen names it: ``topk@0.01``, ``fp16``."""
+    ratio = scheme.ratio
+    return scheme.spec.label if ratio is None else f"{scheme.spec.label}@{ratio:g}"
+
+
+def screen_memory(run: Replay, sample: Sample) -> int:
+    """Bytes the screen's error-feedback memories take (every candidate on the sample)."""
+    return memory_bytes_needed(_sampled(run, sample), len(run.learners))
+
+
+def _sampled(run: Replay, sample: Sample) -> list[Scheme]:
+    return [build_scheme(s.spec, s.ratio, sample.plan, seed=s.seed) for _, s in run.schemes]
+
+
+def screen(
+    run: Replay,
+    sample: Sample,
+    error_budget: float,
+    *,
+    progress: Progress = no_progress,
+) -> Screen:
+    """Replay every scheme of ``run`` on ``sample`` over its steps and learners (memories
+    in RAM within its compute's budget, else a scratch file) and decide which go on."""
+    n, cost_learners = len(run.learners), run.cost_learners
+    link = Link(run.link.bandwidth / sample.fraction, run.link.latency)
+    chosen = [(sample.scope, scheme) for scheme in _sampled(run, sample)]
+    scratch = memory_bytes_needed([s for _, s in chosen], n) > run.compute.memory_bytes()
+    records: list[dict] = []
+    failed: set[int] = set()
+    with torch_threads(run.params.threads):
+        stream = replay_streamed(
+            run.capture, run.steps, run.learners, chosen, scratch=scratch, tolerate=True
+        )
+        with contextlib.closing(stream):
+            for _ in progress(range(len(run.steps))):
+                step, results = next(stream)
+                for i, ((sc, scheme), result) in enumerate(zip(chosen, results, strict=True)):
+                    if result.error is not None:
+                        failed.add(i)
+                        continue
+                    found = step_records(step, sc.name, scheme, result, n, cost_learners, link)
+                    records += [{**record, "scheme": i} for record in found]
+    return decide(
+        [label(s) for _, s in chosen],
+        pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
+        failed,
+        error_budget,
+        sample,
+        link,
+        cost_learners,
+    )
+
+
+def decide(
+    names: Sequence[str],
+    records: pd.DataFrame,
+    failed: set[int],
+    error_budget: float,
+    sample: Sample,
+    link: Link,
+    cost_learners: int,
+) -> Screen:
+    """Which schemes (``names``, in order) go on, from their ``records`` (key ``scheme``)
+    on ``sample`` replayed with ``link`` (see the module docstring); those in ``failed``
+    go on."""
+    rows = []
+    for i, name in enumerate(names):
+        mine = records[records["scheme"] == i]
+        if i in failed or mine.empty:
+            rows.append({"name": name, "rel_error": math.nan, "seconds": math.nan})
+            continue
+        summary = summarize_replay(mine.drop(columns="scheme"), link, cost_learners).iloc[0]
+        seconds = summary["comm_seconds"] + sample.fraction * summary["compress_seconds"]
+        rows.append({"name": name, "rel_error": summary["rel_error"], "seconds": seconds})
+    estimates = pd.DataFrame(rows, columns=["name", "rel_error", "seconds"])
+    error, seconds = estimates["rel_error"], estimates["seconds"]
+    far = error > ERROR_MARGIN * error_budget
+    clear = error <= error_budget / ERROR_MARGIN
+    best = seconds[clear].min() if clear.any() else math.inf
+    slow = ~far & (seconds > TIME_MARGIN * best)
+    survivors = tuple(i for i in range(len(names)) if not (far.iloc[i] or slow.iloc[i]))
+    if not survivors:  # every one far over budget: the closest goes on, to be named
+        closest = int(error.fillna(math.inf).to_numpy().argmin())
+        survivors = (closest,)
+        far.iloc[closest] = False
+    dropped = []
+    if far.any():
+        dropped.append(
+            Dropped(
+                "over budget",
+                tuple(estimates["name"][far]),
+                f"mean relative error on the sample over {ERROR_MARGIN:g} x the budget "
+                f"{error_budget:g}",
+            )
+        )
+    if slow.any():
+        fastest = estimates["name"][clear & (seconds == best)].iloc[0]
+        dropped.append(
+            Dropped(
+                "slower",
+                tuple(estimates["name"][slow]),
+                f"predicted over {TIME_MARGIN:g} x the time of {fastest} ({best * 1e3:.3g} ms "
+                f"per step), which is within the budget on the sample",
+            )
+        )
+    return Screen(survivors, tuple(dropped), sample.plan.numel, sample.fraction, estimates)
+
+
+def announce(run: Replay, sample: Sample | None) -> str:
+    """The line said before the work: candidates, steps, the sample, and the memory and
+    scratch the error-feedback memories take (docs/large.md)."""
+    n, budget = len(run.learners), run.compute.memory_bytes()
+    every = memory_bytes_needed([s for _, s in run.schemes], n)
+    head = (
+        f"recommend: {counted(len(run.schemes), 'candidate')} over "
+        f"{counted(len(run.steps), 'step')} x {counted(n, 'learner')} of "
+        f"{run.plan.numel:,} values"
+    )
+    where = (
+        f"in RAM within --memory {format_bytes(budget)}, else in a scratch file in "
+        f"{scratch_folder()}"
+    )
+    if sample is None:
+        place = "in RAM" if every <= budget else f"in a scratch file in {scratch_folder()}"
+        return f"{head}; error-feedback memories {format_bytes(every)}, {place}."
+    return (
+        f"{head}; screen on {sample.plan.numel:,} values per learner (1/{sample.fraction:.0f} "
+        f"of the columns), memories {format_bytes(screen_memory(run, sample))}; then the "
+        f"survivors on the whole model, memories at most {format_bytes(every)} if all "
+        f"survive, {where}."
+    )
