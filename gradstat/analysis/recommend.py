@@ -332,7 +332,12 @@ def recommend(
     say(announce(run, sample))
     screened = None
     if sample is not None:
-        screened = screen(run, sample, params.error_budget, progress=progress)
+        target = params.target
+        compress = None
+        if target is not None and target.name != "cpu-here":
+            n = run.cost_learners
+            compress = lambda i: _estimated(run.schemes[i][1], n, target)  # noqa: E731
+        screened = screen(run, sample, params.error_budget, compress=compress, progress=progress)
         for group in screened.dropped:
             say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
     records = run.run(progress, only=screened.survivors if screened is not None else None)

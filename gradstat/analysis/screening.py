@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -42,6 +42,7 @@ from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
 from gradstat.compressors.cost import Link
 from gradstat.compressors.plan import Message, Plan, regrouped
 from gradstat.compressors.registry import Scheme, build_scheme
+from gradstat.errors import GradstatError
 from gradstat.formatting import counted
 from gradstat.parallel.progress import Progress, no_progress
 from gradstat.sizes import format_bytes
@@ -103,9 +104,10 @@ def sample_plan(scope: Scope, plan: Plan, every: float) -> Sample:
 
 
 def sample_for(scope: Scope, plan: Plan, values: int) -> Sample | None:
-    """The sample of about ``values`` values (at least :data:`MIN_MESSAGE` per
-    compressed message), or None where the plan is under :data:`MIN_FRACTION` times it."""
-    values = max(values, MIN_MESSAGE * len(plan.compressed))
+    """The sample of about ``values`` values (at least :data:`MIN_MESSAGE`, or
+    ``values`` if fewer, per compressed message), or None where the plan is under
+    :data:`MIN_FRACTION` times it."""
+    values = max(values, min(values, MIN_MESSAGE) * len(plan.compressed))
     if values <= 0 or plan.numel < MIN_FRACTION * values:
         return None
     return sample_plan(scope, plan, plan.numel / values)
@@ -155,11 +157,18 @@ def label(scheme: Scheme) -> str:
 
 def screen_memory(run: Replay, sample: Sample) -> int:
     """Bytes the screen's error-feedback memories take (every candidate on the sample)."""
-    return memory_bytes_needed(_sampled(run, sample), len(run.learners))
+    schemes = [s for s in _sampled(run, sample).values()]
+    return memory_bytes_needed(schemes, len(run.learners))
 
 
-def _sampled(run: Replay, sample: Sample) -> list[Scheme]:
-    return [build_scheme(s.spec, s.ratio, sample.plan, seed=s.seed) for _, s in run.schemes]
+def _sampled(run: Replay, sample: Sample) -> dict[int, Scheme]:
+    """Each scheme of ``run`` on the sample's plan, by index; one that cannot run there
+    (PowerSGD without a large enough matrix) is left out (it goes on unscreened)."""
+    sampled = {}
+    for i, (_, s) in enumerate(run.schemes):
+        with contextlib.suppress(GradstatError):
+            sampled[i] = build_scheme(s.spec, s.ratio, sample.plan, seed=s.seed)
+    return sampled
 
 
 def screen(
@@ -167,16 +176,20 @@ def screen(
     sample: Sample,
     error_budget: float,
     *,
+    compress: Callable[[int], float] | None = None,
     progress: Progress = no_progress,
 ) -> Screen:
     """Replay every scheme of ``run`` on ``sample`` over its steps and learners (memories
-    in RAM within its compute's budget, else a scratch file) and decide which go on."""
+    in RAM within its compute's budget, else a scratch file) and decide which go on.
+    ``compress``: the compression seconds of scheme ``i`` at full size where they are
+    not measured here (another target's work model); None: ``f`` times the sample's."""
     n, cost_learners = len(run.learners), run.cost_learners
     link = Link(run.link.bandwidth / sample.fraction, run.link.latency)
-    chosen = [(sample.scope, scheme) for scheme in _sampled(run, sample)]
-    scratch = memory_bytes_needed([s for _, s in chosen], n) > run.compute.memory_bytes()
+    sampled = _sampled(run, sample)
+    chosen = [(sample.scope, scheme) for scheme in sampled.values()]
+    scratch = memory_bytes_needed(list(sampled.values()), n) > run.compute.memory_bytes()
     records: list[dict] = []
-    failed: set[int] = set()
+    failed = set(range(len(run.schemes))) - set(sampled)
     with torch_threads(run.params.threads):
         stream = replay_streamed(
             run.capture, run.steps, run.learners, chosen, scratch=scratch, tolerate=True
@@ -184,20 +197,21 @@ def screen(
         with contextlib.closing(stream):
             for _ in progress(range(len(run.steps))):
                 step, results = next(stream)
-                for i, ((sc, scheme), result) in enumerate(zip(chosen, results, strict=True)):
+                for i, scheme, result in zip(sampled, sampled.values(), results, strict=True):
                     if result.error is not None:
                         failed.add(i)
                         continue
-                    found = step_records(step, sc.name, scheme, result, n, cost_learners, link)
+                    found = step_records(step, "sample", scheme, result, n, cost_learners, link)
                     records += [{**record, "scheme": i} for record in found]
     return decide(
-        [label(s) for _, s in chosen],
+        [label(s) for _, s in run.schemes],
         pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
         failed,
         error_budget,
         sample,
         link,
         cost_learners,
+        compress,
     )
 
 
@@ -209,10 +223,11 @@ def decide(
     sample: Sample,
     link: Link,
     cost_learners: int,
+    compress: Callable[[int], float] | None = None,
 ) -> Screen:
     """Which schemes (``names``, in order) go on, from their ``records`` (key ``scheme``)
-    on ``sample`` replayed with ``link`` (see the module docstring); those in ``failed``
-    go on."""
+    on ``sample`` replayed with ``link`` (see the module docstring; ``compress`` as
+    :func:`screen`'s); those in ``failed`` go on."""
     rows = []
     for i, name in enumerate(names):
         mine = records[records["scheme"] == i]
@@ -220,7 +235,10 @@ def decide(
             rows.append({"name": name, "rel_error": math.nan, "seconds": math.nan})
             continue
         summary = summarize_replay(mine.drop(columns="scheme"), link, cost_learners).iloc[0]
-        seconds = summary["comm_seconds"] + sample.fraction * summary["compress_seconds"]
+        if compress is None:
+            seconds = summary["comm_seconds"] + sample.fraction * summary["compress_seconds"]
+        else:
+            seconds = summary["comm_seconds"] + compress(i)
         rows.append({"name": name, "rel_error": summary["rel_error"], "seconds": seconds})
     estimates = pd.DataFrame(rows, columns=["name", "rel_error", "seconds"])
     error, seconds = estimates["rel_error"], estimates["seconds"]

@@ -21,6 +21,7 @@ from gradstat.analysis.recommend import (
 )
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.replay_records import totals
+from gradstat.analysis.screening import SCREEN_VALUES
 from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
@@ -116,6 +117,18 @@ TargetFile = Annotated[
         "--target-file",
         metavar="PATH",
         help="A hardware profile as JSON (docs/replay.md), instead of --target.",
+    ),
+]
+ScreenValues = Annotated[
+    int,
+    typer.Option(
+        "--screen",
+        metavar="N",
+        min=0,
+        help="Screen every candidate first on a column sample of about N values per "
+        "learner (the leading rows of each parameter) and replay only those that can still "
+        "win on the whole model; 0: replay every candidate on the whole model "
+        "(docs/replay.md).",
     ),
 ]
 #: Over-budget candidates the recommend table shows (closest first); --json has all.
@@ -361,6 +374,7 @@ def recommend_command(
     steps: Steps = None,
     seed: Seed = SEED,
     threads: Threads = THREADS,
+    screen: ScreenValues = SCREEN_VALUES,
     out: Out = None,
     as_json: Json = False,
     csv: Csv = None,
@@ -381,7 +395,7 @@ def recommend_command(
     profile = target_profile(target, target_file, threads)
     plan = plan_options(granularity, dense, dense_below)
     given = (error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile)
-    params = RecommendParams(*given, threads, **plan)
+    params = RecommendParams(*given, threads, **plan, screen=screen)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
