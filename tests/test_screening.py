@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from gradstat.analysis.compute import Compute
+from gradstat.analysis.pricing import measure_price, rounds_for
 from gradstat.analysis.recommend import RecommendParams, choose, recommend
 from gradstat.analysis.replay import Replay
 from gradstat.analysis.screening import sample_plan
 from gradstat.analysis.selection import Selection
 from gradstat.compressors.plan import build_plan
+from gradstat.compressors.registry import build_scheme
+from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import builtin_target
 from gradstat.store import layer_table, open_capture, resolve_scopes
 from tests.helpers import run_cli
@@ -117,3 +120,13 @@ def test_screen_never_drops_every_candidate(synthetic_capture):
     assert result.winner is None
     assert len(result.ranking) == 1 and result.closest["compressor"] == "topk"
     assert np.isfinite(result.closest["rel_error"])
+
+
+def test_long_steps_are_priced_in_fewer_rounds():
+    """recommend's pricing at real size: 9 rounds for a short step, down to 3 for long."""
+    assert [rounds_for(s) for s in (0.0, 0.01, 0.2, 0.5, 0.7, 5.0)] == [9, 9, 9, 4, 3, 3]
+    layers = layer_table([("w", (64, 64))])
+    scheme = build_scheme(parse_compressors("topk")[0], 0.01, build_plan(layers))
+    row = torch.randn(64 * 64)
+    at_n = measure_price(scheme, row, 4, extrapolate=False, rounds=3)
+    assert at_n.per_payload == 0.0 and at_n.at(4) == at_n.base > 0

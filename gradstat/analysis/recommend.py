@@ -30,7 +30,7 @@ import pandas as pd
 from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.pricing import measure_price
+from gradstat.analysis.pricing import measure_price, rounds_for
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.screening import SCREEN_VALUES, Screen, announce, sample_for, screen
 from gradstat.analysis.selection import Selection, as_link
@@ -378,7 +378,7 @@ def target_times(
     size (in place): measured here for ``cpu-here`` (:func:`~gradstat.compressors.
     pricing.measure_price` on the first replayed step's row of the first learner), else
     the work model on ``target``; add ``buildup_at_cluster``; return the build-up models."""
-    n = run.cost_learners
+    n, replayed = run.cost_learners, len(run.learners)
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
     measured = target.name == "cpu-here"
@@ -392,7 +392,9 @@ def target_times(
         scope, scheme = _scheme_of(run, line)
         if measured:
             part = scope.take(row)
-            compress.append(measure_price(scheme, part, len(run.learners)).at(n))
+            rounds = rounds_for(line.compress_seconds)  # the replay's time of its step
+            price = measure_price(scheme, part, replayed, extrapolate=n != replayed, rounds=rounds)
+            compress.append(price.at(n))
         else:
             compress.append(_estimated(scheme, n, target))
         mask = (records["compressor"] == line.compressor) & (
