@@ -12,12 +12,14 @@ times each, two commands on it in fresh processes:
   candidates (every built-in but ``none`` and ``redsync-sidco``, each sparsifier at
   0.1, 0.01 and 0.001).
 
-Both run with ``--jobs 1`` and the default thread policy and memory budget. Printed:
-each command's fastest wall time (the machine is shared: the fastest of a few is the
-least disturbed), its peak resident memory (``ru_maxrss`` of the child, via ``wait4``),
-and recommend / replay (target of issue 39: <= 3). The capture goes under ``--dir``
-(default ``$TMPDIR``) and is deleted at the end; it takes learners x steps x numel x 4
-bytes (85M x 4 x 3: 4.1 GB).
+Both run with ``--jobs 1`` and the default thread policy and memory budget, alternately.
+Printed: each command's fastest wall time (the machine is shared: the fastest of a few is
+the least disturbed), its least CPU time (user + system of the child and its threads,
+which other jobs disturb less), its largest peak resident memory (``ru_maxrss`` of the
+child, via ``wait4``), and recommend / replay in both (target of issue 39: <= 3). The
+capture goes under ``--dir`` (default ``$TMPDIR``) and is deleted at the end (``--capture
+PATH`` times an existing one instead); it takes learners x steps x numel x 4 bytes (85M x
+4 x 3: 4.1 GB).
 
     python benchmarks/recommend_scale.py --width 768 --blocks 12 --learners 4 --steps 3
 """
@@ -87,8 +89,9 @@ def write_synthetic(folder: Path, width: int, blocks: int, learners: int, steps:
     return numel
 
 
-def timed(command: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, stderr) of ``command`` in a fresh process."""
+def timed(command: list[str]) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS bytes, stderr) of ``command`` in a fresh
+    process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
     with tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
@@ -99,7 +102,7 @@ def timed(command: list[str]) -> tuple[float, int, str]:
         text = err.read()
     if os.waitstatus_to_exitcode(status):
         raise RuntimeError(f"{' '.join(command)} failed:\n{text}")
-    return seconds, usage.ru_maxrss * 1024, text
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, text
 
 
 def main() -> None:
@@ -112,12 +115,16 @@ def main() -> None:
     parser.add_argument("--error-budget", type=float, default=0.5)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--keep", action="store_true", help="keep the capture")
+    parser.add_argument("--capture", type=Path, help="time on this capture (kept) instead")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="recommend-scale-", dir=args.dir))
     gradstat = [sys.executable, "-m", "gradstat"]
     try:
-        cap = folder / "capture"
-        numel = write_synthetic(cap, args.width, args.blocks, args.learners, args.steps)
+        cap = args.capture or folder / "capture"
+        if args.capture is None:
+            numel = write_synthetic(cap, args.width, args.blocks, args.learners, args.steps)
+        else:
+            numel = 12 * args.width**2 * args.blocks + 13 * args.width * args.blocks
         print(f"capture: {numel / 1e6:.1f}M values x {args.learners} learners x {args.steps} steps")
         commands = {
             "replay": [*gradstat, "replay", str(cap), "--compressors", "topk", "--ratios", "0.01"],
@@ -129,19 +136,21 @@ def main() -> None:
                 str(args.error_budget),
             ],
         }
-        best: dict[str, tuple[float, int]] = {}
+        best: dict[str, tuple[float, float, int]] = {}  # fastest wall, least CPU, largest RSS
         for _ in range(args.repeats):
             for name, command in commands.items():
-                seconds, peak, err = timed([*command, "--jobs", "1"])
-                if name not in best or seconds < best[name][0]:
-                    best[name] = (seconds, peak)
-                print(f"  {name}: {seconds:.1f} s, peak RSS {peak / 1e9:.2f} GB", flush=True)
+                seconds, cpu, peak, err = timed([*command, "--jobs", "1"])
+                old = best.get(name, (seconds, cpu, peak))
+                best[name] = (min(old[0], seconds), min(old[1], cpu), max(old[2], peak))
+                print(f"  {name}: {seconds:.1f} s, {cpu:.1f} s CPU, peak RSS {peak / 1e9:.2f} GB")
                 if name == "recommend":
-                    print("    " + "\n    ".join(err.strip().splitlines()[:12]))
-        print(f"{'command':<10} {'fastest s':>10} {'peak GB':>8}")
-        for name, (seconds, peak) in best.items():
-            print(f"{name:<10} {seconds:>10.1f} {peak / 1e9:>8.2f}")
-        print(f"recommend / replay: {best['recommend'][0] / best['replay'][0]:.2f} (target <= 3)")
+                    print("    " + "\n    ".join(err.strip().splitlines()), flush=True)
+        print(f"{'command':<10} {'fastest s':>10} {'least CPU s':>12} {'peak GB':>8}")
+        for name, (seconds, cpu, peak) in best.items():
+            print(f"{name:<10} {seconds:>10.1f} {cpu:>12.1f} {peak / 1e9:>8.2f}")
+        wall = best["recommend"][0] / best["replay"][0]
+        cpu = best["recommend"][1] / best["replay"][1]
+        print(f"recommend / replay: {wall:.2f} wall, {cpu:.2f} CPU (target <= 3)")
     finally:
         if args.keep:
             print(f"kept {folder}")

@@ -16,7 +16,9 @@ fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (do
 16-bit too).
 Errors are those measured with the capture's learners; the cost model is evaluated at
 ``cost_learners``, and the build-up of all-gathered sets is extrapolated there with the
-stated model of :mod:`gradstat.analysis.cluster`.
+stated model of :mod:`gradstat.analysis.cluster`. On a large capture the candidates are
+screened on a column sample first, and only those that can still win replay the whole
+model and are priced (:mod:`gradstat.analysis.screening`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.pricing import measure_price, rounds_for
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
-from gradstat.analysis.screening import SCREEN_VALUES, Screen, announce, sample_for, screen
+from gradstat.analysis.screening import (
+    SCREEN_VALUES,
+    Screen,
+    announce,
+    kept_text,
+    sample_for,
+    screen,
+)
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
@@ -340,6 +349,7 @@ def recommend(
         screened = screen(run, sample, params.error_budget, compress=compress, progress=progress)
         for group in screened.dropped:
             say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
+        say(kept_text(run, screened.survivors))
     records = run.run(progress, only=screened.survivors if screened is not None else None)
     result = choose(
         run,

@@ -13,8 +13,11 @@ sample's times). On the sample each candidate's mean relative error is measured,
 its time per step at full size predicted: the communication of the alpha-beta model
 with the link's bandwidth divided by ``f`` (the sample's messages are ``f`` times
 smaller, so that the byte terms are those of the full messages and the latency terms
-unchanged) plus ``f`` times its measured compression time per learner, ``f`` the
-compressed values of the plan over those of the sample.
+unchanged) plus ``f`` times its compression time per learner on the sample, measured
+as recommend prices (:mod:`gradstat.analysis.pricing`: thread CPU time, the median of
+:data:`SCREEN_ROUNDS` rounds, so that a busy machine does not drop a candidate), ``f``
+the compressed values of the plan over those of the sample; for another target, its
+work model at full size.
 
 A candidate is dropped when its error on the sample is far outside the budget (more
 than :data:`ERROR_MARGIN` times it), or when it is predicted more than
@@ -33,12 +36,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
+import torch
 
 from gradstat.analysis.ef_store import scratch_folder
+from gradstat.analysis.pricing import measure_price
 from gradstat.analysis.replay import Replay
 from gradstat.analysis.replay_records import COLUMNS, step_records, summarize_replay
 from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
+from gradstat.analysis.row_workspace import read_block
 from gradstat.compressors.cost import Link
 from gradstat.compressors.plan import Message, Plan, regrouped
 from gradstat.compressors.registry import Scheme, build_scheme
@@ -49,7 +56,16 @@ from gradstat.sizes import format_bytes
 from gradstat.store import Scope
 from gradstat.threads import torch_threads
 
-__all__ = ["SCREEN_VALUES", "Dropped", "Screen", "announce", "sample_for", "sample_plan", "screen"]
+__all__ = [
+    "SCREEN_VALUES",
+    "Dropped",
+    "Screen",
+    "announce",
+    "kept_text",
+    "sample_for",
+    "sample_plan",
+    "screen",
+]
 
 #: Values per learner and step the screen replays (the sample's size).
 SCREEN_VALUES = 1 << 18
@@ -57,6 +73,8 @@ SCREEN_VALUES = 1 << 18
 MIN_MESSAGE = 1 << 15
 #: The screen runs only when the plan is at least this many times the sample.
 MIN_FRACTION = 4.0
+#: Timed rounds of each candidate's price on the sample.
+SCREEN_ROUNDS = 5
 #: Dropped: error on the sample over this times the budget ...
 ERROR_MARGIN = 1.5
 #: ... or predicted more than this times slower than the fastest clearly within it.
@@ -72,6 +90,19 @@ class Sample:
     scope: Scope
     plan: Plan
     fraction: float
+
+    def local_plan(self) -> Plan:
+        """:attr:`plan` with its slices at their places in the sample's own row (the
+        columns of :attr:`scope` end to end), as a price is measured on that row."""
+        local, position = {}, 0
+        for offset, numel in self.scope.slices:
+            local[offset] = position
+            position += numel
+        messages = [
+            Message(m.name, tuple((local[o], k) for o, k in m.slices), m.shapes, m.shape, m.dense)
+            for m in self.plan.messages
+        ]
+        return regrouped(self.plan, messages)
 
 
 def _rows(shape: tuple[int, ...], numel: int, every: float) -> tuple[tuple[int, ...], int]:
@@ -182,7 +213,8 @@ def screen(
     """Replay every scheme of ``run`` on ``sample`` over its steps and learners (memories
     in RAM within its compute's budget, else a scratch file) and decide which go on.
     ``compress``: the compression seconds of scheme ``i`` at full size where they are
-    not measured here (another target's work model); None: ``f`` times the sample's."""
+    not measured here (another target's work model); None: ``f`` times its price on the
+    sample."""
     n, cost_learners = len(run.learners), run.cost_learners
     link = Link(run.link.bandwidth / sample.fraction, run.link.latency)
     sampled = _sampled(run, sample)
@@ -203,6 +235,10 @@ def screen(
                         continue
                     found = step_records(step, "sample", scheme, result, n, cost_learners, link)
                     records += [{**record, "scheme": i} for record in found]
+    if compress is None:
+        prices = _prices(run, sample, [i for i in sampled if i not in failed])
+        failed |= set(sampled) - failed - set(prices)
+        compress = lambda i: sample.fraction * prices[i]  # noqa: E731
     return decide(
         [label(s) for _, s in run.schemes],
         pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
@@ -215,6 +251,27 @@ def screen(
     )
 
 
+def _prices(run: Replay, sample: Sample, indices: Sequence[int]) -> dict[int, float]:
+    """One learner's compression seconds per step of each scheme ``indices`` on the
+    sample at the cluster size, measured as recommend prices (thread CPU time, the median
+    of :data:`SCREEN_ROUNDS` rounds; :mod:`gradstat.analysis.pricing`) on learner 0's
+    sampled row of the first step; a scheme whose code fails there is left out."""
+    step, learner, n = run.steps[0], run.learners[0], len(run.learners)
+    row = np.empty(sample.scope.numel, dtype=np.float32)
+    row = torch.from_numpy(read_block(run.capture, step, learner, sample.scope, 0, row.size, row))
+    plan = sample.local_plan()
+    prices = {}
+    with torch_threads(run.params.threads):
+        for i in indices:
+            _, full = run.schemes[i]
+            with contextlib.suppress(GradstatError, RuntimeError, ValueError):
+                scheme = build_scheme(full.spec, full.ratio, plan, seed=full.seed)
+                extrapolate = run.cost_learners != n
+                price = measure_price(scheme, row, n, extrapolate=extrapolate, rounds=SCREEN_ROUNDS)
+                prices[i] = price.at(run.cost_learners)
+    return prices
+
+
 def decide(
     names: Sequence[str],
     records: pd.DataFrame,
@@ -223,11 +280,11 @@ def decide(
     sample: Sample,
     link: Link,
     cost_learners: int,
-    compress: Callable[[int], float] | None = None,
+    compress: Callable[[int], float],
 ) -> Screen:
     """Which schemes (``names``, in order) go on, from their ``records`` (key ``scheme``)
-    on ``sample`` replayed with ``link`` (see the module docstring; ``compress`` as
-    :func:`screen`'s); those in ``failed`` go on."""
+    on ``sample`` replayed with ``link`` and ``compress(i)``, scheme ``i``'s compression
+    seconds at full size (see the module docstring); those in ``failed`` go on."""
     rows = []
     for i, name in enumerate(names):
         mine = records[records["scheme"] == i]
@@ -235,10 +292,7 @@ def decide(
             rows.append({"name": name, "rel_error": math.nan, "seconds": math.nan})
             continue
         summary = summarize_replay(mine.drop(columns="scheme"), link, cost_learners).iloc[0]
-        if compress is None:
-            seconds = summary["comm_seconds"] + sample.fraction * summary["compress_seconds"]
-        else:
-            seconds = summary["comm_seconds"] + compress(i)
+        seconds = summary["comm_seconds"] + compress(i)
         rows.append({"name": name, "rel_error": summary["rel_error"], "seconds": seconds})
     estimates = pd.DataFrame(rows, columns=["name", "rel_error", "seconds"])
     error, seconds = estimates["rel_error"], estimates["seconds"]
@@ -296,4 +350,18 @@ def announce(run: Replay, sample: Sample | None) -> str:
         f"of the columns), memories {format_bytes(screen_memory(run, sample))}; then the "
         f"survivors on the whole model, memories at most {format_bytes(every)} if all "
         f"survive, {where}."
+    )
+
+
+def kept_text(run: Replay, kept: Sequence[int]) -> str:
+    """The line said after the screen: what goes on to the whole model, and the memory
+    its error-feedback memories take there."""
+    schemes = [run.schemes[i][1] for i in kept]
+    every = memory_bytes_needed(schemes, len(run.learners))
+    place = "in RAM" if every <= run.compute.memory_bytes() else "in a scratch file"
+    names = ", ".join(label(s) for s in schemes)
+    return (
+        f"screen kept {len(schemes)} for the whole model: {names}; error-feedback memories "
+        f"{format_bytes(every)} {place}, beside each one's rows of a block in lockstep "
+        "(docs/large.md)."
     )
