@@ -24,7 +24,7 @@ model and are priced (:mod:`gradstat.analysis.screening`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -100,7 +100,13 @@ class Recommendation:
             f"{self.link.latency * 1e6:.4g} us; collectives: {algorithms} (alpha-beta model)",
         ]
         lines.append(f"granularity: {self.plan}; memory: as each candidate names it")
-        if self.priced == "measured":
+        if self.priced == "measured" and self.screen is not None and self.screen.prices:
+            lines.append(
+                "compression time: measured here, each candidate's own code on the "
+                f"screen's sample of {self.screen.values:,} values per learner, times "
+                f"{self.screen.fraction:.3g} (thread CPU time, median of warm runs)"
+            )
+        elif self.priced == "measured":
             lines.append(
                 "compression time: measured here, each candidate's own code on the "
                 "capture's messages (thread CPU time, median of warm runs)"
@@ -351,15 +357,14 @@ def recommend(
             say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
         say(kept_text(run, screened.survivors))
     records = run.run(progress, only=screened.survivors if screened is not None else None)
-    result = choose(
+    return choose(
         run,
         records,
         error_budget=params.error_budget,
         baseline=params.baseline,
         target=params.target,
+        screened=screened,
     )
-    result.screen = screened
-    return result
 
 
 def _scheme_of(run: Replay, row) -> tuple:
@@ -382,25 +387,34 @@ def _estimated(scheme, n: int, target: Target) -> float:
 
 
 def target_times(
-    run: Replay, ranking: pd.DataFrame, records: pd.DataFrame, target: Target
+    run: Replay,
+    ranking: pd.DataFrame,
+    records: pd.DataFrame,
+    target: Target,
+    prices: Mapping[int, float] | None = None,
 ) -> dict[str, BuildupModel]:
     """Replace the replay's compression time by one learner's in training at the cluster
-    size (in place): measured here for ``cpu-here`` (:func:`~gradstat.compressors.
+    size (in place): measured here for ``cpu-here`` (``prices`` by scheme index where the
+    screen measured them on its sample, else :func:`~gradstat.compressors.
     pricing.measure_price` on the first replayed step's row of the first learner), else
     the work model on ``target``; add ``buildup_at_cluster``; return the build-up models."""
     n, replayed = run.cost_learners, len(run.learners)
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
     measured = target.name == "cpu-here"
+    prices = prices or {}
     row = None
-    if measured:
-        import torch
-
-        row = torch.from_numpy(run.capture.read_row(run.steps[0], run.learners[0]).copy())
     for line in ranking.itertuples():
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
-        if measured:
+        index = run.schemes.index((scope, scheme))
+        if measured and index in prices:
+            compress.append(prices[index])
+        elif measured:
+            if row is None:
+                import torch
+
+                row = torch.from_numpy(run.capture.read_row(run.steps[0], run.learners[0]).copy())
             part = scope.take(row)
             rounds = rounds_for(line.compress_seconds)  # the replay's time of its step
             price = measure_price(scheme, part, replayed, extrapolate=n != replayed, rounds=rounds)
@@ -430,15 +444,18 @@ def choose(
     error_budget: float,
     baseline: str = "fp32",
     target: Target | None = None,
+    screened: Screen | None = None,
 ) -> Recommendation:
     """Rank the candidates of a finished replay (``run`` produced ``records``) and pick
     the fastest whose mean relative error is within ``error_budget``; compression times
-    are the work model's on ``target`` (default ``cpu-here``)."""
+    are the work model's on ``target`` (default ``cpu-here``: measured, on the sample of
+    the ``screened`` candidates where a screen ran)."""
     check_options(error_budget, baseline, None)
     link, n = run.link, run.cost_learners
     target = target or builtin_target("cpu-here")
     ranking = summarize_replay(records, link, n)
-    models = target_times(run, ranking, records, target)
+    prices = screened.prices if screened is not None else None
+    models = target_times(run, ranking, records, target, prices)
     ranking["within_budget"] = ranking["rel_error"] <= error_budget
     ranking = pd.concat(
         [
@@ -466,6 +483,7 @@ def choose(
         buildup=models,
         priced="measured" if target.name == "cpu-here" else "estimated",
         plan=run.plan.describe(),
+        screen=screened,
     )
 
 

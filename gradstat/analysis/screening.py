@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -161,13 +161,17 @@ class Dropped:
 class Screen:
     """The outcome: ``survivors`` (indices into the replay's schemes), the ``dropped``
     groups, the sample's ``values`` and ``fraction``, and ``estimates``, one row per
-    scheme: its ``name``, error on the sample and predicted ``seconds`` at full size."""
+    scheme: its ``name``, error on the sample and predicted ``seconds`` at full size
+    (NaN for one far over budget)."""
 
     survivors: tuple[int, ...]
     dropped: tuple[Dropped, ...]
     values: int
     fraction: float
     estimates: pd.DataFrame
+    #: Compression seconds at full size measured on the sample, by scheme index
+    #: (:class:`SamplePrices`; none for another target).
+    prices: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -235,11 +239,8 @@ def screen(
                         continue
                     found = step_records(step, "sample", scheme, result, n, cost_learners, link)
                     records += [{**record, "scheme": i} for record in found]
-    if compress is None:
-        prices = _prices(run, sample, [i for i in sampled if i not in failed])
-        failed |= set(sampled) - failed - set(prices)
-        compress = lambda i: sample.fraction * prices[i]  # noqa: E731
-    return decide(
+    prices = SamplePrices(run, sample)
+    screened = decide(
         [label(s) for _, s in run.schemes],
         pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
         failed,
@@ -247,29 +248,43 @@ def screen(
         sample,
         link,
         cost_learners,
-        compress,
+        compress or prices.seconds,
     )
+    return replace(screened, prices=dict(prices.measured))
 
 
-def _prices(run: Replay, sample: Sample, indices: Sequence[int]) -> dict[int, float]:
-    """One learner's compression seconds per step of each scheme ``indices`` on the
-    sample at the cluster size, measured as recommend prices (thread CPU time, the median
-    of :data:`SCREEN_ROUNDS` rounds; :mod:`gradstat.analysis.pricing`) on learner 0's
-    sampled row of the first step; a scheme whose code fails there is left out."""
-    step, learner, n = run.steps[0], run.learners[0], len(run.learners)
-    row = np.empty(sample.scope.numel, dtype=np.float32)
-    row = torch.from_numpy(read_block(run.capture, step, learner, sample.scope, 0, row.size, row))
-    plan = sample.local_plan()
-    prices = {}
-    with torch_threads(run.params.threads):
-        for i in indices:
-            _, full = run.schemes[i]
-            with contextlib.suppress(GradstatError, RuntimeError, ValueError):
-                scheme = build_scheme(full.spec, full.ratio, plan, seed=full.seed)
-                extrapolate = run.cost_learners != n
-                price = measure_price(scheme, row, n, extrapolate=extrapolate, rounds=SCREEN_ROUNDS)
-                prices[i] = price.at(run.cost_learners)
-    return prices
+class SamplePrices:
+    """One learner's compression seconds per step of ``run``'s schemes at full size:
+    ``f`` times the price on the sample at the cluster size, measured as recommend
+    prices (thread CPU time, the median of :data:`SCREEN_ROUNDS` rounds;
+    :mod:`gradstat.analysis.pricing`) on learner 0's sampled row of the first step, on
+    demand (the screen prices only the candidates not already far over budget)."""
+
+    def __init__(self, run: Replay, sample: Sample) -> None:
+        self.run, self.sample = run, sample
+        self.row: torch.Tensor | None = None
+        self.plan = sample.local_plan()
+        self.measured: dict[int, float] = {}
+
+    def seconds(self, i: int) -> float:
+        """Scheme ``i``'s seconds; NaN where its code fails on the sample."""
+        run, n = self.run, len(self.run.learners)
+        if self.row is None:
+            row = np.empty(self.sample.scope.numel, dtype=np.float32)
+            step, learner = run.steps[0], run.learners[0]
+            read_block(run.capture, step, learner, self.sample.scope, 0, row.size, row)
+            self.row = torch.from_numpy(row)
+        _, full = run.schemes[i]
+        try:
+            scheme = build_scheme(full.spec, full.ratio, self.plan, seed=full.seed)
+            with torch_threads(run.params.threads):
+                price = measure_price(
+                    scheme, self.row, n, extrapolate=run.cost_learners != n, rounds=SCREEN_ROUNDS
+                )
+        except (GradstatError, RuntimeError, ValueError):
+            return math.nan
+        self.measured[i] = self.sample.fraction * price.at(run.cost_learners)
+        return self.measured[i]
 
 
 def decide(
@@ -292,8 +307,11 @@ def decide(
             rows.append({"name": name, "rel_error": math.nan, "seconds": math.nan})
             continue
         summary = summarize_replay(mine.drop(columns="scheme"), link, cost_learners).iloc[0]
-        seconds = summary["comm_seconds"] + compress(i)
-        rows.append({"name": name, "rel_error": summary["rel_error"], "seconds": seconds})
+        error = summary["rel_error"]
+        seconds = math.nan  # not needed (nor measured) for one far over budget
+        if not error > ERROR_MARGIN * error_budget:
+            seconds = summary["comm_seconds"] + compress(i)
+        rows.append({"name": name, "rel_error": error, "seconds": seconds})
     estimates = pd.DataFrame(rows, columns=["name", "rel_error", "seconds"])
     error, seconds = estimates["rel_error"], estimates["seconds"]
     far = error > ERROR_MARGIN * error_budget
