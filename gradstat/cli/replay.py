@@ -60,6 +60,7 @@ from gradstat.cli.options import (
     Seed,
     Steps,
     Threads,
+    between,
     compute_options,
     list_compressors,
 )
@@ -124,7 +125,7 @@ ScreenValues = Annotated[
     typer.Option(
         "--screen",
         metavar="N",
-        min=0,
+        callback=between(0),
         help="Screen every candidate first on a column sample of about N values per "
         "learner (the leading rows of each parameter) and replay only those that can still "
         "win on the whole model; 0: replay every candidate on the whole model "
