@@ -35,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from scale import write_synthetic  # benchmarks/scale.py, beside this script
 
-from gradstat.store import RankFileWriter, finalize_root, layer_table, write_root
+from gradstat.store import layer_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,28 +64,12 @@ def gpt2_layers(width: int, blocks: int) -> list[tuple[str, tuple[int, ...]]]:
     return named
 
 
-def write_synthetic(folder: Path, width: int, blocks: int, learners: int, steps: int) -> int:
-    """Write the capture; returns its values per learner and step."""
+def write_gpt2(folder: Path, width: int, blocks: int, learners: int, steps: int) -> int:
+    """Write the capture (:func:`scale.write_synthetic`'s rows); returns its values per
+    learner and step."""
     layers = layer_table(gpt2_layers(width, blocks))
     numel = layers[-1].stop
-    folder.mkdir(parents=True)
-    write_root(folder, layers, learners, "float32", {"workload": "synthetic-gpt2-blocks"})
-    writers = [RankFileWriter(folder / f"rank-{r:05d}.h5", r, numel) for r in range(learners)]
-    row = np.empty(numel, dtype=np.float32)
-    for step in range(steps):
-        rng = np.random.default_rng([0, step])
-        shared = rng.standard_normal(numel, dtype=np.float32)
-        shared *= np.exp(0.7 * rng.standard_normal(numel, dtype=np.float32))
-        for rank, writer in enumerate(writers):
-            np.random.default_rng([0, step, rank + 1]).standard_normal(
-                numel, dtype=np.float32, out=row
-            )
-            row += shared
-            writer.append(step, 1.0, row)
-        del shared
-    for writer in writers:
-        writer.close()
-    finalize_root(folder)
+    write_synthetic(folder, numel, learners, steps, layers=layers)
     return numel
 
 
@@ -122,7 +106,7 @@ def main() -> None:
     try:
         cap = args.capture or folder / "capture"
         if args.capture is None:
-            numel = write_synthetic(cap, args.width, args.blocks, args.learners, args.steps)
+            numel = write_gpt2(cap, args.width, args.blocks, args.learners, args.steps)
         else:
             numel = 12 * args.width**2 * args.blocks + 13 * args.width * args.blocks
         print(f"capture: {numel / 1e6:.1f}M values x {args.learners} learners x {args.steps} steps")
