@@ -336,8 +336,8 @@ def recommend(
     fastest within budget. Ratios a sparsifier cannot honour on this capture are skipped
     with a warning. On a large capture the candidates are screened on a column sample
     first (:mod:`gradstat.analysis.screening`) and only those that can still win replay
-    the whole model; ``say`` gets the line of what will run (before the work) and one
-    per group the screen dropped."""
+    the whole model; ``say`` gets the line of what will run (before the work), one per
+    group the screen dropped and one naming the candidates it kept."""
     if params is None:
         raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
     run = Replay(capture, selection, params.replay_params(), compute=compute)
