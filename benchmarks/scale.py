@@ -189,9 +189,13 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_rss": peak}))
 """
 
 
-def write_synthetic(folder: Path, numel: int, learners: int, steps: int, seed: int = 0) -> None:
-    """A schema-1 capture written row by row: shared heavy-tailed signal + learner noise."""
-    layers = layer_table([(f"layer{i}.weight", (numel // LAYERS,)) for i in range(LAYERS)])
+def write_synthetic(
+    folder: Path, numel: int, learners: int, steps: int, seed: int = 0, layers=None
+) -> None:
+    """A schema-1 capture written row by row: shared heavy-tailed signal + learner noise;
+    ``layers``: its layer table (default :data:`LAYERS` equal vectors)."""
+    if layers is None:
+        layers = layer_table([(f"layer{i}.weight", (numel // LAYERS,)) for i in range(LAYERS)])
     folder.mkdir(parents=True)
     write_root(folder, layers, learners, "float32", {"workload": "synthetic-scale"})
     writers = [RankFileWriter(folder / f"rank-{r:05d}.h5", r, numel) for r in range(learners)]

@@ -10,8 +10,10 @@ tensors, an all-gather ``copies`` of its own payload, a broadcast its own tensor
 round of point-to-point messages zeros of the shapes expected. The work of decoding
 grows with the learners that all-gather: the step is timed with one copy and with
 ``n`` (the replayed learners), and the price at ``N`` learners is ``t(1) + (t(n) -
-t(1)) (N - 1) / (n - 1)``. Times are thread CPU time (a shared machine's other jobs do
-not count), the median of :data:`~gradstat.compressors.targets.REPEATS` rounds after
+t(1)) (N - 1) / (n - 1)``; at ``N = n`` only the ``n``-copy step is timed. Times are
+thread CPU time (a shared machine's other jobs do not count), the median of
+:data:`~gradstat.compressors.targets.REPEATS` rounds (fewer, down to 3, for a step of
+over 0.2 s: :func:`rounds_for`) after
 :data:`~gradstat.compressors.targets.WARMUP` untimed ones, with the spread
 (interquartile range / median) of the ``n``-copy step, as the built-in profile's rates
 are measured (:mod:`gradstat.compressors.targets`).
@@ -28,7 +30,10 @@ from gradstat.compressors.exchange import AllGather, AllReduce, Broadcast, Round
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.simulated import take
-from gradstat.compressors.targets import Timing, time_operations
+from gradstat.compressors.targets import REPEATS, Timing, time_operations
+
+#: Seconds of timed rounds beyond which a long step is timed fewer times (:func:`rounds_for`).
+ROUNDS_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -94,20 +99,46 @@ def _stepper(scheme: Scheme, row: torch.Tensor, copies: int, learners: int):
     return step
 
 
-def measure_price(scheme: Scheme, row: torch.Tensor, learners: int) -> Price:
+def rounds_for(seconds: float) -> int:
+    """Timed rounds for a step of about ``seconds``: :data:`REPEATS` while they take at
+    most :data:`ROUNDS_SECONDS`, fewer for longer steps (at least 3), whose median moves
+    little from round to round (large messages) and which would otherwise cost the
+    pricing more than the replay."""
+    if not seconds > 0 or seconds * REPEATS <= ROUNDS_SECONDS:
+        return REPEATS
+    return max(3, min(REPEATS, int(ROUNDS_SECONDS / seconds)))
+
+
+def measure_price(
+    scheme: Scheme,
+    row: torch.Tensor,
+    learners: int,
+    *,
+    extrapolate: bool = True,
+    rounds: int = REPEATS,
+) -> Price:
     """The :class:`Price` of one learner's step of ``scheme`` (its spec, rate and plan:
     fresh objects, so its replay's state is untouched) on the flat gradient ``row``,
-    with ``learners`` (>= 2) the replayed learners."""
+    with ``learners`` (>= 2) the replayed learners, over ``rounds`` timed rounds.
+    Without ``extrapolate`` only the step with ``learners`` copies is timed: the price
+    holds at that size alone (``per_payload`` 0)."""
     learners = max(learners, 2)
-    one, many = (
-        build_scheme(scheme.spec, scheme.ratio, scheme.plan, seed=scheme.seed) for _ in range(2)
-    )
+    steps = {"many": learners, "one": 1} if extrapolate else {"many": learners}
     timings: dict[str, Timing] = time_operations(
         {
-            "one": _stepper(one, row, 1, learners),
-            "many": _stepper(many, row, learners, learners),
-        }
+            name: _stepper(
+                build_scheme(scheme.spec, scheme.ratio, scheme.plan, seed=scheme.seed),
+                row,
+                copies,
+                learners,
+            )
+            for name, copies in steps.items()
+        },
+        repeats=rounds,
     )
-    base, full = timings["one"].median, timings["many"].median
+    full = timings["many"].median
+    if not extrapolate:
+        return Price(full, 0.0, timings["many"].spread)
+    base = timings["one"].median
     per_payload = max(full - base, 0.0) / (learners - 1)
     return Price(base, per_payload, timings["many"].spread)

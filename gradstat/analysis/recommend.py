@@ -16,13 +16,15 @@ fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (do
 16-bit too).
 Errors are those measured with the capture's learners; the cost model is evaluated at
 ``cost_learners``, and the build-up of all-gathered sets is extrapolated there with the
-stated model of :mod:`gradstat.analysis.cluster`.
+stated model of :mod:`gradstat.analysis.cluster`. On a large capture the candidates are
+screened on a column sample first, and only those that can still win replay the whole
+model and are priced (:mod:`gradstat.analysis.screening`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -30,8 +32,16 @@ import pandas as pd
 from gradstat import defaults
 from gradstat.analysis.cluster import BuildupModel, buildup_model
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.pricing import measure_price
+from gradstat.analysis.pricing import measure_price, rounds_for
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
+from gradstat.analysis.screening import (
+    SCREEN_VALUES,
+    Screen,
+    announce,
+    kept_text,
+    sample_for,
+    screen,
+)
 from gradstat.analysis.selection import Selection, as_link
 from gradstat.compressors.cost import Link
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
@@ -78,6 +88,8 @@ class Recommendation:
     priced: str = "measured"
     #: The plan every candidate ran on (``plan.describe()``), and the memories used.
     plan: str = "model"
+    #: The screen on a column sample, when one ran (:mod:`gradstat.analysis.screening`).
+    screen: Screen | None = None
 
     def assumptions(self) -> list[str]:
         """What the prediction assumes: target, link, collective algorithms, cluster."""
@@ -88,7 +100,13 @@ class Recommendation:
             f"{self.link.latency * 1e6:.4g} us; collectives: {algorithms} (alpha-beta model)",
         ]
         lines.append(f"granularity: {self.plan}; memory: as each candidate names it")
-        if self.priced == "measured":
+        if self.priced == "measured" and self.screen is not None and self.screen.prices:
+            lines.append(
+                "compression time: measured here, each candidate's own code on the "
+                f"screen's sample of {self.screen.values:,} values per learner, times "
+                f"{self.screen.fraction:.3g} (thread CPU time, median of warm runs)"
+            )
+        elif self.priced == "measured":
             lines.append(
                 "compression time: measured here, each candidate's own code on the "
                 "capture's messages (thread CPU time, median of warm runs)"
@@ -197,6 +215,7 @@ class Recommendation:
             "priced": self.priced,
             "granularity": self.plan,
             "buildup": {k: v.to_dict() for k, v in (self.buildup or {}).items()},
+            "screen": self.screen.to_dict() if self.screen is not None else None,
             "assumptions": self.assumptions(),
             "explanation": self.explanation(),
             "candidates": [
@@ -259,8 +278,10 @@ class RecommendParams:
     """What to choose among and how to judge: the ``error_budget`` (largest acceptable
     mean relative error), the ``link`` and ``cost_learners`` of the cost model, the dense
     ``baseline`` (fp32 or fp16), candidate ``compressors`` and ``ratios``, ``seed``, the
-    ``target`` hardware compression is timed on (default ``cpu-here``) and the torch
-    ``threads`` the replay measures compression with."""
+    ``target`` hardware compression is timed on (default ``cpu-here``), the torch
+    ``threads`` the replay measures compression with, and ``screen``: the values per
+    learner of the column sample every candidate is screened on first (0: none;
+    :mod:`gradstat.analysis.screening`)."""
 
     error_budget: float = defaults.ERROR_BUDGET  # as `gradstat report`
     link: Link = None  # a Link, "10Gbit/s[,5us]" or (bandwidth, latency); None: defaults
@@ -274,6 +295,7 @@ class RecommendParams:
     granularity: str | None = None
     dense: str | None = None
     dense_below: int = 0
+    screen: int = SCREEN_VALUES
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -308,20 +330,40 @@ def recommend(
     *,
     compute: Compute | None = None,
     progress: Progress = no_progress,
+    say: Callable[[str], None] = lambda text: None,
 ) -> Recommendation:
     """Replay the candidates over the selection (the whole model by default) and pick the
     fastest within budget. Ratios a sparsifier cannot honour on this capture are skipped
-    with a warning."""
+    with a warning. On a large capture the candidates are screened on a column sample
+    first (:mod:`gradstat.analysis.screening`) and only those that can still win replay
+    the whole model; ``say`` gets the line of what will run (before the work), one per
+    group the screen dropped and one naming the candidates it kept."""
     if params is None:
         raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
     run = Replay(capture, selection, params.replay_params(), compute=compute)
-    records = run.run(progress)
+    sample = sample_for(run.selection.scopes(capture)[0], run.plan, params.screen)
+    if len(run.plans) > 1 or len(run.schemes) < 2:
+        sample = None
+    say(announce(run, sample))
+    screened = None
+    if sample is not None:
+        target = params.target
+        compress = None
+        if target is not None and target.name != "cpu-here":
+            n = run.cost_learners
+            compress = lambda i: _estimated(run.schemes[i][1], n, target)  # noqa: E731
+        screened = screen(run, sample, params.error_budget, compress=compress, progress=progress)
+        for group in screened.dropped:
+            say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
+        say(kept_text(run, screened.survivors))
+    records = run.run(progress, only=screened.survivors if screened is not None else None)
     return choose(
         run,
         records,
         error_budget=params.error_budget,
         baseline=params.baseline,
         target=params.target,
+        screened=screened,
     )
 
 
@@ -345,27 +387,38 @@ def _estimated(scheme, n: int, target: Target) -> float:
 
 
 def target_times(
-    run: Replay, ranking: pd.DataFrame, records: pd.DataFrame, target: Target
+    run: Replay,
+    ranking: pd.DataFrame,
+    records: pd.DataFrame,
+    target: Target,
+    prices: Mapping[int, float] | None = None,
 ) -> dict[str, BuildupModel]:
     """Replace the replay's compression time by one learner's in training at the cluster
-    size (in place): measured here for ``cpu-here`` (:func:`~gradstat.compressors.
+    size (in place): measured here for ``cpu-here`` (``prices`` by scheme index where the
+    screen measured them on its sample, else :func:`~gradstat.compressors.
     pricing.measure_price` on the first replayed step's row of the first learner), else
     the work model on ``target``; add ``buildup_at_cluster``; return the build-up models."""
-    n = run.cost_learners
+    n, replayed = run.cost_learners, len(run.learners)
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
     measured = target.name == "cpu-here"
+    prices = prices or {}
     row = None
-    if measured:
-        import torch
-
-        row = torch.from_numpy(run.capture.read_row(run.steps[0], run.learners[0]).copy())
     for line in ranking.itertuples():
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
-        if measured:
+        index = run.schemes.index((scope, scheme))
+        if measured and index in prices:
+            compress.append(prices[index])
+        elif measured:
+            if row is None:
+                import torch
+
+                row = torch.from_numpy(run.capture.read_row(run.steps[0], run.learners[0]).copy())
             part = scope.take(row)
-            compress.append(measure_price(scheme, part, len(run.learners)).at(n))
+            rounds = rounds_for(line.compress_seconds)  # the replay's time of its step
+            price = measure_price(scheme, part, replayed, extrapolate=n != replayed, rounds=rounds)
+            compress.append(price.at(n))
         else:
             compress.append(_estimated(scheme, n, target))
         mask = (records["compressor"] == line.compressor) & (
@@ -391,15 +444,18 @@ def choose(
     error_budget: float,
     baseline: str = "fp32",
     target: Target | None = None,
+    screened: Screen | None = None,
 ) -> Recommendation:
     """Rank the candidates of a finished replay (``run`` produced ``records``) and pick
     the fastest whose mean relative error is within ``error_budget``; compression times
-    are the work model's on ``target`` (default ``cpu-here``)."""
+    are the work model's on ``target`` (default ``cpu-here``: measured, on the sample of
+    the ``screened`` candidates where a screen ran)."""
     check_options(error_budget, baseline, None)
     link, n = run.link, run.cost_learners
     target = target or builtin_target("cpu-here")
     ranking = summarize_replay(records, link, n)
-    models = target_times(run, ranking, records, target)
+    prices = screened.prices if screened is not None else None
+    models = target_times(run, ranking, records, target, prices)
     ranking["within_budget"] = ranking["rel_error"] <= error_budget
     ranking = pd.concat(
         [
@@ -427,6 +483,7 @@ def choose(
         buildup=models,
         priced="measured" if target.name == "cpu-here" else "estimated",
         plan=run.plan.describe(),
+        screen=screened,
     )
 
 

@@ -246,9 +246,11 @@ class Replay:
                     schemes.append((sc, scheme))
         return schemes, skipped
 
-    def run(self, progress: Progress = no_progress) -> pd.DataFrame:
-        """Every scheme over every step; one record per step and scheme (and with
-        ``detail`` per message), in that order.
+    def run(
+        self, progress: Progress = no_progress, only: Sequence[int] | None = None
+    ) -> pd.DataFrame:
+        """Every scheme (or those of indices ``only``) over every step; one record per
+        step and scheme (and with ``detail`` per message), in that order.
 
         Units: as many groups of schemes as processes will run them (``--jobs`` x
         torchrun ranks; schemes dealt round-robin), each group replayed over every step,
@@ -257,8 +259,9 @@ class Replay:
         steps = len(self.steps)
         task = Task(replay_unit, str(self.capture.path), self.selection, self.params, parts=steps)
         workers = planned_workers(self.capture, self.selection, self.compute.jobs)
-        groups = min(len(self.schemes), workers)
-        units = [tuple(range(g, len(self.schemes), groups)) for g in range(groups)]
+        chosen = list(range(len(self.schemes)) if only is None else only)
+        groups = min(len(chosen), workers)
+        units = [tuple(chosen[g::groups]) for g in range(groups)]
         records = run_units(self.capture, task, units, self.compute, progress)
         if not records:
             raise UsageError("every candidate failed: nothing to compare (see the warnings)")

@@ -21,6 +21,7 @@ from gradstat.analysis.recommend import (
 )
 from gradstat.analysis.replay import Replay, ReplayParams, dense_seconds, summarize_replay
 from gradstat.analysis.replay_records import totals
+from gradstat.analysis.screening import SCREEN_VALUES
 from gradstat.analysis.selection import Selection
 from gradstat.cli.options import (
     BANDWIDTH,
@@ -59,6 +60,7 @@ from gradstat.cli.options import (
     Seed,
     Steps,
     Threads,
+    between,
     compute_options,
     list_compressors,
 )
@@ -116,6 +118,18 @@ TargetFile = Annotated[
         "--target-file",
         metavar="PATH",
         help="A hardware profile as JSON (docs/replay.md), instead of --target.",
+    ),
+]
+ScreenValues = Annotated[
+    int,
+    typer.Option(
+        "--screen",
+        metavar="N",
+        callback=between(0),
+        help="Screen every candidate first on a column sample of about N values per "
+        "learner (the leading rows of each parameter) and replay only those that can still "
+        "win on the whole model; 0: replay every candidate on the whole model "
+        "(docs/replay.md).",
     ),
 ]
 #: Over-budget candidates the recommend table shows (closest first); --json has all.
@@ -361,6 +375,7 @@ def recommend_command(
     steps: Steps = None,
     seed: Seed = SEED,
     threads: Threads = THREADS,
+    screen: ScreenValues = SCREEN_VALUES,
     out: Out = None,
     as_json: Json = False,
     csv: Csv = None,
@@ -381,7 +396,7 @@ def recommend_command(
     profile = target_profile(target, target_file, threads)
     plan = plan_options(granularity, dense, dense_below)
     given = (error_budget, link, cluster_size, baseline.value, specs, ratios, seed, profile)
-    params = RecommendParams(*given, threads, **plan)
+    params = RecommendParams(*given, threads, **plan, screen=screen)
     compute = compute_options(device, memory, jobs)
     with open_capture(capture) as cap, torch_threads(threads):
         note_sample(cap)
@@ -392,12 +407,18 @@ def recommend_command(
                 "it for N learners"
             )
         tick = lambda units: progress(units, "recommend")  # noqa: E731
-        result = recommend(cap, Selection.of(cap, steps), params, compute=compute, progress=tick)
+        selection = Selection.of(cap, steps)
+        result = recommend(cap, selection, params, compute=compute, progress=tick, say=_note)
     show(recommend_result(result), Output(as_json, csv))
     if result.winner is None:
         raise _nothing_fits(result.closest, error_budget)
     if out is not None:
         _write_recommendation(result, out)
+
+
+def _note(text: str) -> None:
+    """A line of what recommend does (plain text on stderr, never markup)."""
+    err_console.print(f"note: {escape(text)}", highlight=False, soft_wrap=False)
 
 
 def target_profile(target: str, target_file: Path | None, threads: int):

@@ -227,6 +227,16 @@ def _joined(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(joined)
 
 
+def regrouped(plan: Plan, messages: Sequence[Message]) -> Plan:
+    """``plan`` over other ``messages``, one for each of its own (e.g. a column sample of
+    each, :mod:`gradstat.analysis.screening`): the same granularity, and blocks of the
+    same members."""
+    if len(messages) != len(plan.messages):
+        raise ValueError(f"{len(messages)} messages for a plan of {len(plan.messages)}")
+    blocks = tuple(_block(messages, block.messages) for block in plan.blocks)
+    return Plan(plan.granularity, tuple(messages), blocks)
+
+
 def build_plan(
     layers: Sequence[Layer],
     granularity: str = "model",
