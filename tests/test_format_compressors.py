@@ -95,13 +95,15 @@ def test_a_format_keeps_no_memory_unless_one_is_named():
             replay_rows(plain, g[:, t]).estimate,
             plain_mean(list(g[:, t]), "fp8-e5m2", "ring", "fp32"),
         )
-    # error feedback: step 1 sends g + (p0 - what p0 became on the wire, chunk by chunk)
+    # error feedback: step 1 sends g + (p0 - what p0 became on the wire, chunk by chunk;
+    # the learner's own chunk is added unrounded)
     fmt = FORMATS["fp8-e5m2"]
     replay_rows(residual, g[:, 0])
     chunk = math.ceil(d / 2)
     p1 = []
-    for row0, row1 in zip(g[:, 0], g[:, 1], strict=True):
-        sent = torch.cat([_send(fmt, row0[c : c + chunk]) for c in range(0, d, chunk)])
+    for i, (row0, row1) in enumerate(zip(g[:, 0], g[:, 1], strict=True)):
+        pieces = [row0[c : c + chunk] for c in range(0, d, chunk)]
+        sent = torch.cat([p if j == i else _send(fmt, p) for j, p in enumerate(pieces)])
         p1.append(row1 + (row0 - sent))
     assert torch.equal(
         replay_rows(residual, g[:, 1]).estimate, plain_mean(p1, "fp8-e5m2", "ring", "fp32")

@@ -37,7 +37,7 @@ from gradstat.analysis.replay_records import COLUMNS, dense_seconds, step_record
 from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
 from gradstat.analysis.selection import Selection, as_link, parse_ratios
 from gradstat.compressors.cost import Link
-from gradstat.compressors.plan import MIB, Plan, build_plan
+from gradstat.compressors.plan import MIB, Plan, build_plan, unit_members
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatError, GradstatWarning, UsageError
@@ -95,12 +95,16 @@ def capture_plan(
     if granularity is None:
         granularity, first_bucket_bytes = default_granularity(cap)
     layers = scope_layers(cap.layers, scope)
+    units = None
+    if granularity == "unit":  # FSDP2's units, as the capture recorded them
+        units = unit_members(cap.meta.get("fsdp_units"), cap.layers)
     return build_plan(
         layers,
         granularity,
         dense=dense,
         dense_below=dense_below,
         first_bucket_bytes=first_bucket_bytes,
+        units=units,
     )
 
 

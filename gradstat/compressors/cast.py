@@ -18,7 +18,10 @@ learner, so both hold the same bits. The bytes recorded are those the format's
 collective puts on the wire (:meth:`FormatCompressor.wire_bytes`), not the emulation's
 float32 all-gather. What a learner ``sent`` (for a residual memory and the ``/sent``
 rows) is its message as it leaves the learner: each of the collective's N chunks rounded
-once by the format.
+once by the format, but its own chunk (``accumulate=fp32``: added unrounded where the
+learner owns the sum); :meth:`FormatCompressor.aggregate` runs the collective over such
+rows (``compare``'s update applied online: exact at N = 2, the roundings of partial sums
+further along the ring or tree aside).
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class FormatCompressor(Compressor):
         of the format (fp8: a scale each; MX: blocks from each chunk's start)."""
         return sum(self.fmt.wire_bytes(c) for c in self.chunks(numel, learners) if c)
 
+    def aggregate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The emulated collective's sum of the learners' vectors (``compare`` applies it
+        to the recorded ``sent`` rows: each learner's chunks already rounded once)."""
+        return self.reduce([(t.reshape(-1),) for t in tensors], 1)
+
     def reduce(self, gathered: Sequence[Tensors], n: int) -> torch.Tensor:
         """The emulated collective over the learners' gathered float32 messages: the
         mean every learner holds (all-reduce) or the owners' chunks end to end
@@ -95,19 +103,25 @@ class FormatCompressor(Compressor):
             total = all_reduce(rows, **settings)
         return total / n
 
-    def own(self, flat: torch.Tensor, learners: int) -> torch.Tensor:
-        """The message as it leaves this learner: each chunk rounded once by the format."""
+    def own(self, flat: torch.Tensor, learners: int, learner: int) -> torch.Tensor:
+        """The message as it leaves ``learner``: each chunk rounded once by the format,
+        except (``accumulate=fp32``) the chunk the learner owns, which it adds to what
+        it receives unrounded (in ``wire`` mode the inputs are in the format)."""
         size = -(-flat.numel() // learners)
         padded = torch.zeros(learners * size)
         padded[: flat.numel()] = flat
-        return self.fmt.round(padded.view(learners, size)).reshape(-1)[: flat.numel()]
+        chunks = padded.view(learners, size)
+        rounded = self.fmt.round(chunks)
+        if self.accumulate == "fp32":
+            rounded[learner] = chunks[learner]
+        return rounded.reshape(-1)[: flat.numel()]
 
     def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
         flat = p.reshape(-1).to(torch.float32)
         n = call.learners
         gathered = yield AllGather([flat])
         estimate = yield Shared(self.reduce, (gathered, n))
-        sent = partial(self.own, flat, n)
+        sent = partial(self.own, flat, n, call.learner)
         transfers = self.transfers(float(self.wire_bytes(flat.numel(), n)))
         return Sent(sent, estimate, transfers, flat.numel(), None, {}, (flat,), None)
 
@@ -123,8 +137,12 @@ class FormatCompressor(Compressor):
 
 
 def build(ctx: Any, name: str) -> Compressor:
-    """The format compressor ``name`` with the context's ``algorithm`` and ``accumulate``."""
+    """The format compressor ``name`` with the context's ``algorithm`` and ``accumulate``;
+    a reduce-scatter on a ``unit`` plan (FSDP2), else an all-reduce."""
     params = ctx.params
     algorithm = ALGORITHMS[int(params.get("algorithm", 0))]
     accumulate = ACCUMULATE[int(params.get("accumulate", 0))]
-    return FormatCompressor(wire_format(name), algorithm, accumulate)
+    made = FormatCompressor(wire_format(name), algorithm, accumulate)
+    if ctx.granularity == "unit":
+        made.collective = REDUCESCATTER
+    return made

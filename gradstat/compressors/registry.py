@@ -46,7 +46,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 class Context:
     """What a compressor is built for, once per learner and message: its rate and ``k``
     there, the message's size and its parameters' ``shapes``, the compressor's
-    parameters, the scheme's ``seed``, the ``learner``."""
+    parameters, the scheme's ``seed``, the ``learner`` and the plan's ``granularity``
+    (``unit``: the message runs inside FSDP2's reduce-scatter)."""
 
     ratio: float | None
     k: int | None
@@ -55,6 +56,7 @@ class Context:
     params: Mapping[str, float]
     seed: int
     learner: int = 0
+    granularity: str = "model"
 
 
 def grace_k(ratio: float, numel: int) -> int:
@@ -309,7 +311,14 @@ class Scheme:
             m = self.plan.messages[message]
             params = dict(self.spec.params)
             context = Context(
-                self.ratio, self.k(message), m.numel, m.shapes, params, self.seed, learner
+                self.ratio,
+                self.k(message),
+                m.numel,
+                m.shapes,
+                params,
+                self.seed,
+                learner,
+                self.plan.granularity,
             )
             made = self.spec.entry.make(context)
             if self.spec.collective is not None:
