@@ -70,9 +70,11 @@ def scope_layers(layers: Sequence[Layer], scope: Scope) -> list[Layer]:
 
 def default_granularity(cap: Capture) -> tuple[str, int | None]:
     """How the capture was trained: ``(granularity, first bucket bytes)``. DDP: its
-    buckets at the caps it recorded (DDP's defaults when it recorded none); anything
-    else the whole model."""
+    buckets at the caps it recorded (DDP's defaults when it recorded none); FSDP2 its
+    units; anything else the whole model."""
     meta = cap.meta
+    if meta.get("data_parallel") == "fsdp2" and meta.get("fsdp_units"):
+        return "unit", None
     if meta.get("data_parallel") != "ddp":
         return "model", None
     cap_bytes = meta.get("ddp_bucket_cap_bytes")

@@ -466,7 +466,7 @@ def recommend_result(result: Recommendation) -> Result:
                 "budget fastest first, then the rest by error; ms/step = predicted communication + "
                 "compression (per candidate in --json); "
                 "speed-up over the "
-                f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
+                f"dense {result.baseline} {result.dense} ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),
             )
         ],

@@ -52,6 +52,7 @@ class FormatCompressor(Compressor):
     """One learner's message sent in ``fmt`` through the emulated collective."""
 
     sparse = False
+    emulated = True
 
     def __init__(self, fmt: Format, algorithm: str = "ring", accumulate: str = "fp32") -> None:
         self.fmt, self.algorithm, self.accumulate = fmt, algorithm, accumulate
