@@ -141,9 +141,10 @@ Granularity = Annotated[
     typer.Option(
         "--granularity",
         metavar="G",
-        show_default="the capture's: bucket for DDP, else model",
+        show_default="the capture's: bucket for DDP, unit for FSDP2, else model",
         help="How a step is cut into messages: model (the flat vector), tensor (each "
-        "parameter in its shape) or bucket[:MB] (DDP's buckets, bucket_cap_mb MB).",
+        "parameter in its shape), bucket[:MB] (DDP's buckets, bucket_cap_mb MB) or unit "
+        "(FSDP2's fully_shard units, inside the reduce-scatter).",
     ),
 ]
 Dense = Annotated[
