@@ -12,8 +12,11 @@ import torch
 
 from gradstat.analysis.replay import capture_plan, trained_options
 from gradstat.analysis.replay_block import replay_rows
+from gradstat.capture.fsdp import UnitLayout
 from gradstat.compressors.registry import build_scheme
 from gradstat.compressors.spec import parse_compressors
+from gradstat.errors import UsageError
+from gradstat.hooks.fsdp_compression import install
 from gradstat.store import open_capture
 from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
 
@@ -83,3 +86,12 @@ def test_cli_capture_trains_with_a_format_inside_the_reduce_scatter(tmp_path, ca
         scheme = build_scheme(parse_compressors(spec)[0], None, plan)
         replayed = replay_rows(scheme, cap.read_step(0), 0)
         assert torch.equal(cap.read_step(0, dataset="sent"), replayed.sent)
+
+
+@pytest.mark.parametrize(
+    ("shard", "replicate", "message"), [(2, 2, "HSDP"), (1, 1, "sharded over one learner")]
+)
+def test_hsdp_and_unsharded_units_are_refused(shard, replicate, message):
+    layout = UnitLayout("block", [], shard, replicate, 1.0, torch.float32)
+    with pytest.raises(UsageError, match=message):
+        install(None, [(None, layout)])

@@ -73,8 +73,7 @@ class CompressedReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
 def install(state: CompressionState, layouts: list[tuple[torch.nn.Module, UnitLayout]]) -> None:
     """Give every unit of ``layouts`` its compressed reduce-scatter (see the module
     docstring); the state's plan must be the ``unit`` plan of these units."""
-    plan = state.plan
-    for unit, layout in layouts:
+    for _, layout in layouts:  # every refusal before any unit is touched
         if layout.replicate > 1:
             raise UsageError(
                 f"FSDP unit {layout.name} is replicated over {layout.replicate} learners "
@@ -84,6 +83,8 @@ def install(state: CompressionState, layouts: list[tuple[torch.nn.Module, UnitLa
             raise UsageError(
                 f"FSDP unit {layout.name} is sharded over one learner: nothing to compress"
             )
+    plan = state.plan
+    for unit, layout in layouts:
         messages = [
             m for m, message in enumerate(plan.messages)
             if message.name.removesuffix(" (dense)") == layout.name
