@@ -348,11 +348,14 @@ class Scheme:
         """The memory that ran, as the records name it."""
         return self.spec.memory.label if self.spec.memory is not None else self.memory.label
 
-    def settings(self) -> dict[str, float]:
-        """Concrete settings: the parameters, and each compressor setting's mean over the
-        objects built (SIDCo's adaptive stages differ by learner and message; ``k`` is
-        summed over the messages)."""
-        settings = dict(self.spec.params)
+    def settings(self) -> dict[str, float | str]:
+        """Concrete settings: the parameters (a choice as its word, ``algorithm=ring``),
+        and each compressor setting's mean over the objects built (SIDCo's adaptive
+        stages differ by learner and message; ``k`` is summed over the messages)."""
+        settings: dict[str, float | str] = {
+            k: CHOICES[k][int(v)] if k in CHOICES and isinstance(v, float) else v
+            for k, v in self.spec.params
+        }
         objects = [c for (learner, _), c in self._objects.items() if learner == 0]
         if not objects:
             return settings
