@@ -98,8 +98,11 @@ Candidates = Annotated[
         callback=list_compressors,
         is_eager=True,
         help=f"Candidates, comma-separated: {COMPRESSOR_NAMES} Default: every built-in but "
-        + " and ".join(n for n, e in REGISTRY.items() if not e.candidate)
-        + ".",
+        + " and ".join(
+            n for n, e in REGISTRY.items() if not e.candidate and "algorithm" not in e.params
+        )
+        + ", of the number formats fp16 and bf16; on an FSDP2 capture every format and the "
+        "others that can run in a reduce-scatter (docs/compressors.md).",
     ),
 ]
 Target = Annotated[

@@ -126,7 +126,7 @@ def _format(name: str, summary: str, candidate: bool = False) -> Entry:
     return Entry(
         build,
         True,
-        f"{summary} on the wire of the emulated collective",
+        f"{summary}; emulated ring, tree or a2a",
         _FORMAT,
         candidate=candidate,
         collectives=(),
