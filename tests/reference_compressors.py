@@ -24,6 +24,8 @@ import torch
 from gradstat.stats.sidco import AdaptiveStages
 from gradstat.stats.thresholds import estimate_threshold
 
+#: The number formats, compressors since issue 37 (gradstat/compressors/cast.py).
+FORMAT_NAMES = ("fp16", "bf16", "fp8-e4m3", "fp8-e5m2", "mxfp8", "mxfp6", "mxfp4")
 ESTIMATED = (
     "threshold",
     "dgc",
@@ -142,6 +144,8 @@ class Reference:
         self.shared = draws(self.seed, self.t, None, self.message)
         p = self.compensate(g)
         name = "estimated" if self.name in ESTIMATED else self.name.replace("-", "_")
+        if self.name in FORMAT_NAMES:
+            name = "format"
         out = getattr(self, f"_{name}")(p)
         out.memory_norm = self.update(p, out.sent)
         self.t += 1
@@ -154,11 +158,26 @@ class Reference:
     def _none(self, p):
         return self._dense(p, 4 * self.d)
 
-    def _fp16(self, p):
-        return self._dense(p.half().float(), 2 * self.d)
+    def _format(self, p) -> Outcome:
+        """A number format's default collective, a ring with float32 sums
+        (tests/test_collectives.py's sequential loop), all-gathered in the format; each
+        learner sent its chunks rounded, its own chunk as it is."""
+        from gradstat.compressors.formats import FORMATS
+        from tests.test_collectives import _send, ring_loop
 
-    def _bf16(self, p):
-        return self._dense(p.bfloat16().float(), 2 * self.d)
+        fmt, n, d = FORMATS[self.name], self.n, self.d
+        total = torch.cat([_send(fmt, o) for o in ring_loop(list(p), fmt, False)])[:d]
+        size = math.ceil(d / n)
+        starts = range(0, d, size)
+        sent = torch.stack(
+            [
+                torch.cat([row[s : s + size] if j == i else _send(fmt, row[s : s + size])
+                           for j, s in enumerate(starts)])
+                for i, row in enumerate(p)
+            ]
+        )  # fmt: skip
+        nbytes = sum(fmt.wire_bytes(min(size, d - s)) for s in starts)
+        return Outcome(sent, total / n, [("allreduce", nbytes)], [d] * n)
 
     def _sparse(self, p, indices) -> Outcome:
         sent = keep(p, indices)

@@ -18,8 +18,9 @@ from gradstat.compressors import (
     parse_compressors,
 )
 from gradstat.compressors.base import pack_bits, unpack_bits
-from gradstat.compressors.cast import Cast
+from gradstat.compressors.cast import FormatCompressor
 from gradstat.compressors.exchange import Call, Sent, nbytes
+from gradstat.compressors.formats import FORMATS
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD
@@ -206,7 +207,7 @@ def test_pack_bits_round_trip_and_size(bits):
 @pytest.mark.parametrize(("dtype", "name"), [(torch.float16, "fp16"), (torch.bfloat16, "bf16")])
 def test_casts(dtype, name):
     x = laplace((2, 50))
-    compressor = Cast(dtype)
+    compressor = FormatCompressor(FORMATS[name])
     assert compressor.name == name
     tensors, ctx = compressor.compress(x[0], "model")
     assert payload_bytes(tensors) == 100
@@ -451,13 +452,13 @@ def test_parse_compressors_and_bad_names():
 
 def test_memory_and_collective_are_named_in_the_spec():
     specs = parse_compressors(
-        "terngrad+residual,clt-k:beta=0.5+none,fp16:collective=allgather,"
+        "terngrad+residual,clt-k:beta=0.5+none,none:collective=allgather,"
         "dgc+residual:beta=0.5,threshold:threshold=1e+3"
     )
     assert [s.label for s in specs] == [
         "terngrad+residual",
         "clt-k:beta=0.5+none",
-        "fp16:collective=allgather",
+        "none:collective=allgather",
         "dgc+residual:beta=0.5",
         "threshold:threshold=1000",
     ]
@@ -470,14 +471,14 @@ def test_memory_and_collective_are_named_in_the_spec():
         "ResidualMemory",
     ]
     assert scheme("dgc", 0.05, 400).memory.momentum == 0.9
-    assert scheme("fp16:collective=allgather", None, 400).compressor(0, 0).collective == "allgather"
+    assert scheme("none:collective=allgather", None, 400).compressor(0, 0).collective == "allgather"
     for bad, match in [
         ("topk+zip", "unknown memory 'zip'"),
         ("topk+residual:gamma=1", "memory residual has no parameter 'gamma'"),
         ("topk+none+none", r"COMPRESSOR\+MEMORY"),
         ("topk:collective=allreduce", "payloads do not add up"),
         ("clt-k:collective=allgather", "exchange is its own"),
-        ("fp16:collective=ring", "allgather or allreduce"),
+        ("none:collective=ring", "allgather or allreduce"),
     ]:
         with pytest.raises(UsageError, match=match):
             parse_compressors(bad)

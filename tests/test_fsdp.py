@@ -226,7 +226,7 @@ def test_cli_fsdp_capture_records_each_learners_first_gradient(tmp_path, capsys)
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--compressor", "topk", "--ratio", "0.01"], "compression under FSDP2 is not supported"),
+        (["--compressor", "topk", "--ratio", "0.01", "--layers", "h"], "drop --layers"),
         (["--comm-hook", "fp16"], "under --fsdp drop it"),
     ],
 )

@@ -94,11 +94,11 @@ def test_dense_exclusions_travel_as_messages_of_their_own():
 @pytest.mark.parametrize(
     ("granularity", "message"),
     [
-        ("layers", "choose model, tensor or bucket"),
+        ("layers", "choose model, tensor, bucket"),
         ("bucket:x", "positive MiB"),
         ("bucket:0", "positive MiB"),
         ("tensor:3", "choose model"),
-        ("unit", "not supported yet"),
+        ("unit", "needs a capture of an FSDP2 run"),
     ],
 )
 def test_bad_granularities_are_refused(granularity, message):

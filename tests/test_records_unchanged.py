@@ -1,5 +1,7 @@
 """Replay records of every built-in compressor at ``model`` granularity with its own
-memory equal those of the code before the protocol port (issue #26).
+memory equal those of the code before the protocol port (issue #26). The number formats
+(``fp16``, ``bf16``) left: since issue 37 they run the emulated collective, checked
+against plain loops in tests/test_format_compressors.py.
 
 ``tests/data/records_before_protocol.json`` holds the records the pre-port code
 (834b259) gave on the capture below (``python tests/test_records_unchanged.py`` with that
@@ -26,7 +28,7 @@ from gradstat.store import layer_table, open_capture, write_capture
 
 FIXTURE = Path(__file__).parent / "data" / "records_before_protocol.json"
 BUILTINS = (
-    "none,fp16,bf16,topk,randomk,threshold,dgc,gaussiank,redsync,redsync-sidco,sidco-exp,"
+    "none,topk,randomk,threshold,dgc,gaussiank,redsync,redsync-sidco,sidco-exp,"
     "sidco-gpd,sidco-gamma-gpd,clt-k,gtopk,powersgd,signsgd,ef-signsgd,qsgd,terngrad"
 )
 VARIANTS = (
@@ -72,7 +74,8 @@ def _plain(value):
 
 
 def test_records_equal_those_before_the_port(tmp_path):
-    want = json.loads(FIXTURE.read_text())
+    formats = ("fp16", "bf16")
+    want = [r for r in json.loads(FIXTURE.read_text()) if r["compressor"] not in formats]
     got = records(tmp_path)
     assert len(got) == len(want)
     for before, after in zip(want, got, strict=True):

@@ -180,7 +180,7 @@ def test_gaps_warn(capsys, tmp_path):
     [
         (["--compressors", "topk,zip"], "unknown compressor 'zip'"),
         (["--ratios", "1.5"], "strictly between 0 and 1"),
-        (["--granularity", "layers"], "choose model, tensor or bucket"),
+        (["--granularity", "layers"], "choose model, tensor, bucket"),
         (["--dense", "("], "not a valid regex"),
         (["--bandwidth", "fast"], "--bandwidth 'fast'"),
         (["--latency", "soon"], "--latency 'soon'"),
@@ -234,7 +234,7 @@ def test_recommend_picks_the_clear_winner(capsys, sparse_capture, tmp_path):
     assert candidates["topk", 0.01]["comm_seconds"] == pytest.approx(
         allgather_seconds(160, 64, link)
     )
-    assert doc["recommendation"]["compressor"] == "fp16"
+    assert doc["recommendation"]["compressor"] == "fp16:algorithm=ring:accumulate=fp32"
     assert doc["recommendation"]["comm_seconds"] == pytest.approx(allreduce_seconds(4000, 64, link))
 
 
@@ -306,8 +306,14 @@ def test_replay_selected_learners_set_the_cost_model(capsys, synthetic_capture):
     (record,) = doc["records"]
     assert doc["learners"] == 2 and record["step"] == 3
     assert record["comm_seconds"] == pytest.approx(allreduce_seconds(2 * d, 2, LINK))
-    mean = grads[[0, 2], 3].astype(np.float64).mean(0)
-    half = grads[[0, 2], 3].astype(np.float16).astype(np.float64).mean(0)
+    g0, g1 = grads[[0, 2], 3]
+    mean = ((g0 + g1) / 2).astype(np.float64)  # the replay's reference, in float32
+    # fp16's default collective, a ring with float32 sums over 2 learners: each owner
+    # adds the other's chunk, rounded, to its own; the all-gather rounds the sum once
+    c = -(-d // 2)
+    h = lambda v: v.astype(np.float16).astype(np.float32)  # noqa: E731
+    total = np.concatenate([h(h(g1[:c]) + g0[:c]), h(h(g0[c:]) + g1[c:])])
+    half = (total / np.float32(2)).astype(np.float64)
     assert record["rel_error"] == pytest.approx(np.sum((half - mean) ** 2) / np.sum(mean**2))
 
 

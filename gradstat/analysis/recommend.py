@@ -13,7 +13,11 @@ kept as ``measured_compress_seconds``. Among the candidates whose
 mean relative error ``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the
 fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md
 5: compression pays only if it beats the exposed dense communication, judge against
-16-bit too).
+16-bit too). On an FSDP2 capture the dense baseline is FSDP's ring reduce-scatter of the
+gradients in the run's reduce dtype plus the parameter all-gather no compressor removes
+(added to every candidate too), the candidates are those with a reduce-scatter form
+(:data:`~gradstat.compressors.registry.Entry.reduce_scatter`: number formats, payloads
+that add up), replayed per FSDP unit, and the answer says which were left out.
 Errors are those measured with the capture's learners; the cost model is evaluated at
 ``cost_learners``, and the build-up of all-gathered sets is extrapolated there with the
 stated model of :mod:`gradstat.analysis.cluster`. On a large capture the candidates are
@@ -23,9 +27,10 @@ model and are priced (:mod:`gradstat.analysis.screening`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -43,8 +48,9 @@ from gradstat.analysis.screening import (
     screen,
 )
 from gradstat.analysis.selection import Selection, as_link
-from gradstat.compressors.cost import Link
+from gradstat.compressors.cost import Link, allgather_seconds, reducescatter_seconds
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
+from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import Target, builtin_target, spread_text
 from gradstat.compressors.work import seconds
 from gradstat.errors import UsageError
@@ -53,12 +59,24 @@ from gradstat.store import Capture
 
 #: Every registered compressor except the dense baseline.
 DEFAULT_CANDIDATES = ",".join(name for name, entry in REGISTRY.items() if entry.candidate)
+#: On an FSDP2 capture: every compressor with a reduce-scatter form, every format.
+FSDP_CANDIDATES = ",".join(
+    name
+    for name, entry in REGISTRY.items()
+    if entry.reduce_scatter and (entry.candidate or "algorithm" in entry.params)
+)
 DEFAULT_RATIOS = "0.1,0.01,0.001"
 BASELINE_BYTES = {"fp32": 4, "fp16": 2}
+#: FSDP2's reduce dtypes as the answers name them, and their bytes.
+REDUCE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: What an FSDP2 recommendation compares against (``Recommendation.dense``).
+FSDP_DENSE = "FSDP2 ring reduce-scatter + parameter all-gather"
 #: The collective algorithms the alpha-beta model assumes (gradstat/compressors/cost.py).
 ALGORITHMS = {
     "allreduce": "ring",
     "allgather": "ring",
+    "reducescatter": "ring",
     "broadcast": "binomial tree",
     "reduce": "binomial tree",
 }
@@ -90,6 +108,10 @@ class Recommendation:
     plan: str = "model"
     #: The screen on a column sample, when one ran (:mod:`gradstat.analysis.screening`).
     screen: Screen | None = None
+    #: The dense collective judged against, after its dtype (``baseline``).
+    dense: str = "ring all-reduce"
+    #: FSDP2: the candidates left out (no reduce-scatter form).
+    left_out: tuple[str, ...] = ()
 
     def assumptions(self) -> list[str]:
         """What the prediction assumes: target, link, collective algorithms, cluster."""
@@ -109,7 +131,8 @@ class Recommendation:
         elif self.priced == "measured":
             lines.append(
                 "compression time: measured here, each candidate's own code on the "
-                "capture's messages (thread CPU time, median of warm runs)"
+                "capture's messages (thread CPU time, median of warm runs; number "
+                "formats: the work model's casts, their collective is emulated)"
             )
         elif self.target is not None:
             t = self.target
@@ -153,15 +176,17 @@ class Recommendation:
             f"{_name(w)}: predicted {_ms(w['seconds'])} per step "
             f"({_ms(w['comm_seconds'])} communication + {_ms(w['compress_seconds'])} "
             f"compression) for {self.cost_learners} learners, against "
-            f"{_ms(self.baseline_seconds)} for the dense {self.baseline} all-reduce "
+            f"{_ms(self.baseline_seconds)} for the dense {self.baseline} {self.dense} "
             f"({self.baseline_seconds / w['seconds']:.3g}x); mean relative error "
             f"{w['rel_error']:.3g} within the budget {self.error_budget:g}."
         ]
         if not self.pays_off:
             lines.append(
-                f"It does not beat the dense {self.baseline} all-reduce: keep dense "
+                f"It does not beat the dense {self.baseline} {self.dense}: keep dense "
                 "communication unless the network is slower than assumed."
             )
+        if self.dense == FSDP_DENSE:
+            lines.append(fsdp_note(self.left_out))
         fitting = self.ranking[self.ranking["within_budget"]]
         if len(fitting) > 1:
             r = fitting.iloc[1].to_dict()
@@ -199,6 +224,8 @@ class Recommendation:
             "error_budget": self.error_budget,
             "baseline": self.baseline,
             "baseline_seconds": self.baseline_seconds,
+            "dense": self.dense,
+            "left_out": list(self.left_out),
             "steps": self.steps,
             "learners": self.learners,
             "cost_learners": self.cost_learners,
@@ -340,6 +367,8 @@ def recommend(
     group the screen dropped and one naming the candidates it kept."""
     if params is None:
         raise UsageError("a recommendation needs parameters: RecommendParams(error_budget, link)")
+    compressors, left_out = fsdp_candidates(capture, params.compressors)
+    params = replace(params, compressors=compressors)
     run = Replay(capture, selection, params.replay_params(), compute=compute)
     sample = sample_for(run.selection.scopes(capture)[0], run.plan, params.screen)
     if len(run.plans) > 1 or len(run.schemes) < 2:
@@ -347,23 +376,75 @@ def recommend(
     say(announce(run, sample))
     screened = None
     if sample is not None:
-        target = params.target
-        compress = None
-        if target is not None and target.name != "cpu-here":
-            n = run.cost_learners
-            compress = lambda i: _estimated(run.schemes[i][1], n, target)  # noqa: E731
+        target, n = params.target, run.cost_learners
+
+        def compress(i: int) -> float | None:  # None: measured on the sample
+            scheme = run.schemes[i][1]
+            if target is not None and target.name != "cpu-here":
+                return _estimated(scheme, n, target)
+            return _estimated(scheme, n, builtin_target("cpu-here")) if _emulated(scheme) else None
+
         screened = screen(run, sample, params.error_budget, compress=compress, progress=progress)
         for group in screened.dropped:
             say(f"screen dropped {len(group.names)} ({group.why}): {', '.join(group.names)}")
         say(kept_text(run, screened.survivors))
     records = run.run(progress, only=screened.survivors if screened is not None else None)
-    return choose(
+    result = choose(
         run,
         records,
         error_budget=params.error_budget,
         baseline=params.baseline,
         target=params.target,
         screened=screened,
+    )
+    return replace(result, left_out=tuple(left_out))
+
+
+def fsdp_reduce(capture: Capture) -> str | None:
+    """The dtype an FSDP2 capture's units reduce in (``bf16``, ``fp16``, ``fp32``; the
+    widest where units differ); None for a capture of another kind."""
+    if capture.meta.get("data_parallel") != "fsdp2":
+        return None
+    units = json.loads(capture.meta.get("fsdp_units") or "[]")
+    names = {REDUCE_NAMES.get(u.get("reduce_dtype"), "fp32") for u in units} or {"fp32"}
+    return max(names, key=lambda name: REDUCE_BYTES[name])
+
+
+def fsdp_seconds(numel: int, n: int, link: Link, reduce: str) -> tuple[float, float]:
+    """``(gradient reduce-scatter, parameter all-gather)`` seconds of one FSDP2 step of
+    ``numel`` values in ``reduce`` (the parameters gathered once, in the same dtype)."""
+    size = REDUCE_BYTES[reduce]
+    return reducescatter_seconds(numel * size, n, link), allgather_seconds(
+        numel * size / n, n, link
+    )
+
+
+def fsdp_candidates(
+    capture: Capture, compressors: str | Sequence[CompressorSpec]
+) -> tuple[str | Sequence[CompressorSpec], list[str]]:
+    """``(candidates, labels left out)``: on an FSDP2 capture those that can run inside
+    the reduce-scatter (the default set becomes :data:`FSDP_CANDIDATES`; a sparse
+    all-gather has no reduce-scatter form), on any other ``compressors`` as given."""
+    if fsdp_reduce(capture) is None:
+        return compressors, []
+    names = compressors.split(",") if isinstance(compressors, str) else compressors
+    if [getattr(c, "name", c) for c in names] == DEFAULT_CANDIDATES.split(","):
+        compressors = FSDP_CANDIDATES  # the default set: FSDP's own
+    specs = parse_compressors(compressors) if isinstance(compressors, str) else compressors
+    kept = [s for s in specs if s.entry.reduce_scatter or s.collective == "allreduce"]
+    left_out = [s.label for s in specs if s not in kept]
+    if not kept:
+        raise UsageError(f"none of the candidates can run under FSDP2. {fsdp_note(left_out)}")
+    return kept, left_out
+
+
+def fsdp_note(left_out: Sequence[str]) -> str:
+    """The answer's sentence on what FSDP2 left out."""
+    dropped = f" (left out: {', '.join(left_out)})" if left_out else ""
+    return (
+        "Under FSDP2 each unit's gradient is one message inside the reduce-scatter: "
+        "number formats and compressors whose payloads add up run there; sparsifiers "
+        f"that all-gather their payloads have no reduce-scatter form{dropped}."
     )
 
 
@@ -386,6 +467,13 @@ def _estimated(scheme, n: int, target: Target) -> float:
     return total
 
 
+def _emulated(scheme) -> bool:
+    """Whether ``scheme`` is a number format, whose collective gradstat emulates: its
+    price is the work model's casts (timing the emulation would price the emulator)."""
+    first = scheme.plan.compressed[:1]
+    return bool(first) and scheme.compressor(0, first[0]).emulated
+
+
 def target_times(
     run: Replay,
     ranking: pd.DataFrame,
@@ -397,7 +485,8 @@ def target_times(
     size (in place): measured here for ``cpu-here`` (``prices`` by scheme index where the
     screen measured them on its sample, else :func:`~gradstat.compressors.
     pricing.measure_price` on the first replayed step's row of the first learner), else
-    the work model on ``target``; add ``buildup_at_cluster``; return the build-up models."""
+    (and for a number format) the work model on ``target``; add ``buildup_at_cluster``;
+    return the build-up models."""
     n, replayed = run.cost_learners, len(run.learners)
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
@@ -408,7 +497,9 @@ def target_times(
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
         index = run.schemes.index((scope, scheme))
-        if measured and index in prices:
+        if measured and _emulated(scheme):
+            compress.append(_estimated(scheme, n, target))
+        elif measured and index in prices:
             compress.append(prices[index])
         elif measured:
             if row is None:
@@ -464,7 +555,14 @@ def choose(
         ],
         ignore_index=True,
     )
-    base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
+    dense, reduce = "ring all-reduce", fsdp_reduce(run.capture)
+    if reduce is None:
+        base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
+    else:  # FSDP2: the run's reduce-scatter; the parameter all-gather stays for everyone
+        scatter, gather = fsdp_seconds(run.capture.numel, n, link, reduce)
+        base, baseline, dense = scatter + gather, reduce, FSDP_DENSE
+        for column in ("comm_seconds", "seconds"):
+            ranking[column] = ranking[column] + gather
     ranking["speedup"] = base / ranking["seconds"]
     winner = ranking.iloc[0].to_dict() if bool(ranking["within_budget"].iloc[0]) else None
     settings = {} if winner is None else _winner_settings(run, records, winner)
@@ -484,6 +582,7 @@ def choose(
         priced="measured" if target.name == "cpu-here" else "estimated",
         plan=run.plan.describe(),
         screen=screened,
+        dense=dense,
     )
 
 

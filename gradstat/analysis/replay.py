@@ -37,7 +37,7 @@ from gradstat.analysis.replay_records import COLUMNS, dense_seconds, step_record
 from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
 from gradstat.analysis.selection import Selection, as_link, parse_ratios
 from gradstat.compressors.cost import Link
-from gradstat.compressors.plan import MIB, Plan, build_plan
+from gradstat.compressors.plan import MIB, Plan, build_plan, unit_members
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import GradstatError, GradstatWarning, UsageError
@@ -70,9 +70,11 @@ def scope_layers(layers: Sequence[Layer], scope: Scope) -> list[Layer]:
 
 def default_granularity(cap: Capture) -> tuple[str, int | None]:
     """How the capture was trained: ``(granularity, first bucket bytes)``. DDP: its
-    buckets at the caps it recorded (DDP's defaults when it recorded none); anything
-    else the whole model."""
+    buckets at the caps it recorded (DDP's defaults when it recorded none); FSDP2 its
+    units; anything else the whole model."""
     meta = cap.meta
+    if meta.get("data_parallel") == "fsdp2" and meta.get("fsdp_units"):
+        return "unit", None
     if meta.get("data_parallel") != "ddp":
         return "model", None
     cap_bytes = meta.get("ddp_bucket_cap_bytes")
@@ -95,12 +97,16 @@ def capture_plan(
     if granularity is None:
         granularity, first_bucket_bytes = default_granularity(cap)
     layers = scope_layers(cap.layers, scope)
+    units = None
+    if granularity == "unit":  # FSDP2's units, as the capture recorded them
+        units = unit_members(cap.meta.get("fsdp_units"), cap.layers)
     return build_plan(
         layers,
         granularity,
         dense=dense,
         dense_below=dense_below,
         first_bucket_bytes=first_bucket_bytes,
+        units=units,
     )
 
 

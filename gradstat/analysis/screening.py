@@ -211,14 +211,14 @@ def screen(
     sample: Sample,
     error_budget: float,
     *,
-    compress: Callable[[int], float] | None = None,
+    compress: Callable[[int], float | None] | None = None,
     progress: Progress = no_progress,
 ) -> Screen:
     """Replay every scheme of ``run`` on ``sample`` over its steps and learners (memories
     in RAM within its compute's budget, else a scratch file) and decide which go on.
     ``compress``: the compression seconds of scheme ``i`` at full size where they are
-    not measured here (another target's work model); None: ``f`` times its price on the
-    sample."""
+    not measured here (another target's work model, a number format's casts); None (or
+    None for a scheme): ``f`` times its price on the sample."""
     n, cost_learners = len(run.learners), run.cost_learners
     link = Link(run.link.bandwidth / sample.fraction, run.link.latency)
     sampled = _sampled(run, sample)
@@ -248,9 +248,14 @@ def screen(
         sample,
         link,
         cost_learners,
-        compress or prices.seconds,
+        lambda i: _or(compress and compress(i), prices.seconds, i),
     )
     return replace(screened, prices=dict(prices.measured))
+
+
+def _or(given: float | None, measure: Callable[[int], float], i: int) -> float:
+    """``given`` where it is a number, else ``measure(i)``."""
+    return measure(i) if given is None else given
 
 
 class SamplePrices:

@@ -173,6 +173,24 @@ class UnitLayout:
                 row[slot.offset : slot.offset + slot.numel].zero_()
         return True
 
+    def shard_of(self, row: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
+        """Learner ``rank``'s row of the ``(world_size, -1)`` reduce-scatter layout of
+        the unit's values in ``row`` (the flat row, by the recorded offsets): what a
+        reduce-scatter of that vector leaves on ``rank``; the inverse of
+        :meth:`copy_into` (zeros in the padding)."""
+        pieces = []
+        for slot in self._sent():
+            chunk = slot.chunk(world_size)
+            values = row[slot.offset : slot.offset + slot.numel]
+            if slot.shard_dim == 0:
+                piece = values[rank * chunk : (rank + 1) * chunk]
+                pieces += [piece, torch.zeros(chunk - piece.numel(), dtype=row.dtype)]
+            else:
+                k = slot.shard_dim
+                split = values.view(slot.shape).unflatten(k, (world_size, -1))
+                pieces.append(split.select(k, rank).reshape(-1))
+        return torch.cat(pieces)
+
 
 def _unchunk(
     slot: ParamSlot, block: torch.Tensor, dest: torch.Tensor, world_size: int, non_blocking: bool

@@ -64,6 +64,7 @@ from gradstat.capture.hook_setup import (
 from gradstat.capture.writer_thread import BackgroundWriter, PendingRow, compression_meta
 from gradstat.compressors.plan import ddp_bucket_caps
 from gradstat.errors import GradstatWarning
+from gradstat.hooks import fsdp_compression
 from gradstat.store.dtypes import torch_dtype
 from gradstat.store.ranks import parse_ranks
 from gradstat.store.schema import rank_file_name
@@ -183,7 +184,10 @@ class GradientCapture:
         steps as DDP did) and a gradstat compression hook's compressor and plan (bound to
         the model here: it records what the hook sent)."""
         meta = {**(ddp_bucket_meta(model) if not self._units else {}), **(meta or {})}
-        if self._records_sent:
+        if self._records_sent and self._units:  # inside each unit's reduce-scatter
+            state.bind_for_fsdp(model, layers, self._units_meta["fsdp_units"])
+            meta = {**meta, **compression_meta(state), **state.plan_meta()}
+        elif self._records_sent:
             state.bind_for_capture(model, layers)
             meta = {**meta, **compression_meta(state), **state.plan_meta()}
         return meta
@@ -248,6 +252,8 @@ class GradientCapture:
         a learner that does not record gets the wrapped hook alone, as without gradstat."""
         if self._units:
             check_layouts(self._layouts)
+            if self._records_sent:  # the compressor replaces FSDP's reduce-scatter
+                fsdp_compression.install(self.hook_state, self._layouts)
             if records:
                 self._install_fsdp()
         else:
@@ -389,6 +395,8 @@ class GradientCapture:
 
     def step(self, step: int | None = None, loss: float | None = None) -> None:
         """Finish the current optimizer step: hand a recorded row to the writer."""
+        if self._records_sent and self._units:  # the compressor's step under FSDP2
+            self.hook_state.end_step()
         if self._pending is None and self._units and self.recording:
             self._arrivals.finish_empty(self._iteration if step is None else int(step))
         if self._pending is not None:

@@ -84,7 +84,8 @@ def capture_units(model: torch.nn.Module, hook: Any, hook_state: Any) -> list:
             f"models; this is a {type(model).__name__} with neither"
         )
     fsdp.check_fsdp_support()
-    if hook is not None or hook_state is not None:
+    compressing = hasattr(hook_state, "bind_for_fsdp")  # gradstat's compression hook
+    if not compressing and (hook is not None or hook_state is not None):
         raise UsageError(
             "hook= and hook_state= wrap a DDP communication hook; under FSDP2 gradstat "
             "wraps each unit's reduce-scatter (set yours with set_custom_reduce_scatter "

@@ -226,14 +226,10 @@ class CaptureOptions:
         )
 
     def _check_fsdp(self) -> None:
-        """``--fsdp`` trains without a DDP hook: nothing to wrap or compress."""
+        """``--fsdp`` trains without a DDP hook (``--compressor`` runs inside each unit's
+        reduce-scatter instead)."""
         from gradstat.capture.fsdp import check_fsdp_support
 
-        if self.compressor is not None:
-            raise UsageError(
-                "--compressor trains with a DDP communication hook; under --fsdp there is "
-                "none (compression under FSDP2 is not supported): drop one of them"
-            )
         if self.comm_hook != "allreduce":
             raise UsageError("--comm-hook wraps a DDP hook; under --fsdp drop it")
         check_fsdp_support()

@@ -63,11 +63,14 @@ def _inner_hook(name: str, process_group):
     raise GradstatError(f"unknown comm hook {name!r}")
 
 
-def _compression_hook(spec: str, ratio: float | None, seed: int):
+def _compression_hook(spec: str, ratio: float | None, seed: int, fsdp: bool):
     """``--compressor SPEC`` (a registry name or the user's own, with its parameters):
-    gradstat's hook for that compressor."""
+    gradstat's hook for that compressor (under ``--fsdp`` its state alone: it runs
+    inside each unit's reduce-scatter, one message per unit)."""
     from gradstat.hooks import compression_hook
 
+    if fsdp:
+        return None, compression_hook(spec, ratio=ratio, seed=seed, granularity="unit")[1]
     return compression_hook(spec, ratio=ratio, seed=seed)
 
 
@@ -165,7 +168,7 @@ def _capture(
     fsdp = getattr(args, "fsdp", False)
     hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
     if getattr(args, "compressor", None):
-        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed)
+        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed, fsdp)
     meta = {
         "workload": args.workload,
         "workload_description": workload.description,

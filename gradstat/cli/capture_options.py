@@ -173,8 +173,9 @@ Compressor = Annotated[
         "--compressor",
         callback=list_compressors,
         is_eager=True,
-        help="Train with this compressor as the DDP hook and record what each learner sent "
-        f"too (docs/online.md): {COMPRESSOR_NAMES}",
+        help="Train with this compressor as the DDP hook (with --fsdp: inside each unit's "
+        "reduce-scatter) and record what each learner sent too (docs/online.md): "
+        f"{COMPRESSOR_NAMES}",
     ),
 ]
 Ratio = Annotated[

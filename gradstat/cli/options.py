@@ -141,9 +141,10 @@ Granularity = Annotated[
     typer.Option(
         "--granularity",
         metavar="G",
-        show_default="the capture's: bucket for DDP, else model",
+        show_default="the capture's: bucket for DDP, unit for FSDP2, else model",
         help="How a step is cut into messages: model (the flat vector), tensor (each "
-        "parameter in its shape) or bucket[:MB] (DDP's buckets, bucket_cap_mb MB).",
+        "parameter in its shape), bucket[:MB] (DDP's buckets, bucket_cap_mb MB) or unit "
+        "(FSDP2's fully_shard units, inside the reduce-scatter).",
     ),
 ]
 Dense = Annotated[
@@ -337,7 +338,8 @@ COMPRESSOR_NAMES = (
     f"NAME[:PARAM=VALUE][+MEMORY] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), "
     "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); MEMORY: none, "
     "residual, dgc or your own (e.g. terngrad+residual); :collective=allgather|allreduce "
-    "on any; 'list' describes them."
+    "on any; :algorithm=ring|tree|a2a:accumulate=fp32|wire on a number format "
+    "(docs/lowprecision.md); 'list' describes them."
 )
 Compressors = Annotated[
     str,

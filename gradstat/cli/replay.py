@@ -100,8 +100,11 @@ Candidates = Annotated[
         callback=list_compressors,
         is_eager=True,
         help=f"Candidates, comma-separated: {COMPRESSOR_NAMES} Default: every built-in but "
-        + " and ".join(n for n, e in REGISTRY.items() if not e.candidate)
-        + ".",
+        + " and ".join(
+            n for n, e in REGISTRY.items() if not e.candidate and "algorithm" not in e.params
+        )
+        + ", of the number formats fp16 and bf16; on an FSDP2 capture every format and the "
+        "others that can run in a reduce-scatter (docs/compressors.md).",
     ),
 ]
 Target = Annotated[
@@ -487,7 +490,7 @@ def recommend_result(result: Recommendation) -> Result:
                 "budget fastest first, then the rest by error; ms/step = predicted communication + "
                 "compression (per candidate in --json); "
                 "speed-up over the "
-                f"dense {result.baseline} all-reduce ({result.baseline_seconds * 1e3:.3g} ms)"
+                f"dense {result.baseline} {result.dense} ({result.baseline_seconds * 1e3:.3g} ms)"
                 + (f"; {hidden} more over budget in --json / --csv." if hidden else "."),
             )
         ],

@@ -104,6 +104,9 @@ class Compressor:
     average: bool = True
     sparse: bool | None = None
     k: int | None = None
+    #: A collective gradstat emulates (a number format on the wire): priced by its work
+    #: model, not by timing the emulation.
+    emulated: bool = False
 
     # --- GRACE's part: what a user's class writes --------------------------------------
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:

@@ -7,6 +7,8 @@ MPICH"; Patarasuk and Yuan 2009 for the bandwidth-optimal ring):
 
 * ring all-reduce of ``s`` bytes:     ``2 (n-1) alpha + 2 (n-1)/n s beta``
 * ring all-gather, ``s`` per learner:  ``(n-1) alpha + (n-1) s beta``
+* ring (or all-to-all) reduce-scatter of ``s`` bytes: ``(n-1) alpha + (n-1)/n s beta``
+  (FSDP's gradient reduction; half an all-reduce)
 * binomial-tree broadcast or reduce:  ``ceil(log2 n) (alpha + s beta)``
 
 One learner (n = 1) communicates nothing. Bandwidths and latencies are parsed from
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from gradstat.errors import UsageError
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce")
 
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
@@ -101,6 +103,13 @@ def allgather_seconds(nbytes: float, n: int, link: Link) -> float:
     return (n - 1) * (link.latency + nbytes * link.beta)
 
 
+def reducescatter_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of ``nbytes`` per learner: ``(n-1) a + (n-1)/n s b``."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes * link.beta
+
+
 def tree_seconds(nbytes: float, n: int, link: Link) -> float:
     """Binomial-tree broadcast or reduce of ``nbytes``: ``ceil(log2 n) (a + s b)``."""
     if n <= 1:
@@ -114,6 +123,8 @@ def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> fl
         return allreduce_seconds(nbytes, n, link)
     if collective == "allgather":
         return allgather_seconds(nbytes, n, link)
+    if collective == "reducescatter":
+        return reducescatter_seconds(nbytes, n, link)
     if collective in ("broadcast", "reduce"):
         return tree_seconds(nbytes, n, link)
     raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")

@@ -13,7 +13,10 @@ the flat row, in ``named_parameters`` order) by :func:`build_plan` at a granular
   holds at least its cap, 1 MiB for the first and ``bucket_cap_mb`` (25 by default, in
   MiB) for the others, or the explicit ``bucket_cap_mb`` for all (DDP's first iteration
   is one bucket; the hook compresses the plan's messages whatever bucket carried them);
-* ``unit``: FSDP2's ``fully_shard`` units (the next granularity, issue 37; refused).
+* ``unit``: FSDP2's ``fully_shard`` units, each one flat message of its recorded
+  parameters in the unit's order (a capture's ``fsdp_units``), as FSDP reduce-scatters
+  them; compressors run inside that reduce-scatter (a format's collective is a
+  reduce-scatter there, :mod:`gradstat.compressors.cast`).
 
 ``--dense REGEX`` and ``--dense-below N`` keep matching or small parameters out of the
 compressed messages: in each group (the model, a bucket) they travel as one more message
@@ -28,11 +31,12 @@ share blocks of about :data:`BLOCK` values).
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gradstat.errors import UsageError
 
@@ -110,12 +114,7 @@ def parse_granularity(text: str) -> tuple[str, float | None]:
     kind, _, size = text.partition(":")
     if kind not in GRANULARITIES or (size and kind != "bucket"):
         raise UsageError(
-            f"--granularity {text!r}: choose model, tensor or bucket[:MB] (docs/replay.md)"
-        )
-    if kind == "unit":
-        raise UsageError(
-            "--granularity unit (FSDP2's fully_shard units) is not supported yet: "
-            "use model, tensor or bucket"
+            f"--granularity {text!r}: choose model, tensor, bucket[:MB] or unit (docs/replay.md)"
         )
     if not size:
         return kind, None
@@ -158,9 +157,44 @@ def ddp_buckets(
     return buckets
 
 
-def _groups(
-    layers: Sequence[Layer], kind: str, cap_mb: float | None, first_bytes: int | None
+def unit_members(
+    units: str | Sequence[Mapping[str, Any]] | None, table: Sequence[Layer]
+) -> list[tuple[str, list[str]]]:
+    """FSDP units as a capture records them (``fsdp_units``: JSON, or its list of
+    ``{"name", "layers"}`` with indices into the layer ``table``) as ``(unit, [layer
+    names in the unit's order])``; a ``UsageError`` when there are none."""
+    if isinstance(units, str):
+        units = json.loads(units)
+    if not units:
+        raise UsageError(
+            "--granularity unit cuts a step into FSDP2's fully_shard units: it needs a "
+            "capture of an FSDP2 run (gradstat capture --fsdp, or GradientCapture of a "
+            "fully_shard model)"
+        )
+    return [(str(u["name"]), [table[int(i)].name for i in u["layers"]]) for u in units]
+
+
+def _units(
+    layers: Sequence[Layer], units: Sequence[tuple[str, Sequence[str]]] | None
 ) -> list[tuple[str, list[Layer]]]:
+    """Each FSDP unit's layers in the unit's order (layers outside ``layers``, a
+    scope, are left out)."""
+    if not units:
+        unit_members(None, layers)  # the error: no unit to cut by
+    by_name = {layer.name: layer for layer in layers}
+    groups = [(name, [by_name[n] for n in members if n in by_name]) for name, members in units]
+    return [(name, inside) for name, inside in groups if inside]
+
+
+def _groups(
+    layers: Sequence[Layer],
+    kind: str,
+    cap_mb: float | None,
+    first_bytes: int | None,
+    units: Sequence[tuple[str, Sequence[str]]] | None = None,
+) -> list[tuple[str, list[Layer]]]:
+    if kind == "unit":
+        return _units(layers, units)
     if kind == "model":
         return [("model", list(layers))]
     if kind == "tensor":
@@ -244,11 +278,13 @@ def build_plan(
     dense: str | None = None,
     dense_below: int = 0,
     first_bucket_bytes: int | None = None,
+    units: Sequence[tuple[str, Sequence[str]]] | None = None,
 ) -> Plan:
-    """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``)
-    with the parameters matching the regex ``dense`` or smaller than ``dense_below``
-    values sent uncompressed; ``first_bucket_bytes`` overrides the first bucket's cap (a
-    capture's record of its DDP's)."""
+    """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``,
+    ``unit``) with the parameters matching the regex ``dense`` or smaller than
+    ``dense_below`` values sent uncompressed; ``first_bucket_bytes`` overrides the first
+    bucket's cap (a capture's record of its DDP's); ``units``: the FSDP units of a
+    ``unit`` plan, ``(name, [layer names])`` (:func:`unit_members`)."""
     kind, cap_mb = parse_granularity(granularity)
     try:
         pattern = re.compile(dense) if dense else None
@@ -261,7 +297,7 @@ def build_plan(
         return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
 
     messages: list[Message] = []
-    for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes):
+    for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes, units):
         compressed = [layer for layer in group if not sent_dense(layer)]
         plain = [layer for layer in group if sent_dense(layer)]
         if compressed:

@@ -7,8 +7,9 @@ e.g. ``clt-k:beta=0.1``, ``powersgd:rank=2``, ``terngrad+residual`` or
 index of its word in :data:`CHOICES`; parsing: :mod:`gradstat.compressors.spec`).
 Sparsifiers take their density from ``--ratios`` and apply it to every message of the
 plan (``k = max(1, round(ratio * numel))`` for the built-ins, GRACE's ``max(1, int(numel
-* ratio))`` for a user's class); fixed-rate compressors (casts, sign, QSGD, TernGrad,
-PowerSGD) ignore it and are replayed once. :func:`build_scheme` pairs a compressor with
+* ratio))`` for a user's class); fixed-rate compressors (sign, QSGD, TernGrad,
+PowerSGD, the number formats ``bf16`` ... ``mxfp4`` with ``:algorithm=`` and
+``:accumulate=``) ignore it and are replayed once. :func:`build_scheme` pairs a compressor with
 its memory over a plan (:mod:`gradstat.compressors.plan`).
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor
+from gradstat.compressors.collectives import ACCUMULATE, ALGORITHMS
 from gradstat.compressors.exchange import Call
 from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
 from gradstat.compressors.plan import Plan
@@ -32,14 +34,20 @@ from gradstat.stats.density import k_for
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
 
 #: Parameters that take a word: their choices, stored by index (the default is index 0).
-CHOICES: dict[str, tuple[str, ...]] = {"zeros": ZEROS, "stage_fit": STAGE_FITS}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "zeros": ZEROS,
+    "stage_fit": STAGE_FITS,
+    "algorithm": ALGORITHMS,
+    "accumulate": ACCUMULATE,
+}
 
 
 @dataclass(frozen=True)
 class Context:
     """What a compressor is built for, once per learner and message: its rate and ``k``
     there, the message's size and its parameters' ``shapes``, the compressor's
-    parameters, the scheme's ``seed``, the ``learner``."""
+    parameters, the scheme's ``seed``, the ``learner`` and the plan's ``granularity``
+    (``unit``: the message runs inside FSDP2's reduce-scatter)."""
 
     ratio: float | None
     k: int | None
@@ -48,6 +56,7 @@ class Context:
     params: Mapping[str, float]
     seed: int
     learner: int = 0
+    granularity: str = "model"
 
 
 def grace_k(ratio: float, numel: int) -> int:
@@ -76,6 +85,12 @@ class Entry:
     #: Elements a density keeps of a message: the built-ins' rule, or GRACE's.
     k_rule: Callable[[float, int], int] = k_for
     fits: str | None = None
+    #: Parameters every label states, default or not (a format's algorithm and
+    #: accumulation).
+    shown: tuple[str, ...] = ()
+    #: Whether it can run inside FSDP2's reduce-scatter (``--granularity unit``): formats
+    #: and compressors whose payloads add up element-wise (docs/compressors.md).
+    reduce_scatter: bool = False
 
     def _function(self, named: Callable | str, default: str) -> Callable:
         if callable(named):
@@ -95,16 +110,57 @@ class Entry:
 
 
 _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
+#: A format's parameters: ``algorithm`` and ``accumulate`` (indices into their choices:
+#: ``ring``, ``fp32`` by default).
+_FORMAT = {"algorithm": 0.0, "accumulate": 0.0}
+
+
+def _format(name: str, summary: str, candidate: bool = False) -> Entry:
+    """A number format as a compressor (:mod:`gradstat.compressors.cast`)."""
+
+    def build(ctx: Context) -> Compressor:
+        from gradstat.compressors.cast import build
+
+        return build(ctx, name)
+
+    return Entry(
+        build,
+        True,
+        f"{summary}; emulated ring, tree or a2a",
+        _FORMAT,
+        candidate=candidate,
+        collectives=(),
+        shown=("algorithm", "accumulate"),
+        reduce_scatter=True,
+    )
+
+
 #: Payloads that add up element-wise: all-reduced by default, all-gathered on request.
 _SUMS = ("allreduce", "allgather")
 #: Every built-in compressor: one module each, one line here.
 REGISTRY: dict[str, Entry] = {
-    "none": Entry("none", True, "dense float32 all-reduce", candidate=False, collectives=_SUMS),
-    "fp16": Entry("cast:build_fp16", True, "float16 cast, all-reduce", collectives=_SUMS),
-    "bf16": Entry("cast:build_bf16", True, "bfloat16 cast, all-reduce", collectives=_SUMS),
+    "none": Entry(
+        "none",
+        True,
+        "dense float32 all-reduce",
+        candidate=False,
+        collectives=_SUMS,
+        reduce_scatter=True,
+    ),
+    "fp16": _format("fp16", "float16", candidate=True),
+    "bf16": _format("bf16", "bfloat16", candidate=True),
+    "fp8-e4m3": _format("fp8-e4m3", "fp8 E4M3, one scale per message"),
+    "fp8-e5m2": _format("fp8-e5m2", "fp8 E5M2, one scale per message"),
+    "mxfp8": _format("mxfp8", "OCP MX fp8 (E4M3, 32-value blocks)"),
+    "mxfp6": _format("mxfp6", "OCP MX fp6 (E2M3, 32-value blocks)"),
+    "mxfp4": _format("mxfp4", "OCP MX fp4 (E2M1, 32-value blocks)"),
     "topk": Entry("topk", False, "exact top-k, all-gather"),
     "randomk": Entry(
-        "randomk", False, "random-k with a shared seed, all-reduce of values", collectives=()
+        "randomk",
+        False,
+        "random-k with a shared seed, all-reduce of values",
+        collectives=(),
+        reduce_scatter=True,
     ),
     "threshold": Entry(
         "estimated:build_threshold",
@@ -137,6 +193,7 @@ REGISTRY: dict[str, Entry] = {
         "ScaleCom cyclic local top-k with low-pass memory",
         {"beta": 1.0},
         collectives=(),
+        reduce_scatter=True,
     ),
     "gtopk": Entry("gtopk", False, "global top-k by tree merge", collectives=()),
     "powersgd": Entry(
@@ -146,6 +203,7 @@ REGISTRY: dict[str, Entry] = {
         {"rank": 4},
         collectives=(),
         fits="powersgd:fits",
+        reduce_scatter=True,
     ),
     "signsgd": Entry("signsgd:build_majority", True, "signSGD with majority vote"),
     "ef-signsgd": Entry("signsgd:build_ef", True, "scaled sign with error feedback"),
@@ -182,7 +240,7 @@ class CompressorSpec:
         changed = [
             f"{key}={CHOICES[key][int(value)] if key in CHOICES else format(value, 'g')}"
             for key, value in self.params
-            if value != self.entry.params[key]
+            if value != self.entry.params[key] or key in self.entry.shown
         ]
         return ":".join([self.name, *changed])
 
@@ -253,7 +311,14 @@ class Scheme:
             m = self.plan.messages[message]
             params = dict(self.spec.params)
             context = Context(
-                self.ratio, self.k(message), m.numel, m.shapes, params, self.seed, learner
+                self.ratio,
+                self.k(message),
+                m.numel,
+                m.shapes,
+                params,
+                self.seed,
+                learner,
+                self.plan.granularity,
             )
             made = self.spec.entry.make(context)
             if self.spec.collective is not None:
@@ -283,11 +348,14 @@ class Scheme:
         """The memory that ran, as the records name it."""
         return self.spec.memory.label if self.spec.memory is not None else self.memory.label
 
-    def settings(self) -> dict[str, float]:
-        """Concrete settings: the parameters, and each compressor setting's mean over the
-        objects built (SIDCo's adaptive stages differ by learner and message; ``k`` is
-        summed over the messages)."""
-        settings = dict(self.spec.params)
+    def settings(self) -> dict[str, float | str]:
+        """Concrete settings: the parameters (a choice as its word, ``algorithm=ring``),
+        and each compressor setting's mean over the objects built (SIDCo's adaptive
+        stages differ by learner and message; ``k`` is summed over the messages)."""
+        settings: dict[str, float | str] = {
+            k: CHOICES[k][int(v)] if k in CHOICES and isinstance(v, float) else v
+            for k, v in self.spec.params
+        }
         objects = [c for (learner, _), c in self._objects.items() if learner == 0]
         if not objects:
             return settings

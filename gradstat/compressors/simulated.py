@@ -6,10 +6,10 @@ has started, :func:`lockstep` answers their collectives together, one op at a ti
 until every exchange has returned (no threads: the exchanges are generators). An answer
 is formed once and handed to every learner: an all-reduce is ``reduce`` of the learners'
 tensors (:func:`sum_in_order` by default: a float32 sum in learner order, the numbers of
-one process adding the rows; issue 37 plugs the emulation of a ring or tree with a
-number format on the wire in here), an all-gather the learners' payloads copied, a
-:class:`~gradstat.compressors.exchange.Shared` function of the learners' identical
-arguments computed once. The driver that feeds it rows is
+one process adding the rows; a number format's ring, tree or all-to-all is emulated by
+its own exchange, :mod:`gradstat.compressors.cast`, the same in training), an
+all-gather the learners' payloads copied, a :class:`~gradstat.compressors.exchange.Shared`
+function of the learners' identical arguments computed once. The driver that feeds it rows is
 :class:`gradstat.analysis.replay_block.BlockStep`.
 """
 

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from gradstat.compressors.communicator import TorchCommunicator
 from gradstat.compressors.exchange import SparseRow, Transfer
 from gradstat.compressors.memory import TensorRows
-from gradstat.compressors.plan import MIB, Plan, build_plan, ddp_bucket_caps
+from gradstat.compressors.plan import MIB, Plan, build_plan, ddp_bucket_caps, unit_members
 from gradstat.compressors.registry import CompressorSpec, Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
@@ -97,9 +97,9 @@ class CompressionState:
             "dense": dense,
             "dense_below": dense_below,
         }
-        build_plan(
-            layer_table([("check", (1,))]), granularity, dense=dense, dense_below=dense_below
-        )
+        check = layer_table([("check", (1,))])  # the options, checked before training
+        units = [("check", ["check"])] if granularity == "unit" else None
+        build_plan(check, granularity, dense=dense, dense_below=dense_below, units=units)
         self.scheme: Scheme | None = None
         self.plan: Plan | None = None
         self.step = 0
@@ -127,10 +127,11 @@ class CompressionState:
         """Bytes this learner put into the last step's collectives."""
         return sum(t.nbytes for t in self.transfers)
 
-    def bind(self, model: torch.nn.Module) -> None:
-        """Lay the trainable parameters of ``model`` (a DDP model or its module) end to
-        end (``named_parameters`` order, the capture's layer table) and build the plan
-        (``bucket`` with a DDP model's caps) and the compressor on them."""
+    def bind(self, model: torch.nn.Module, units: str | None = None) -> None:
+        """Lay the trainable parameters of ``model`` (a DDP model or its module, or an
+        FSDP2 model) end to end (``named_parameters`` order, the capture's layer table)
+        and build the plan (``bucket`` with a DDP model's caps; ``unit`` with the
+        capture's ``fsdp_units`` JSON, ``units``) and the compressor on them."""
         module = getattr(model, "module", model)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
@@ -142,7 +143,8 @@ class CompressionState:
             options["granularity"] = f"bucket:{caps[0] / MIB:g}"
             options["first_bucket_bytes"] = caps[1]
         self.plan_options = options
-        self.plan = build_plan(layers, **options)
+        members = unit_members(units, layers) if options["granularity"] == "unit" else None
+        self.plan = build_plan(layers, **options, units=members)
         self.scheme = build_scheme(self.spec, self.ratio, self.plan, seed=self.seed)
         self.scheme.memory.allocate(1, self.plan, TensorRows)
         if self.process_group is None and dist.is_initialized():
@@ -177,6 +179,58 @@ class CompressionState:
             )
         if self.scheme is None:
             self.bind(model)
+
+    def bind_for_fsdp(self, model: Any, layers: str | None, units: str) -> None:
+        """Bind to a captured FSDP2 model: the ``unit`` plan of its units (``units``: the
+        capture's ``fsdp_units`` JSON); every parameter recorded, as for DDP."""
+        if self.plan_options["granularity"] == "bucket":  # the hook's default: DDP's
+            self.plan_options = {**self.plan_options, "granularity": "unit"}
+        if self.plan_options["granularity"] != "unit":
+            raise UsageError(
+                f"a compressor under FSDP2 runs inside each unit's reduce-scatter: "
+                f"granularity unit, not {self.plan_options['granularity']}"
+            )
+        if layers:
+            self.bind_for_capture(model, layers)  # the error
+        if self.scheme is None:
+            self.bind(model, units)
+
+    def run_unit(
+        self, layout: Any, messages: list[int], flat: torch.Tensor, world: int
+    ) -> torch.Tensor:
+        """An FSDP unit's reduce-scatter input ``flat`` (float32, 1-D) into the flat row,
+        then its ``messages`` exchanged now (on the calling thread); the estimate row
+        (every learner's mean, in the layer table's order)."""
+        if world != self.world:
+            raise UsageError(
+                f"FSDP unit {layout.name} reduce-scatters over {world} learners, the "
+                f"compression hook's group has {self.world}"
+            )
+        if not layout.copy_into(self._flat, flat, world, non_blocking=False):
+            raise UsageError(
+                f"FSDP unit {layout.name} reduce-scattered only some of its parameters at "
+                f"step {self.step} (the others got no gradient): a compressor needs them "
+                "all; model.set_reduce_scatter_unused_params(True) sends zeros for them"
+            )
+        for m in messages:
+            self._run(m)
+        return self.estimate
+
+    def end_step(self) -> None:
+        """Close an FSDP step (``GradientCapture.step``): the transfers of the messages
+        that ran; messages of units that did not reduce-scatter sent and applied
+        nothing (zeros)."""
+        with self._lock:
+            for m, message in enumerate(self.plan.messages):
+                if not self._done[m]:
+                    _put(self.sent, message.slices, torch.zeros(message.numel))
+                    _put(self.estimate, message.slices, torch.zeros(message.numel))
+            ordered = [self._results[j] for j in sorted(self._results)]
+            self.transfers = tuple(t for r in ordered for t in r[2])
+            self.selected = sum(r[3] for r in ordered)
+            self.overhead_bytes = sum(r[4] for r in ordered)
+            self.step += 1
+            self._start_step()
 
     def plan_meta(self) -> dict[str, str]:
         """The capture's record of the plan (``compressor_plan``: how to replay the run)."""

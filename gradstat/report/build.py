@@ -9,6 +9,7 @@ provenance table (:func:`assumptions`), and renders the page (gradstat/report/ht
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -19,6 +20,7 @@ import pandas as pd
 import torch
 
 from gradstat import __version__, defaults
+from gradstat.analysis.recommend import fsdp_reduce
 from gradstat.compressors.targets import Target, spread_text
 from gradstat.errors import DamagedData, GradstatError, GradstatWarning
 from gradstat.parallel.progress import Progress, no_progress
@@ -50,6 +52,19 @@ def _target_text(target: Target) -> str:
     )
 
 
+def _parallelism(ctx: ReportContext) -> str:
+    """How the run communicated, and so what the recommendation judges against."""
+    reduce = fsdp_reduce(ctx.cap)
+    if reduce is None:
+        return "DDP-style all-reduce of every gradient (the dense baseline: a ring all-reduce)"
+    units = len(json.loads(ctx.cap.meta.get("fsdp_units") or "[]"))
+    return (
+        f"FSDP2, {units} fully_shard units reducing in {reduce}: candidates replayed per "
+        "unit inside the reduce-scatter, those with a reduce-scatter form only; the dense "
+        "baseline is FSDP's ring reduce-scatter plus the parameter all-gather"
+    )
+
+
 def assumptions(ctx: ReportContext) -> pd.DataFrame:
     """What the numbers assume and where they come from (the report's provenance)."""
     cap, s = ctx.cap, ctx.settings
@@ -68,6 +83,7 @@ def assumptions(ctx: ReportContext) -> pd.DataFrame:
             else f"the work model on {_target_text(ctx.target)}; replay's own compression "
             f"times measured on {machine}"
         ),
+        "data parallelism": _parallelism(ctx),
         "options": f"ratios {defaults.ratios_text(s.ratios)}; compressors {s.compressors}; "
         f"error budget {s.error_budget:g}; fits on {s.fit_steps} evenly spaced steps",
         "same recommendation as": equivalent_command(ctx) if ctx.cost_learners > 1 else "-",

@@ -6,14 +6,14 @@ the replay and the recommendation sections), and what one section returns (:clas
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import pandas as pd
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.recommend import Recommendation, choose
+from gradstat.analysis.recommend import Recommendation, choose, fsdp_candidates
 from gradstat.analysis.replay import Replay, ReplayParams, summarize_replay
 from gradstat.analysis.selection import Selection
 from gradstat.compressors.cost import Link, parse_bandwidth, parse_latency
@@ -78,8 +78,9 @@ class ReportContext:
     @cached_property
     def replay(self) -> tuple[Replay, pd.DataFrame]:
         s = self.settings
+        compressors, self.left_out = fsdp_candidates(self.cap, s.compressors)  # FSDP2's
         params = ReplayParams(
-            s.compressors,
+            compressors,
             s.ratios,
             s.link,
             cost_learners=s.cost_learners,
@@ -104,7 +105,8 @@ class ReportContext:
     @cached_property
     def recommendation(self) -> Recommendation:
         run, records = self.replay
-        return choose(run, records, error_budget=self.settings.error_budget, target=self.target)
+        result = choose(run, records, error_budget=self.settings.error_budget, target=self.target)
+        return replace(result, left_out=tuple(self.left_out))
 
     @cached_property
     def priced(self) -> pd.DataFrame:

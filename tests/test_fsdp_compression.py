@@ -1,0 +1,97 @@
+"""Compression inside FSDP2's reduce-scatter (gradstat/hooks/fsdp_compression.py): real
+gloo training, 2 learners, CPU ``fully_shard`` (tests/fsdp_compress_train.py). Each
+run's recorded ``/sent`` rows equal the replay's at ``--granularity unit`` (FSDP units as
+messages) bit for bit, the gradient every step applied equals the replay's estimate,
+the bytes agree, and ``gradstat compare`` takes the runs against the dense FSDP run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradstat.analysis.replay import capture_plan, trained_options
+from gradstat.analysis.replay_block import replay_rows
+from gradstat.capture.fsdp import UnitLayout
+from gradstat.compressors.registry import build_scheme
+from gradstat.compressors.spec import parse_compressors
+from gradstat.errors import UsageError
+from gradstat.hooks.fsdp_compression import install
+from gradstat.store import open_capture
+from tests.helpers import TESTS, assert_clean_error, run_cli, torchrun
+
+SCRIPT = TESTS / "fsdp_compress_train.py"
+RUNS = {"topk": 0.1, "fp8-e4m3:algorithm=a2a": None, "bf16+residual": None}
+
+
+def folder(run: str) -> str:
+    return "".join("_" if c in ":+=" else c for c in run)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp-compress")
+    result = torchrun(SCRIPT, "--out", str(out), "--runs", ",".join(["dense", *RUNS]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_sent_and_applied_equal_the_replay_per_unit(runs, run):
+    with open_capture(runs / folder(run)) as cap:
+        assert cap.meta["data_parallel"] == "fsdp2" and cap.has_sent
+        options = trained_options(cap)
+        assert options["granularity"] == "unit"
+        plan = capture_plan(cap, cap.scopes("model")[0], **options)
+        assert [m.name for m in plan.messages] == ["(root)", "block1", "block2"]
+        spec = parse_compressors(run)[0]
+        assert cap.compressor["name"] == spec.label
+        scheme = build_scheme(spec, RUNS[run], plan)
+        applied = [np.load(runs / folder(run) / f"applied-rank{r}.npy") for r in (0, 1)]
+        assert len(cap.steps) == 3
+        for i, step in enumerate(cap.steps):
+            replayed = replay_rows(scheme, cap.read_step(step), int(step))
+            assert torch.equal(cap.read_step(step, dataset="sent"), replayed.sent)
+            for rank in (0, 1):  # each learner's shards of the decoded mean, gathered
+                np.testing.assert_array_equal(applied[rank][i], replayed.estimate.numpy())
+            assert cap.sent_bytes[:, i].mean() == pytest.approx(replayed.bytes_per_learner)
+
+
+def test_compare_takes_the_runs_against_the_dense_fsdp_run(runs, capsys):
+    paths = [runs / folder(run) for run in ["dense", *RUNS]]
+    result = run_cli(capsys, "compare", *paths, "--json")
+    assert result.code == 0, result.stderr
+    assert "fp8-e4m3:algorithm=a2a:accumulate=fp32" in result.stdout
+    assert "bf16:algorithm=ring:accumulate=fp32+residual" in result.stdout
+
+
+def test_layers_are_refused_with_a_compressor_under_fsdp(tmp_path, capsys):
+    result = run_cli(
+        capsys, "capture", "--fsdp", "--compressor", "topk", "--ratio", "0.1",
+        "--layers", "h", "--steps", "1", "--out", tmp_path / "r",
+    )  # fmt: skip
+    assert_clean_error(result, 2)
+    assert "drop --layers" in result.stderr
+
+
+def test_cli_capture_trains_with_a_format_inside_the_reduce_scatter(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--workload", "gpt2", "--size", "tiny", "--steps", "1", "--batch-size", "2"]
+    spec = "fp8-e4m3:algorithm=a2a"
+    result = run_cli(capsys, "capture", *args, "--fsdp", "--compressor", spec, "--out", out)
+    assert result.code == 0, result.stdout + result.stderr
+    with open_capture(out) as cap:
+        plan = capture_plan(cap, cap.scopes("model")[0], **trained_options(cap))
+        assert plan.granularity == "unit" and len(plan.messages) > 2
+        scheme = build_scheme(parse_compressors(spec)[0], None, plan)
+        replayed = replay_rows(scheme, cap.read_step(0), 0)
+        assert torch.equal(cap.read_step(0, dataset="sent"), replayed.sent)
+
+
+@pytest.mark.parametrize(
+    ("shard", "replicate", "message"), [(2, 2, "HSDP"), (1, 1, "sharded over one learner")]
+)
+def test_hsdp_and_unsharded_units_are_refused(shard, replicate, message):
+    layout = UnitLayout("block", [], shard, replicate, 1.0, torch.float32)
+    with pytest.raises(UsageError, match=message):
+        install(None, [(None, layout)])

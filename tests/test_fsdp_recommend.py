@@ -1,0 +1,72 @@
+"""recommend on an FSDP2 capture: the dense baseline is FSDP's reduce-scatter in the run's
+reduce dtype plus the parameter all-gather (cost model, gradstat/compressors/cost.py),
+the candidates are those with a reduce-scatter form, replayed per FSDP unit, and the
+answer names the collective, the format and what was left out."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gradstat.analysis.recommend import RecommendParams, recommend
+from gradstat.compressors.cost import Link, allgather_seconds, reducescatter_seconds
+from gradstat.errors import UsageError
+from gradstat.store import layer_table, open_capture, write_capture
+
+LAYERS = layer_table([("a.w", (30, 20)), ("a.b", (30,)), ("b.w", (10, 30)), ("head", (10,))])
+UNITS = [
+    {"name": "a", "layers": [0, 1], "shard": 2, "replicate": 1, "reduce_dtype": "bfloat16"},
+    {"name": "(root)", "layers": [2, 3], "shard": 2, "replicate": 1, "reduce_dtype": "bfloat16"},
+]
+LINK = Link(1.25e9, 5e-6)
+
+
+@pytest.fixture
+def capture(tmp_path):
+    rng = np.random.default_rng(3)
+    d = LAYERS[-1].stop
+    grads = (rng.normal(size=(1, 3, d)) + 0.3 * rng.normal(size=(2, 3, d))).astype(np.float32)
+    meta = {"data_parallel": "fsdp2", "fsdp_units": json.dumps(UNITS)}
+    return write_capture(tmp_path / "cap", grads, LAYERS, meta=meta)
+
+
+def test_fsdp_baseline_candidates_and_answer(capture):
+    params = RecommendParams(
+        error_budget=0.01,
+        link=LINK,
+        cost_learners=4,
+        compressors="bf16,fp8-e4m3:algorithm=a2a,topk,randomk",
+        ratios="0.1",
+    )
+    with open_capture(capture) as cap:
+        result = recommend(cap, params=params)
+    numel = LAYERS[-1].stop
+    gather = allgather_seconds(numel * 2 / 4, 4, LINK)
+    assert result.baseline == "bf16"
+    assert result.baseline_seconds == pytest.approx(
+        reducescatter_seconds(numel * 2, 4, LINK) + gather
+    )
+    assert set(result.ranking["compressor"]) == {
+        "bf16:algorithm=ring:accumulate=fp32",
+        "fp8-e4m3:algorithm=a2a:accumulate=fp32",
+        "randomk",
+    }
+    assert result.left_out == ("topk",)
+    assert result.plan == "unit (2 messages)"
+    text = " ".join(result.explanation())
+    assert "FSDP2 ring reduce-scatter + parameter all-gather" in text
+    assert "have no reduce-scatter form (left out: topk)" in text
+    # fp8 in a reduce-scatter per unit (each unit's 2 chunks: a byte a value and a
+    # scale), plus the parameter all-gather that every candidate pays too
+    fp8 = result.ranking[result.ranking.compressor.str.startswith("fp8")].iloc[0]
+    assert fp8["bytes_per_learner"] == (315 + 4) * 2 + (155 + 4) * 2
+    scatter = 2 * 3 * LINK.latency + 3 / 4 * fp8["bytes_per_learner"] / LINK.bandwidth
+    assert fp8["comm_seconds"] == pytest.approx(scatter + gather)
+
+
+def test_only_sparse_all_gather_candidates_is_a_usage_error(capture):
+    params = RecommendParams(error_budget=0.01, link=LINK, compressors="topk,dgc", ratios="0.1")
+    with open_capture(capture) as cap, pytest.raises(UsageError, match="left out: topk, dgc"):
+        recommend(cap, params=params)
