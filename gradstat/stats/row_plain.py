@@ -126,26 +126,8 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
     return float(np.dot(r, r)), float(np.dot(e, e)), float(np.dot(e, r)), float(np.dot(d, d))
 
 
-def add_squares(x: np.ndarray, g: np.ndarray) -> float:
-    """:func:`~gradstat.stats.row_kernels.add_squares`: ``x += g``, then ||x||^2."""
-    x += g
-    return _squares(x)
-
-
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """:func:`~gradstat.stats.row_kernels.add_checked`: ``total += x``; whether x is
     finite."""
     total += x
     return bool(np.isfinite(x).all())
-
-
-def add_and_candidates(
-    x: np.ndarray, g: np.ndarray, threshold: float | None, room: Room
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """:func:`~gradstat.stats.row_kernels.add_and_candidates`: ``x += g``, the new
-    candidates, and the float64 sum of squares of the values that are not."""
-    x += g
-    indices = _at_least(x, threshold)
-    below = x.copy()
-    below[indices] = 0
-    return indices, np.abs(x[indices]), _squares(below)
