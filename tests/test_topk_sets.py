@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import hypergeom
 
-from gradstat.analysis.ef_vectors import replay_steps, topk_sparsify
+from gradstat.analysis.ef_vectors import replay_steps
 from gradstat.errors import GradstatWarning
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.topk_sets import (
@@ -235,15 +235,6 @@ def test_topk_indices_rejects_bad_k():
         topk_indices(torch.ones(5), 6)
     with pytest.raises(ValueError):
         topk_indices(torch.ones(5), 0)
-
-
-def test_topk_sparsify_keeps_the_k_largest_magnitudes():
-    x = _random_grads(3, 64, seed=13)
-    c = topk_sparsify(x, 5).numpy()
-    for row, sparse in zip(x.numpy(), c, strict=True):
-        keep = _brute_topk(row, 5)
-        assert np.array_equal(np.flatnonzero(sparse), keep)
-        np.testing.assert_array_equal(sparse[keep], row[keep])
 
 
 def test_replay_steps_walks_from_the_first_recorded_step_and_warns_on_gaps():
