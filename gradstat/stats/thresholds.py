@@ -66,14 +66,6 @@ class ThresholdResult:
         """Estimation quality q = selected / k."""
         return self.selected / self.k
 
-    def mask(self, values: torch.Tensor) -> torch.Tensor:
-        """Boolean mask of the elements of ``values`` (signed) that this threshold selects.
-
-        For ``topk`` with ties at the k-th largest magnitude the mask can hold more than k.
-        """
-        x = values.abs()
-        return x >= self.threshold if self.inclusive else x > self.threshold
-
 
 @dataclass(frozen=True)
 class Settings:
