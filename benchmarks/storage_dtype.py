@@ -24,7 +24,7 @@ import torch
 from gradstat import open_capture
 from gradstat.stats.density import k_for
 from gradstat.stats.distributions import GenPareto
-from gradstat.stats.goodness import ks_statistic
+from gradstat.stats.goodness import ks_ad
 from gradstat.stats.thresholds import estimate_threshold
 from gradstat.stats.topk_sets import topk_indices
 
@@ -42,7 +42,7 @@ def rounded(row: torch.Tensor, dtype: str) -> torch.Tensor:
 def gpd_ks(row: torch.Tensor, positions: torch.Tensor) -> float:
     magnitudes = row[positions].abs()
     magnitudes = magnitudes[magnitudes > 0]
-    return ks_statistic(magnitudes, GenPareto.fit(magnitudes, "moments"))
+    return ks_ad(magnitudes, GenPareto.fit(magnitudes, "moments"))[0]
 
 
 def topk_overlap(a: torch.Tensor, b: torch.Tensor, ratio: float) -> float:

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pandas as pd
@@ -16,7 +15,9 @@ from gradstat import cancel, threads
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.overlap import OverlapParams, overlap
 from gradstat.capture.launch import CaptureOptions, worker_env
+from gradstat.compressors import REGISTRY, Entry
 from gradstat.compressors.cost import Link
+from gradstat.compressors.topk import TopK
 from gradstat.errors import DataError, GradstatWarning, Interrupted, UsageError
 from gradstat.parallel import Task, run_units
 from gradstat.parallel.pool import WorkerDied
@@ -147,35 +148,45 @@ def test_many_quick_units_in_two_workers_finish(tmp_path):
     pd.testing.assert_frame_equal(results[2], results[1])
 
 
+#: The messages :class:`CountedTopK` compressed in this process.
+COMPRESSED: list[str] = []
+
+
+class CountedTopK(TopK):
+    """A user's top-k, registered as users register one: it notes each message it
+    compresses (:data:`COMPRESSED`)."""
+
+    def compress(self, tensor, name):
+        COMPRESSED.append(name)
+        return super().compress(tensor, name)
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_replay_progress_moves_with_each_step_of_a_unit(tmp_path, monkeypatch, jobs):
     """A replay unit is every step of its compressors: the progress iterable yields once
     a step (in this process as each is replayed, or from a worker), its length counts
-    the steps, and the records are those of a run without a display."""
-    from gradstat.analysis import replay as replay_module
+    the steps, and the records are those of a run without a display. In this process
+    (``jobs=1``) each step is told after its messages were compressed and before the
+    unit's later steps are (counted by a registered user compressor, whose messages are
+    the ones a user sees go by)."""
     from gradstat.analysis.replay import Replay, ReplayParams
     from gradstat.analysis.selection import Selection
 
-    steps = 5
-    grads = np.random.default_rng(1).laplace(size=(2, steps, 300)).astype(np.float32)
+    steps, learners = 5, 2
+    grads = np.random.default_rng(1).laplace(size=(learners, steps, 300)).astype(np.float32)
     cap = open_capture(write_capture(tmp_path / "cap", grads, layer_table([("w", (300,))])))
-    params = ReplayParams("topk,dgc", [0.1], Link(1.25e9, 5e-6))
-    streamed = replay_module.replay_streamed
-    replayed: list[int] = []  # steps replayed so far in this process
-
-    def counted(*args, **kwargs):
-        for item in streamed(*args, **kwargs):
-            replayed.append(item[0])
-            yield item
-            time.sleep(0.2)  # a long step: the display hears of each while the unit runs
-
-    monkeypatch.setattr(replay_module, "replay_streamed", counted)
+    entry = Entry(lambda ctx: CountedTopK(ctx.k), False, "a user's counted top-k")
+    monkeypatch.setitem(REGISTRY, "counted-topk", entry)
+    COMPRESSED.clear()
+    # worker processes start afresh, without this process's registrations
+    names = "counted-topk,dgc" if jobs == 1 else "topk,dgc"
+    params = ReplayParams(names, [0.1], Link(1.25e9, 5e-6))
     seen: list[int] = []
 
     def progress(items):
         length = len(items)
         for item in items:
-            seen.append(len(replayed))
+            seen.append(len(COMPRESSED))
             yield item
         seen.append(length)
 
@@ -184,8 +195,9 @@ def test_replay_progress_moves_with_each_step_of_a_unit(tmp_path, monkeypatch, j
     units = 2 if jobs == 2 else 1
     assert seen[-1] == units * steps and len(seen) == units * steps + 1
     if jobs == 1:  # told of each step after it was replayed, before the unit was done
-        told = seen[: steps - 1]
-        assert all(i + 1 <= n for i, n in enumerate(told)) and told[0] < steps
+        told = seen[:steps]
+        assert all(n >= learners * (i + 1) for i, n in enumerate(told))
+        assert told[0] < learners * steps and len(COMPRESSED) == learners * steps
     quiet = Replay(cap, Selection.of(cap), params, compute=Compute(jobs=1)).run()
     pd.testing.assert_frame_equal(
         records.drop(columns="compress_seconds"), quiet.drop(columns="compress_seconds")

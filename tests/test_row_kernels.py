@@ -9,9 +9,7 @@ import torch
 from gradstat.stats.row_kernels import (
     ROOM,
     Room,
-    add_and_candidates,
     add_checked,
-    add_squares,
     count_at_least,
     error_sums,
     indices_at_least,
@@ -177,17 +175,6 @@ def test_momentum_add_equals_torch_bit_for_bit():
     assert v.tobytes() == expected_v.numpy().tobytes()
 
 
-def test_add_squares_adds_as_numpy_and_sums_the_squares_in_float64():
-    """Error feedback's ``p = m + g`` with ||p||^2 in one pass over pieces: the sum bit
-    for bit numpy's float32 add, the squares float64's sum of the new values."""
-    rng = np.random.default_rng(12)
-    x, g = (rng.standard_normal((2, 3 * PIECE + 7)) * 1e3).astype(np.float32)
-    expected = x + g
-    squares = add_squares(x, g)
-    assert x.tobytes() == expected.tobytes()
-    assert squares == pytest.approx(float((expected.astype(np.float64) ** 2).sum()), rel=1e-13)
-
-
 def _edge_row(size: int = 3 * PIECE + 17, seed: int = 7) -> np.ndarray:
     """Normal values with ties at 1.0, exact zeros of both signs, subnormals and +-Inf."""
     x = np.random.default_rng(seed).standard_normal(size).astype(np.float32)
@@ -221,20 +208,3 @@ def test_magnitude_sums_equal_numpys_float64_sums():
     assert maximum == float(np.abs(x).max()) and zeros == int((x == 0).sum())
     x[3] = np.nan
     assert np.isnan(magnitude_sums(x)[0])
-
-
-@pytest.mark.parametrize("threshold", [None, 0.5, 1.0, 3.0])
-def test_add_and_candidates_equals_numpys_add_select_and_squares(threshold):
-    x, g = _edge_row(seed=1), _edge_row(seed=2)
-    x[13] = x[15] = g[13] = g[15] = 0.25  # finite rows, as error feedback has
-    expected = x + g
-    out = x.copy()
-    indices, magnitudes, squares = add_and_candidates(out, g, threshold, Room(64))
-    np.testing.assert_array_equal(out, expected)
-    chosen = np.zeros(expected.size, dtype=bool)
-    if threshold is not None:
-        chosen = np.abs(expected) >= threshold
-    np.testing.assert_array_equal(indices, np.flatnonzero(chosen))
-    np.testing.assert_array_equal(magnitudes, np.abs(expected)[chosen])
-    rest = expected[~chosen].astype(np.float64)
-    assert squares == pytest.approx(float(rest @ rest), rel=1e-12)

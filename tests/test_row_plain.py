@@ -100,26 +100,19 @@ def test_sums_equal_their_plain_twins(bad):
 
 
 @pytest.mark.parametrize("bad", [None, math.nan])
-@pytest.mark.parametrize("threshold", [float(TIE), 0.0, None])
-def test_updates_in_place_equal_their_plain_twins(bad, threshold):
+def test_updates_in_place_equal_their_plain_twins(bad):
     g = _row(11, bad)
     runs = []
     for module in (fast, plain):
-        u, v, x, total, p = _row(12), _row(13), _row(14), _row(15), _row(16)
+        u, v, total = _row(12), _row(13), _row(15)
         momentum = module.momentum_add(u, v, g, 0.9)
-        squares = module.add_squares(x, g)
         finite = module.add_checked(g, total)
-        candidates = module.add_and_candidates(p, g, threshold, fast.Room(16))
-        runs.append((u, v, x, total, p, momentum, squares, finite, candidates))
+        runs.append((u, v, total, momentum, finite))
     f, p = runs
-    for one, other in zip(f[:5], p[:5], strict=True):
+    for one, other in zip(f[:3], p[:3], strict=True):
         assert one.tobytes() == other.tobytes()
-    assert f[5][0] == p[5][0] and _same_sum(f[5][1], p[5][1])
-    assert _same_sum(f[6], p[6])
-    assert f[7] == p[7] == (bad is None)
-    np.testing.assert_array_equal(f[8][0], p[8][0])
-    np.testing.assert_array_equal(f[8][1], p[8][1])
-    assert _same_sum(f[8][2], p[8][2])
+    assert f[3][0] == p[3][0] and _same_sum(f[3][1], p[3][1])
+    assert f[4] == p[4] == (bad is None)
 
 
 def test_compensated_add_is_kahans_update_on_numpy_and_torch():

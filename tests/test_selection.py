@@ -23,11 +23,9 @@ def test_text_and_python_values_select_the_same(synthetic_capture):
     path, _ = synthetic_capture
     with open_capture(path) as cap:
         assert Selection.of(cap, "1:5:2", "0,2") == Selection.of(cap, [1, 3], [0, 2])
-        one = {"steps": [4], "learners": [1], "scope": "model"}
-        assert Selection.of(cap, 4, 1).to_dict() == one
+        assert Selection.of(cap, 4, 1) == Selection((4,), (1,), "model")
         everything = Selection.of(cap)
         assert everything.steps == tuple(range(6)) and everything.learners == (0, 1, 2)
-        assert Selection.from_dict(everything.to_dict()) == everything
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -25,7 +28,7 @@ from gradstat.compressors.work import CALIBRATION, Ops, seconds
 from gradstat.errors import UsageError
 from gradstat.stats.topk_sets import buildup_curve
 from gradstat.store import layer_table
-from tests.helpers import assert_clean_error, run_cli
+from tests.helpers import Result, assert_clean_error, run_cli
 
 H100 = BUILTIN["h100"]
 
@@ -132,15 +135,27 @@ def test_target_file_round_trip_and_errors(tmp_path):
         resolve_target("h100", path)
 
 
-def test_measured_profiles_come_from_the_same_operations(monkeypatch):
+def test_measured_profiles_come_from_the_same_operations():
     # cpu-here and gpu-here share one measurement: every rate positive and named by its
-    # source; gpu-here without a GPU is a usage error, never a silent CPU profile.
+    # source
     cpu = measure("cpu", numel=1 << 16)
     assert cpu.name == "cpu-here" and set(cpu.sources) >= {"bandwidth", "topk_rate", "flops"}
     assert all(v > 0 for k, v in cpu.to_dict().items() if k.endswith("rate"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UsageError, match="gpu-here measures a CUDA GPU"):
-        resolve_target("gpu-here", None)
+
+
+def test_gpu_here_without_a_gpu_is_a_clean_usage_error(synthetic_capture):
+    """``recommend --target gpu-here`` where no GPU is visible (a process started with
+    ``CUDA_VISIBLE_DEVICES=""``, as a user hides one) stops with one ``Error:`` line and
+    exit 2, never a silent CPU profile."""
+    path, _ = synthetic_capture
+    argv = [sys.executable, "-m", "gradstat", "recommend", str(path), "--compressors", "topk"]
+    argv += ["--error-budget", "0.5"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "80"}
+    done = subprocess.run(
+        [*argv, "--target", "gpu-here"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert_clean_error(Result(done.returncode, done.stdout, done.stderr), code=2)
+    assert "gpu-here measures a CUDA GPU" in done.stderr
 
 
 def test_power_law_buildup_is_recovered_and_capped():
@@ -160,7 +175,6 @@ def test_measured_buildup_is_the_exact_subset_average():
     rng = np.random.default_rng(3)
     n, d, k = 5, 200, 20
     idx = np.stack([rng.choice(d, k, replace=False) for _ in range(n)])
-    import torch
 
     holders = np.bincount(idx.ravel(), minlength=d)  # how many sets hold each index
     hist = torch.from_numpy(np.bincount(holders, minlength=n + 1)[1:])

@@ -11,11 +11,10 @@ import pytest
 import torch
 from scipy.stats import hypergeom
 
-from gradstat.analysis.ef_vectors import replay_steps, topk_sparsify
+from gradstat.analysis.ef_vectors import replay_steps
 from gradstat.errors import GradstatWarning
 from gradstat.stats.passes import RowPasses
 from gradstat.stats.topk_sets import (
-    add_then_topk,
     buildup_curve,
     candidates_room,
     contraction_ok,
@@ -220,28 +219,6 @@ def test_prefiltered_topk_falls_back_when_the_sample_misleads():
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize(("d", "k"), [(1000, 10), (200_003, 1_200), (1 << 17, 2_000)])
-def test_add_then_topk_equals_adding_then_topk(d, k):
-    """One pass (add, candidates) picks what adding and ``topk_indices`` pick, in the same
-    order, and leaves the same sum; the last case's sample misleads (a full top-k
-    fallback)."""
-    rng = np.random.default_rng(d)
-    m = torch.from_numpy(rng.laplace(size=d).astype(np.float32))
-    g = torch.from_numpy(rng.laplace(size=d).astype(np.float32))
-    if d == 1 << 17:
-        g[:: d // (1 << 14)] += 50.0
-    expected_p = m + g
-    p = m.clone()
-    chosen, outside = add_then_topk(p, g, k)
-    assert torch.equal(p, expected_p)
-    assert torch.equal(chosen, topk_indices(expected_p, k))
-    rest = expected_p.double().clone()
-    rest[chosen] = 0
-    if outside is not None:  # the squares of p outside the k chosen, found in the pass
-        assert outside == pytest.approx(float(rest.square().sum()), rel=1e-13)
-    assert (outside is None) == (d == 1000 or d == 1 << 17)  # short row; misled sample
-
-
 @pytest.mark.parametrize(("d", "ratio"), [(1 << 20, 0.01), (1 << 22, 1e-4), (1 << 25, 0.001)])
 def test_candidates_room_holds_what_survives_the_sampled_threshold(d, ratio):
     """The room a scan reserves holds the candidates, so a row takes one pass (a fixed
@@ -258,15 +235,6 @@ def test_topk_indices_rejects_bad_k():
         topk_indices(torch.ones(5), 6)
     with pytest.raises(ValueError):
         topk_indices(torch.ones(5), 0)
-
-
-def test_topk_sparsify_keeps_the_k_largest_magnitudes():
-    x = _random_grads(3, 64, seed=13)
-    c = topk_sparsify(x, 5).numpy()
-    for row, sparse in zip(x.numpy(), c, strict=True):
-        keep = _brute_topk(row, 5)
-        assert np.array_equal(np.flatnonzero(sparse), keep)
-        np.testing.assert_array_equal(sparse[keep], row[keep])
 
 
 def test_replay_steps_walks_from_the_first_recorded_step_and_warns_on_gaps():

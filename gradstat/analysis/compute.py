@@ -11,7 +11,7 @@ row of a scope does not fit, the streaming analyses work in column blocks
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -82,10 +82,3 @@ class Compute:
         at most ``MAX_BLOCK``: ``numel`` itself (one block) when a whole row fits."""
         fits = min(MAX_BLOCK, max(MIN_BLOCK, self.memory_bytes() // (4 * ROWS_ALIVE)))
         return numel if numel <= fits else fits
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Compute:
-        return cls(**data)

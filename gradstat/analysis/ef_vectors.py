@@ -25,12 +25,6 @@ from gradstat.stats.topk_sets import topk_indices
 from gradstat.store import Capture, Scope
 
 
-def topk_sparsify(p: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep the ``k`` largest-magnitude entries of each row of ``p``, zero the rest."""
-    idx = topk_indices(p, k)
-    return torch.zeros_like(p).scatter_(-1, idx, p.gather(-1, idx))
-
-
 def warn_gaps(steps: Sequence[int], what: str) -> None:
     """Warn (``GradstatWarning``) when error feedback walks ``steps`` (training steps)
     that are not consecutive: its memories then miss the gradients of the steps that
@@ -89,10 +83,8 @@ def ef_vectors(
 
 
 def _corrected(memory: torch.Tensor, g: torch.Tensor, ratio: float) -> torch.Tensor:
-    """Every learner's ``p = g + m``, then ``m = p - topk(p)`` (``memory`` in place):
-    ``p[learners, numel]``."""
-    k = k_for(ratio, g.shape[1])
+    """Every learner's ``p = g + m``, then ``m = p - topk(p)``: ``p`` with its top-k
+    zeroed (``memory`` in place). Returns ``p[learners, numel]``."""
     p = g + memory
-    for i, row in enumerate(p):
-        torch.sub(row, topk_sparsify(row, k), out=memory[i])
+    memory.copy_(p).scatter_(1, topk_indices(p, k_for(ratio, g.shape[1])), 0.0)
     return p

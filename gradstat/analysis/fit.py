@@ -279,9 +279,8 @@ def row_records(
     make = statistics or (RowHistogram if params.binned else RowPasses)
     with torch_threads(1):  # vectors of a few thousand bins or samples: one thread
         stats = make(values)
-        nonfinite = stats.bins.nonfinite if isinstance(stats, RowHistogram) else None
-        if nonfinite is None:
-            nonfinite = count_nonfinite(values)
+        binned = isinstance(stats, RowHistogram)  # the bins have counted them
+        nonfinite = stats.bins.nonfinite if binned else count_nonfinite(values)
         if nonfinite:
             message = f"step {step}, learner {learner}, scope {scope}: {nonfinite} NaN/Inf"
             warnings.warn(f"{message} values excluded", GradstatWarning, stacklevel=2)

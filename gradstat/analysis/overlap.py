@@ -62,9 +62,9 @@ def overlap(
     Columns: step, next_step, gap (next_step - step, in training steps), scope, ratio,
     k, d, learner (rank or "mean"), overlap, jaccard, random_overlap (k/d); in the order
     of the ratios. Units: runs of the pairs (step, step ``lag`` on), one per process, for
-    ``on="raw"`` (a unit keeps the index sets of its last ``lag + 1`` steps, so it reads
-    each step once: memory O(lag n k) beyond one step); one unit of every step for
-    ``on="ef"``.
+    ``on="raw"``; one unit of every pair for ``on="ef"`` (the memories carry from step to
+    step). A unit keeps the index sets of its last ``lag + 1`` steps, so it reads each
+    step once: memory O(lag n k) beyond one step.
     """
     selection = selection or Selection.of(cap)
     params = params or OverlapParams()
@@ -75,10 +75,13 @@ def overlap(
             f"lag={lag} needs more than {lag} selected steps; the selection has {len(steps)}"
         )
     plan_sets(cap, selection, params.ratios, params.on, 1, "overlap", compute)
+    if params.on == "ef":  # pairs of the steps as error feedback walks them: recorded order
+        chosen = set(steps)
+        steps = tuple(step for step in map(int, cap.steps) if step in chosen)
+    pairs = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
     if params.on == "ef":
-        units = [steps]
+        units = [pairs]
     else:
-        pairs = [(steps[i], steps[i + lag]) for i in range(len(steps) - lag)]
         units = runs(pairs, planned_workers(cap, selection, compute.jobs))
     task = Task(overlap_unit, str(cap.path), selection, params, parts=None)
     return pd.DataFrame(by_ratio(run_units(cap, task, units, compute, progress), params.ratios))
@@ -93,26 +96,14 @@ def overlap_unit(
     *,
     tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of a unit: a run of pairs (step, step ``lag`` on), or (``on="ef"``) every
-    step."""
+    """Records of a unit: a run of pairs (step, step ``lag`` on), its steps read in the
+    selection's order (``on="ef"``: the walk of error feedback's memories)."""
     rows: list[dict] = []
-    if params.on == "ef":
-        history: dict[tuple[str, float], deque] = {}
-        for step, found in step_sets(cap, selection, params.ratios, "ef", unit, compute):
-            for sc, ratio, sets in found:
-                past = history.setdefault((sc.name, ratio), deque(maxlen=params.lag + 1))
-                past.append((step, sets.indices))
-                if len(past) > params.lag:
-                    (first_step, first), last = past[0], past[-1][1]
-                    rows += _pair_records(
-                        selection, sc, ratio, sets.k, first_step, first, step, last
-                    )
-            tick()
-        return rows
-    order = list(dict.fromkeys(step for pair in unit for step in pair))  # reads, in order
+    needed = {step for pair in unit for step in pair}
+    order = [step for step in selection.steps if step in needed]
     pairs = deque(unit)
     recent: dict[int, list] = {}  # the sets of steps read whose pairs are to come
-    for step, found in step_sets(cap, selection, params.ratios, "raw", order, compute):
+    for step, found in step_sets(cap, selection, params.ratios, params.on, order, compute):
         recent[step] = found
         while pairs and pairs[0][0] in recent and pairs[0][1] in recent:
             first_step, second = pairs.popleft()

@@ -152,21 +152,17 @@ class Workspace:
         if ahead is None:
             return None
         if ahead[0] != wanted:
-            self._drop(ahead)
+            wait([ahead[1]])  # let it land (a failed one is not this walk's error)
             return None
         future, into = ahead[1:3]
         if after is not None:
             future = self._reader.submit(_then, after, future.result)
         return future, into
 
-    def _drop(self, ahead: tuple) -> None:
-        """Let a read-ahead land and drop it (a failed one is not this walk's error)."""
-        wait([ahead[1]])
-
     def _drop_ahead(self) -> None:
-        """Wait for a read-ahead to land and forget it."""
+        """Wait for a read-ahead to land and forget it (a failed one is not an error)."""
         if self._ahead is not None:
-            self._drop(self._ahead)
+            wait([self._ahead[1]])
             self._ahead = None
 
     def release(self) -> None:

@@ -69,8 +69,8 @@ class Selection:
 
     ``steps`` and ``learners`` are recorded steps and ranks in the order given; ``scope``
     is ``"model"``, ``"layers"`` or a layer-name regex (``Capture.scopes``). Build one
-    with :meth:`of`; it is small and JSON-able (:meth:`to_dict`), so worker processes
-    and other ranks receive it as it is.
+    with :meth:`of`; it is small, so worker processes and other ranks receive it as it
+    is.
     """
 
     steps: tuple[int, ...]
@@ -102,13 +102,6 @@ class Selection:
                 f"{what} compares learners' top-k sets and needs at least {minimum} "
                 f"learners; the selection has {len(self.learners)}"
             )
-
-    def to_dict(self) -> dict:
-        return {"steps": list(self.steps), "learners": list(self.learners), "scope": self.scope}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Selection:
-        return cls(tuple(data["steps"]), tuple(data["learners"]), data["scope"])
 
 
 LinkSpec = Link | str | tuple | None

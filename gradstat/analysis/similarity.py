@@ -288,22 +288,22 @@ def _similarity_record(
     over, jac, ham = metrics.overlap, metrics.jaccard, metrics.hamming
     ok = metrics.contraction_ok
     baseline = random_overlap(d, k)
+    # learner pairs, then each learner with the mean (b = n), whose rows also carry the
+    # energy a's set captures and a's contraction check as CLT-k leader
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)] + [(a, n) for a in range(n)]
     pair_rows = [
-        _pair_row(base, learners[a], learners[b], (over[a, b], jac[a, b], ham[a, b]), baseline)
-        for a in range(n)
-        for b in range(a + 1, n)
-    ]
-    pair_rows += [
-        _pair_row(
-            base,
-            learners[a],
-            "mean",
-            (over[a, n], jac[a, n], ham[a, n]),
-            baseline,
-            float(metrics.energy[a]),
-            bool(ok[a]),
-        )
-        for a in range(n)
+        {
+            **base,
+            "learner_a": learners[a],
+            "learner_b": learners[b] if b < n else "mean",
+            "overlap": float(over[a, b]),
+            "jaccard": float(jac[a, b]),
+            "hamming": int(ham[a, b]),
+            "random_overlap": baseline,
+            "energy": float(metrics.energy[a]) if b == n else float("nan"),
+            "contraction_ok": bool(ok[a]) if b == n else None,
+        }
+        for a, b in pairs
     ]
     iu = torch.triu_indices(n, n, offset=1)
     pair_overlap = over[:n, :n][iu[0], iu[1]]
@@ -325,32 +325,6 @@ def _similarity_record(
         "leader_contraction_ok": bool(ok[leader]),
         "contraction_breaks": int((~ok).sum()),
         "pairs": pair_rows,
-    }
-
-
-def _pair_row(
-    base: dict,
-    a: int | str,
-    b: int | str,
-    metrics: tuple,
-    baseline: float,
-    energy: float = float("nan"),
-    contraction_ok: bool | None = None,
-) -> dict:
-    """One row of the pairs table: learners ``a`` and ``b`` (or "mean"), their
-    (overlap, Jaccard, Hamming), the random baseline; for a learner and the mean also
-    the energy its set captures and its contraction check."""
-    overlap, jaccard, hamming = metrics
-    return {
-        **base,
-        "learner_a": a,
-        "learner_b": b,
-        "overlap": float(overlap),
-        "jaccard": float(jaccard),
-        "hamming": int(hamming),
-        "random_overlap": baseline,
-        "energy": energy,
-        "contraction_ok": contraction_ok,
     }
 
 

@@ -232,50 +232,6 @@ def add_checked(x, total):
 
 
 @njit(**_OPTIONS)
-def add_in_place(x, g):
-    """x += g (float32, elementwise)."""
-    for j in range(x.size):
-        x[j] = x[j] + g[j]
-
-
-@njit(**_OPTIONS)
-def add_squares(x, g):
-    """x += g piece by piece and, while each piece is in cache, the float64 sum of
-    squares of the new x."""
-    squares = 0.0
-    for lo in range(0, x.size, PIECE):
-        hi = min(x.size, lo + PIECE)
-        add_in_place(x[lo:hi], g[lo:hi])
-        squares += sum_squares(x[lo:hi])
-    return squares
-
-
-@njit(**_SUMS)
-def squares_below(x, threshold):
-    """sum x_j^2 (float64) over the values that are not :func:`candidates`
-    (``|x_j| >= threshold`` false)."""
-    total = 0.0
-    for j in range(x.size):
-        v = np.float64(x[j])
-        total += 0.0 if abs(x[j]) >= threshold else v * v
-    return total
-
-
-@njit(**_OPTIONS)
-def add_candidates(x, g, threshold, out, magnitudes):
-    """x += g in place, then :func:`candidates` of the new x and the squares of the rest
-    (:func:`squares_below`), piece by piece while the piece is in cache; returns (count,
-    sum of squares below the threshold)."""
-    count, squares = 0, 0.0
-    for lo in range(0, x.size, PIECE):
-        hi = min(x.size, lo + PIECE)
-        add_in_place(x[lo:hi], g[lo:hi])
-        count = candidates(x[lo:hi], threshold, out, magnitudes, count, lo)
-        squares += squares_below(x[lo:hi], threshold)
-    return count, squares
-
-
-@njit(**_OPTIONS)
 def zeros_in(x):
     """How many x_j == 0 (either sign; NaN is not)."""
     count = 0

@@ -227,10 +227,6 @@ class Distribution:
         """The distribution of |G|: itself for magnitude models, folded for signed ones."""
         return Folded(self) if self.signed else self
 
-    def magnitude_sf(self, t: float) -> float:
-        """P(|G| > t): the fraction of elements a threshold t on magnitudes keeps."""
-        return float(self.magnitudes().sf(t))
-
     def magnitude_isf(self, density: float) -> float:
         """The threshold t on |g| with P(|G| > t) = density (the upper quantile)."""
         return float(self.magnitudes().isf(density))

@@ -104,18 +104,6 @@ def ks_ad(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> tuple
     return ks_from_cdf(tails.cdf), ad_from_logs(tails.logcdf, tails.logsf)
 
 
-def ks_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
-    """Kolmogorov-Smirnov D alone (:func:`ks_ad`). ``presorted``: ``x`` is already in
-    ascending order (sort once, score many fits)."""
-    return ks_from_cdf(dist.cdf(_sorted(x, presorted)))
-
-
-def ad_statistic(x: torch.Tensor, dist: Distribution, presorted: bool = False) -> float:
-    """Anderson-Darling A^2 alone (:func:`ks_ad` when KS is wanted too)."""
-    tails = dist.sorted_tails(_sorted(x, presorted))
-    return ad_from_logs(tails.logcdf, tails.logsf)
-
-
 def quantile_error(fitted: float, empirical: float) -> float:
     """Relative error of a fitted upper quantile: (fitted - empirical) / empirical."""
     return (fitted - empirical) / empirical

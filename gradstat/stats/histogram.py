@@ -281,20 +281,6 @@ class RowHistogram:
         """The bins holding some |x|, ascending."""
         return np.flatnonzero(self.bins.counts)
 
-    def bin_of(self, threshold: float) -> int:
-        """The bin that holds ``|x| = threshold`` (0 for a threshold at or below 0,
-        ``NBINS`` past the largest float32 and for NaN)."""
-        if not threshold > 0:
-            return NBINS if threshold != threshold else 0
-        with np.errstate(over="ignore"):
-            return min(int(np.float32(threshold).view(np.uint32)) >> SHIFT, NBINS)
-
-    def top_bins(self, count: int) -> np.ndarray:
-        """The occupied bins that hold the ``count`` largest |x| (ascending)."""
-        first = int(np.count_nonzero(self.above[:-1] >= min(count, self.nonzeros))) - 1
-        bins = self.occupied()
-        return bins[bins >= max(first, 0)]
-
     # --- the values of the bins --------------------------------------------------------
     def prefetch(self, bins) -> None:
         """Read the values of those of ``bins`` not yet read, in one pass over the row (a

@@ -26,7 +26,7 @@ from gradstat.stats.row_statistics import (
     require_finite_sums,
     zeros_selected,
 )
-from gradstat.stats.topk_sets import PREFILTER_MIN_NUMEL, PREFILTER_SAMPLE
+from gradstat.stats.topk_sets import prefilter_threshold
 
 _CHUNK = 1 << 20  # 4 MiB of float32: few parallel regions, temporaries stay in L2/L3
 #: Elements per chunk of a numpy compaction (1 MiB of float32, the mask 256 KiB).
@@ -252,25 +252,16 @@ class RowPasses:
 
     def kth_largest(self, k: int, at_least: float | None = None) -> float:
         """The k-th largest |x| (1 <= k <= nonzeros): the top k of the |x| >= ``at_least``,
-        a level at least k of them reach. Without one, a long row's level is an upper
-        quantile of a strided sample that about 1.5 k pass (as DGC's sampled threshold,
-        Lin et al. 2018; when fewer than k do, every non-zero |x|)."""
+        a level at least k of them reach. Without one, a long row's level is top-k's
+        pre-filter threshold (:func:`~gradstat.stats.topk_sets.prefilter_threshold`, an
+        upper quantile of a strided sample that about 1.5 k pass; when fewer than k do,
+        or a short or dense row has none, every non-zero |x|)."""
         if at_least is None:
-            at_least = self._sampled_level(k)
+            at_least = prefilter_threshold(self.values, k) or 0.0
         candidates = self.exceed(at_least, inclusive=True) if at_least > 0 else None
         if candidates is None or candidates.numel() < k:
             candidates = self.magnitudes()
         return float(torch.topk(candidates, k, sorted=False).values.amin())
-
-    def _sampled_level(self, k: int) -> float:
-        """The level :meth:`kth_largest` starts from: the ``ceil(1.5 k s / d) + 32``-th
-        largest of ``s`` strided samples of |x| (0: a short or dense row, no level)."""
-        d = self.numel
-        if d < PREFILTER_MIN_NUMEL or 2 * k >= d:
-            return 0.0
-        sample = self.values[:: d // PREFILTER_SAMPLE].abs()
-        rank = min(sample.numel(), math.ceil(1.5 * k * sample.numel() / d) + 32)
-        return float(torch.topk(sample, rank, sorted=False).values.amin())
 
     def exceedance_sums(self, threshold: float, inclusive: bool = False) -> ExceedanceSums:
         """Sums of :meth:`exceed`'s set (float32 sums, float64 across chunks), kept per

@@ -11,9 +11,8 @@ pieces (figures: docs/large.md). The sum is bit for bit numpy's (the same operat
 the same order, no fast-math), and the candidates are the same indices in the same
 (ascending) order.
 
-Replay uses the same loops: error feedback's ``p = m + g`` with its top-k candidates and
-the squares of the rest (the new memory's norm), the reference sum with the finiteness
-check, and float64 sums of squares (their adds alone may be reassociated, so that LLVM
+Replay uses the same loops: DGC's momentum, the reference sum with the finiteness check,
+and float64 sums of squares (their adds alone may be reassociated, so that LLVM
 vectorizes them; each term is exact and the sum float64-accurate in any order).
 
 |x| >= t is compared in float32 as numpy compares (NaN never passes), each block of 64
@@ -227,27 +226,6 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
     return float(ref_sq), float(est_sq), float(dot), float(err)
 
 
-def add_squares(x: np.ndarray, g: np.ndarray) -> float:
-    """``x += g`` in place (float32, as numpy adds) and the new ``x``'s sum of squares
-    (float64), in one pass: error feedback's ``p = m + g`` and ||p||^2, from which the
-    new memory's norm follows without reading it again."""
-    return float(loops().add_squares(x, np.ascontiguousarray(g)))
-
-
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """``total += x`` (float32) in one pass that also tells whether every x is finite."""
     return _finite(loops().add_checked(np.ascontiguousarray(x), total))
-
-
-def add_and_candidates(
-    x: np.ndarray, g: np.ndarray, threshold: float | None, room: Room
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """``x += g`` in place (float32, as numpy adds) in one pass that also finds the
-    candidates (indices ascending, and magnitudes) of the new ``|x| >= threshold`` (none
-    when None) and the sum of squares (float64) of the other values: error feedback's
-    corrected row ``p = m + g``, its top-k candidates, and the part of its norm no top-k
-    can send. When more are found than ``room`` holds, a second pass."""
-    compiled = loops()
-    limit = float32_limit(threshold)
-    count, squares = compiled.add_candidates(x, g, limit, room.indices, room.magnitudes)
-    return *_found(compiled, x, limit, room, count), float(squares)

@@ -30,11 +30,6 @@ def compensated_add(s: Any, c: Any, x: Any) -> tuple[Any, Any]:
     return t, (t - s) - y
 
 
-def _at_least(x: np.ndarray, threshold: float | None, inclusive: bool = True) -> np.ndarray:
-    """The indices of ``|x| >= t`` for the float32 ``t`` of :func:`float32_limit`."""
-    return np.flatnonzero(np.abs(x) >= float32_limit(threshold, inclusive))
-
-
 def _squares(x: np.ndarray) -> float:
     """sum x^2 in float64 (each term exact)."""
     x64 = x.astype(np.float64)
@@ -56,7 +51,7 @@ def scan_row(
             total[:], error[:] = x, 0
         else:
             total[:], error[:] = compensated_add(total, error, x)
-    indices = _at_least(x, threshold)
+    indices = indices_at_least(x, threshold)
     return Found(indices, np.abs(x[indices]), bool(np.isfinite(x).all()))
 
 
@@ -71,13 +66,13 @@ def mean_row(
     """:func:`~gradstat.stats.row_kernels.mean_row`: ``(total - error) / n`` into
     ``mean``, its candidates and float64 sum of squares."""
     np.divide(total - error, np.float32(n), out=mean)
-    indices = _at_least(mean, threshold)
+    indices = indices_at_least(mean, threshold)
     return indices, np.abs(mean[indices]), _squares(mean)
 
 
-def indices_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
-    """:func:`~gradstat.stats.row_kernels.indices_at_least`."""
-    return _at_least(x, threshold, inclusive)
+def indices_at_least(x: np.ndarray, threshold: float | None, inclusive: bool = True) -> np.ndarray:
+    """:func:`~gradstat.stats.row_kernels.indices_at_least` (None: no index)."""
+    return np.flatnonzero(np.abs(x) >= float32_limit(threshold, inclusive))
 
 
 def magnitudes_at_least(x: np.ndarray, threshold: float, inclusive: bool = True) -> np.ndarray:
@@ -126,26 +121,8 @@ def error_sums(estimate: np.ndarray, reference: np.ndarray) -> tuple[float, floa
     return float(np.dot(r, r)), float(np.dot(e, e)), float(np.dot(e, r)), float(np.dot(d, d))
 
 
-def add_squares(x: np.ndarray, g: np.ndarray) -> float:
-    """:func:`~gradstat.stats.row_kernels.add_squares`: ``x += g``, then ||x||^2."""
-    x += g
-    return _squares(x)
-
-
 def add_checked(x: np.ndarray, total: np.ndarray) -> bool:
     """:func:`~gradstat.stats.row_kernels.add_checked`: ``total += x``; whether x is
     finite."""
     total += x
     return bool(np.isfinite(x).all())
-
-
-def add_and_candidates(
-    x: np.ndarray, g: np.ndarray, threshold: float | None, room: Room
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """:func:`~gradstat.stats.row_kernels.add_and_candidates`: ``x += g``, the new
-    candidates, and the float64 sum of squares of the values that are not."""
-    x += g
-    indices = _at_least(x, threshold)
-    below = x.copy()
-    below[indices] = 0
-    return indices, np.abs(x[indices]), _squares(below)

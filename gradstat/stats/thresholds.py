@@ -66,14 +66,6 @@ class ThresholdResult:
         """Estimation quality q = selected / k."""
         return self.selected / self.k
 
-    def mask(self, values: torch.Tensor) -> torch.Tensor:
-        """Boolean mask of the elements of ``values`` (signed) that this threshold selects.
-
-        For ``topk`` with ties at the k-th largest magnitude the mask can hold more than k.
-        """
-        x = values.abs()
-        return x >= self.threshold if self.inclusive else x > self.threshold
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -212,54 +204,42 @@ def _gaussiank(values: torch.Tensor, k: int, settings: Settings) -> ThresholdRes
     return ThresholdResult(threshold, selected, k)
 
 
-def _mean_max(passes: RowStatistics) -> tuple[float, float]:
-    """Mean of |x| over every element (zeros included, as RedSync has it) and max |x|."""
-    sums = passes.sums()
-    return sums.total / sums.numel, sums.maximum
+def _bisection(probes: int, lower_below: Callable[[int], float]):
+    """RedSync's binary search of t in [0, 1] for eta = mean + t (max - mean) of |x|, the
+    mean over every element (zeros included, as RedSync has it): at most ``probes``
+    probes, stopping when k < count < 2k; eta is lowered when the count is under
+    ``lower_below(k)``, else raised. The last probe's threshold is used, whatever it
+    selects. Counts run on the smallest set of exceedances kept so far
+    (:class:`RowPasses`), or on the row's bins."""
+
+    def select(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
+        stats = settings.shared
+        check_k(k, stats.nonzeros)
+        sums = stats.sums()
+        mean, top = sums.total / sums.numel, sums.maximum
+        low, high = 0.0, 1.0
+        for _ in range(probes):
+            t = low + (high - low) / 2.0
+            threshold = mean + t * (top - mean)
+            selected = stats.count(threshold)
+            if k < selected < 2 * k:
+                break
+            if selected < lower_below(k):
+                high = t
+            else:
+                low = t
+        return ThresholdResult(threshold, selected, k)
+
+    return select
 
 
-def _redsync(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
-    """RedSync: binary search of t in [0, 1] for eta = mean + t (max - mean) of |x| until
-    k < count < 2k (up to 40 probes): raise eta when count >= 2k, lower it when count <= k.
-    Counts run on the smallest set of exceedances kept so far (:class:`RowPasses`), or
-    on the row's bins."""
-    passes = settings.shared
-    check_k(k, passes.nonzeros)
-    mean, top = _mean_max(passes)
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        t = (low + high) / 2.0
-        threshold = mean + t * (top - mean)
-        selected = passes.count(threshold)
-        if k < selected < 2 * k:
-            break
-        if selected >= 2 * k:
-            low = t
-        else:
-            high = t
-    return ThresholdResult(threshold, selected, k)
-
-
-def _redsync_sidco(values: torch.Tensor, k: int, settings: Settings) -> ThresholdResult:
-    """The SIDCo reference's RedSync (``RedSyncCompressor``): bisect t in [0, 1] while
-    the interval is wider than 0.2 (at most 3 probes); stop when k < count < 2k, lower
-    eta when count < k/2, otherwise raise it (also when k/2 <= count <= k). The last
-    probe's threshold is used, whatever it selects."""
-    passes = settings.shared
-    check_k(k, passes.nonzeros)
-    mean, top = _mean_max(passes)
-    low, high = 0.0, 1.0
-    while high - low > 0.2:
-        t = low + (high - low) / 2.0
-        threshold = mean + t * (top - mean)
-        selected = passes.count(threshold)
-        if k < selected < 2 * k:
-            break
-        if selected < k / 2:
-            high = t
-        else:
-            low = t
-    return ThresholdResult(threshold, selected, k)
+#: RedSync (Fang et al. 2019): up to 40 probes; eta lowered when count <= k, raised
+#: when count >= 2k.
+_redsync = _bisection(40, lambda k: k + 1)
+#: The SIDCo reference's RedSync (``RedSyncCompressor``): bisect while the interval is
+#: wider than 0.2 (3 probes); eta lowered when count < k/2, otherwise raised (also
+#: when k/2 <= count <= k).
+_redsync_sidco = _bisection(3, lambda k: k / 2)
 
 
 ESTIMATORS: dict[str, Estimator] = {

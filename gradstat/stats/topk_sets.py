@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradstat.stats.row_kernels import Room, add_and_candidates, indices_at_least
+from gradstat.stats.row_kernels import indices_at_least
 
 #: Slack for the contraction check: both sides are float sums of the same squares.
 CONTRACTION_RTOL = 1e-6
@@ -124,37 +124,6 @@ def prefilters(d: int, k: int) -> bool:
 def sample_positions(d: int) -> slice:
     """The strided positions :func:`prefilter_threshold` samples in a row of ``d``."""
     return slice(None, None, d // PREFILTER_SAMPLE)
-
-
-def add_then_topk(p: torch.Tensor, g: torch.Tensor, k: int) -> tuple[torch.Tensor, float | None]:
-    """``p += g`` in place, then ``topk_indices(p, k)``: error feedback's corrected row and
-    its top-k; also the sum of squares (float64) of ``p`` outside those k, the squared
-    norm of the residual memory that keeps them (None where it was not found on the
-    way). On the CPU one pass over ``p`` for all of it
-    (:func:`~gradstat.stats.row_kernels.add_and_candidates`; the threshold is sampled from
-    ``p + g`` at the sample's positions first, the very values the add leaves there), so
-    the same indices as adding, then :func:`topk_indices`; the squares are those below
-    the threshold plus those of the candidates not chosen (every term added, none
-    subtracted: no cancellation)."""
-    d = p.numel()
-    if not 0 < k <= d:
-        raise ValueError(f"k={k} must be in 1..{d}")
-    if not prefilters(d, k) or p.device.type != "cpu" or p.dtype != torch.float32:
-        p.add_(g)
-        return topk_indices(p, k), None
-    at = sample_positions(d)
-    threshold = prefilter_threshold(p, k, sample=(p[at] + g[at]).abs())
-    room = Room(candidates_room(d, k))
-    indices, magnitudes, below = add_and_candidates(
-        p.numpy(), np.ascontiguousarray(g.numpy()), threshold, room
-    )
-    candidates, magnitudes = torch.from_numpy(indices), torch.from_numpy(magnitudes)
-    if candidates.numel() < k:  # the sample misled: a top-k of the whole row
-        return top_of(p, k)[0], None
-    keep = torch.topk(magnitudes, k, sorted=False).indices
-    left = torch.ones(magnitudes.numel(), dtype=torch.bool)
-    left[keep] = False
-    return candidates[keep], below + float(magnitudes[left].double().square().sum())
 
 
 def indices_above(row: torch.Tensor, threshold: float, inclusive: bool = True) -> torch.Tensor:
