@@ -37,7 +37,7 @@ from gradstat.capture.workloads import build_workload, default_lr, resolve_size,
 from gradstat.errors import DataError, GradstatError, Interrupted, UsageError
 from gradstat.store.compression import dataset_filters
 from gradstat.store.ranks import parse_ranks
-from gradstat.store.schema import MAX_LEARNERS, ROOT_FILE, SUPPORTED_DTYPES
+from gradstat.store.schema import MAX_LEARNERS, ROOT_FILE, SUPPORTED_DTYPES, rank_file_name
 from gradstat.threads import available_cpus, worker_environment
 
 LOG_FILE = log_name(0)
@@ -411,7 +411,23 @@ def _interrupted_text(run_dir: Path) -> str:
     )
 
 
-def _check_recorded(run_dir: Path, node_rank: int, log: CaptureLog) -> None:
+def _is_part(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a complete ``capture.h5`` but only some of the rank files
+    it lists: node 0's part of a multi-node capture written to folders of their own (the
+    node's output says to join the parts with ``gradstat merge``)."""
+    import h5py
+
+    try:
+        with h5py.File(run_dir / ROOT_FILE, "r") as f:
+            status = f.attrs.get("status")
+            ranks = [int(r) for r in f.attrs["recorded_ranks"]]
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    present = [(run_dir / rank_file_name(r)).exists() for r in ranks]
+    return status == "complete" and any(present) and not all(present)
+
+
+def _check_recorded(run_dir: Path, node_rank: int, nnodes: int, log: CaptureLog) -> None:
     """After torchrun succeeded: a capture that is not complete here (a writer stopped on
     a full disk, the root could not be finalised) is an error saying what is there, the
     free space and the command that reads it."""
@@ -420,6 +436,8 @@ def _check_recorded(run_dir: Path, node_rank: int, log: CaptureLog) -> None:
     if state is None:
         if node_rank > 0 and not (run_dir / ROOT_FILE).exists():
             return  # a node > 0 writing its own folder: node 0 holds capture.h5
+        if nnodes > 1 and _is_part(run_dir):
+            return  # node 0's own folder: the other nodes' rank files are elsewhere
         raise DataError(
             f"capture failed: {run_dir / ROOT_FILE} cannot be read after training ({free}"
             f"{log.note()}); the rank files keep every committed row"
@@ -478,7 +496,7 @@ def run_capture(
     if code != 0:
         reason = failure_reason(follower.tail)
         raise DataError(f"capture failed: {reason} (full log: {log_path}{log.note()})")
-    _check_recorded(run_dir, options.node_rank, log)
+    _check_recorded(run_dir, options.node_rank, options.nnodes, log)
     return run_dir
 
 
