@@ -16,7 +16,17 @@ from gradstat.cli.main import COMMANDS, command_docstring, load_command
 from tests.helpers import run_cli
 
 ROOT = Path(__file__).parent.parent
-ANALYSES = ("fit", "similarity", "buildup", "overlap", "replay", "recommend", "report")
+ANALYSES = (
+    "fit",
+    "similarity",
+    "buildup",
+    "overlap",
+    "noise",
+    "consistency",
+    "replay",
+    "recommend",
+    "report",
+)
 
 
 def tour_commands() -> list[list[str]]:

@@ -138,7 +138,8 @@ def _summary_view(summary: pd.DataFrame) -> View:
             "diversity": "diversity",
         },
         "cosine: mean over pairs and steps; first/last: its mean at the first and last "
-        "step; CV: std / mean over learners; diversity = sum ||g_i||^2 / ||sum g_i||^2.",
+        "step; CV: std / mean over learners; diversity = sum ||g_i||^2 / ||sum g_i||^2 "
+        "(1/n for identical learners, about 1 for unrelated ones).",
     )
 
 

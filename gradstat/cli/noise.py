@@ -173,8 +173,8 @@ def _compressor_view(summary: pd.DataFrame) -> View:
             "within_noise": "within",
         },
         "x noise = mean_i ||C(g_i) - g_i||^2 / (tr(Sigma) / b), mean over steps (below 1: "
-        "within the gradient's own noise); max: the worst learner and step; within: share "
-        "of steps below 1.",
+        "within the gradient's own noise); max: the worst learner and step; within: the "
+        "share of steps where it is below 1 (1 = every step).",
     )
 
 

@@ -338,8 +338,8 @@ COMPRESSOR_NAMES = (
     f"NAME[:PARAM=VALUE][+MEMORY] with NAME one of {', '.join(BUILTIN)} (docs/replay.md), "
     "or your own as MODULE:CLASS or FILE.py:CLASS (docs/compressors.md); MEMORY: none, "
     "residual, dgc or your own (e.g. terngrad+residual); :collective=allgather|allreduce "
-    "on any; :algorithm=ring|tree|a2a:accumulate=fp32|wire on a number format "
-    "(docs/lowprecision.md); 'list' describes them."
+    "on any; on a number format :algorithm=ring|tree|a2a and :accumulate=fp32|wire "
+    "(e.g. fp8-e4m3:algorithm=a2a, docs/lowprecision.md); 'list' describes them."
 )
 Compressors = Annotated[
     str,
