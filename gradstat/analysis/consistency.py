@@ -18,7 +18,6 @@ less.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,9 +28,8 @@ from scipy import stats
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.gram import require_learners, step_grams
-from gradstat.analysis.learner_errors import learner_errors, plan_configs
+from gradstat.analysis.learner_errors import learner_errors, plan_configs, unit_configs
 from gradstat.analysis.selection import Selection, parse_ratios
-from gradstat.errors import GradstatWarning
 from gradstat.parallel import Task, run_units
 from gradstat.parallel.progress import Progress, no_progress
 from gradstat.store import Capture
@@ -107,11 +105,7 @@ def consistency_unit(
 ) -> list[dict]:
     """Records of ``steps``: one per (step, scope), with its pairs and compressors' records."""
     learners, scopes = list(selection.learners), selection.scopes(cap)
-    configs = []
-    if params.compressors:
-        with warnings.catch_warnings():  # the analysis warned when it planned them
-            warnings.simplefilter("ignore", GradstatWarning)
-            configs = plan_configs(cap, scopes, params.compressors, params.ratios, params.seed)
+    configs = unit_configs(cap, scopes, params.compressors, params.ratios, params.seed)
     rows = {int(s): i for i, s in enumerate(cap.steps)}
     positions = [cap.learners.index(learner) for learner in learners]
     records = []

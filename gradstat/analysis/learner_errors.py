@@ -97,6 +97,22 @@ def plan_configs(
     return configs
 
 
+def unit_configs(
+    cap: Capture,
+    scopes: Sequence[Scope],
+    compressors: str | None,
+    ratios: Sequence[float],
+    seed: int,
+) -> list[Config]:
+    """:func:`plan_configs` again inside a unit, quietly (the analysis warned when it
+    planned them); none without ``compressors``."""
+    if not compressors:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GradstatWarning)
+        return plan_configs(cap, scopes, compressors, ratios, seed)
+
+
 def build(cap: Capture, sc: Scope, spec: CompressorSpec, ratio: float | None, seed: int) -> Scheme:
     """``spec``'s scheme at ``ratio`` for scope ``sc``: one message, the whole scope
     (``--granularity model``), as one learner's gradient is compared with its ``C(g)``."""

@@ -44,7 +44,7 @@ from scipy import stats
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.gram import require_learners, step_grams
-from gradstat.analysis.learner_errors import learner_errors, plan_configs
+from gradstat.analysis.learner_errors import learner_errors, plan_configs, unit_configs
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.errors import GradstatWarning, UsageError
 from gradstat.parallel import Task, run_units
@@ -169,11 +169,7 @@ def noise_unit(
 ) -> list[dict]:
     """Records of ``steps``: one per (step, scope), its compressors' under ``"compressors"``."""
     learners, scopes = list(selection.learners), selection.scopes(cap)
-    configs = []
-    if params.compressors:
-        with warnings.catch_warnings():  # the analysis warned when it planned them
-            warnings.simplefilter("ignore", GradstatWarning)
-            configs = plan_configs(cap, scopes, params.compressors, params.ratios, params.seed)
+    configs = unit_configs(cap, scopes, params.compressors, params.ratios, params.seed)
     b = int(params.batch_size or 0)
     records = []
     for step in steps:
