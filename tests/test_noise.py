@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from gradstat.analysis.compute import MIN_MEMORY, Compute
-from gradstat.analysis.gram import plan_blocks, step_grams
+from gradstat.analysis.gram import Grams, plan_blocks
 from gradstat.analysis.noise import NoiseParams, noise, noise_summary
 from gradstat.analysis.selection import Selection
 from gradstat.errors import UsageError
@@ -144,7 +144,7 @@ def test_column_blocks_and_scopes_give_each_scope_its_gram(tmp_path):
                 columns = np.concatenate([np.arange(lo, hi) for lo, hi in mine])
                 expected = np.concatenate([np.arange(o, o + n) for o, n in sc.slices])
                 assert np.array_equal(columns, expected), (spec, sc.name)
-            grams = step_grams(cap, 0, [0, 1, 2], scopes, compute, "a test")
+            grams = Grams(cap, [0, 1, 2], scopes, compute, "a test").step(0)
             for sc, gram in zip(scopes, grams, strict=True):
                 x = np.concatenate([rows[:, o : o + n] for o, n in sc.slices], axis=1)
                 expected = x @ x.T  # unrelated rows: off the diagonal, float32's rounding

@@ -1,6 +1,6 @@
 """Each step's learner x learner Gram matrix per scope, in one pass over the rows.
 
-Contract: :func:`step_grams` returns, for one step, one float64 ``[n, n]`` matrix per
+Contract: :meth:`Grams.step` returns, for one step, one float64 ``[n, n]`` matrix per
 scope, ``G[a, b] = g_a . g_b`` of the n selected learners' gradients restricted to the
 scope. Every number ``gradstat noise`` and ``gradstat consistency`` report is a function
 of it (docs/methods.md 8): the learners' squared norms (its diagonal), their cosines,
@@ -16,7 +16,8 @@ products over ``CHUNK`` columns (one batched product per block piece), each adde
 float64 on the compute device: the products of float32 values are exact in float64, so
 the only rounding is float32's over ``CHUNK`` terms (relative error about 5e-9 of
 ``sum |g_a g_b|``; docs/noise.md, Precision). Memory: two ``[n, width]`` float32
-buffers, whatever the row length.
+buffers, whatever the row length, allocated once per unit (:class:`Grams`; a unit is a
+run of steps, :func:`step_units`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gradstat import cancel
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.selection import Selection
 from gradstat.errors import DataError, UsageError
+from gradstat.parallel import planned_workers, runs
 from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
@@ -63,6 +65,13 @@ def require_learners(selection: Selection, what: str) -> None:
             f"{what} compares learners and needs at least 2; the selection has "
             f"{len(selection.learners)}"
         )
+
+
+def step_units(cap: Capture, selection: Selection, compute: Compute) -> list[tuple]:
+    """The units of a Gram analysis: runs of consecutive steps, one per process that
+    runs units (a unit keeps its :class:`Grams` buffers from step to step); each step's
+    Gram is the same whichever unit computes it."""
+    return runs(selection.steps, planned_workers(cap, selection, compute.jobs))
 
 
 def block_width(cap: Capture, learners: int, compute: Compute) -> int:
@@ -116,34 +125,46 @@ def _read_block(
     return out[:, :width]
 
 
-def step_grams(
-    cap: Capture,
-    step: int,
-    learners: Sequence[int],
-    scopes: Sequence[Scope],
-    compute: Compute,
-    what: str,
-) -> list[np.ndarray]:
-    """The Gram matrix of ``learners``' rows at ``step`` in each of ``scopes`` (module
-    docstring); a ``DataError`` naming step and learner for NaN/Inf values (``what``:
-    the analysis, for the message)."""
-    n = len(learners)
-    device = compute.torch_device()
-    blocks = plan_blocks(scopes, block_width(cap, n, compute))
-    sums = torch.zeros(len(scopes), n, n, dtype=torch.float64, device=device)
-    width = max(b.stop - b.start for b in blocks)
-    buffers = [np.empty((n, width), dtype=np.float32) for _ in range(2)]
-    with ThreadPoolExecutor(1, thread_name_prefix="gradstat-gram") as reader:
-        pending = reader.submit(_read_block, cap, step, learners, blocks[0], buffers[0])
-        for i, block in enumerate(blocks):
-            x = pending.result()
-            if i + 1 < len(blocks):
-                later = (cap, step, learners, blocks[i + 1], buffers[(i + 1) % 2])
-                pending = reader.submit(_read_block, *later)
-            cancel.check()
-            _add_block(torch.from_numpy(x).to(device), block, sums, step, learners, what)
-    sums = (sums + sums.transpose(1, 2)) / 2  # float32 products are not quite symmetric
-    return list(sums.cpu().numpy())
+class Grams:
+    """A unit's Gram pass over ``learners``' rows in ``scopes``: the blocks planned and
+    the two ``[n, width]`` float32 buffers allocated once, reused from step to step (a
+    fresh buffer costs its page faults at every step); ``what``: the analysis, for
+    messages."""
+
+    def __init__(
+        self,
+        cap: Capture,
+        learners: Sequence[int],
+        scopes: Sequence[Scope],
+        compute: Compute,
+        what: str,
+    ) -> None:
+        self.cap, self.learners, self.scopes, self.what = cap, list(learners), scopes, what
+        self.device = compute.torch_device()
+        n = len(self.learners)
+        self.blocks = plan_blocks(scopes, block_width(cap, n, compute))
+        width = max(b.stop - b.start for b in self.blocks)
+        self.buffers = [np.empty((n, width), dtype=np.float32) for _ in range(2)]
+
+    def step(self, step: int) -> list[np.ndarray]:
+        """The Gram matrix of the learners' rows at ``step`` in each scope (module
+        docstring); a ``DataError`` naming step and learner for NaN/Inf values."""
+        n, blocks, learners = len(self.learners), self.blocks, self.learners
+        sums = torch.zeros(len(self.scopes), n, n, dtype=torch.float64, device=self.device)
+        with ThreadPoolExecutor(1, thread_name_prefix="gradstat-gram") as reader:
+            pending = reader.submit(
+                _read_block, self.cap, step, learners, blocks[0], self.buffers[0]
+            )
+            for i, block in enumerate(blocks):
+                x = pending.result()
+                if i + 1 < len(blocks):
+                    later = (self.cap, step, learners, blocks[i + 1], self.buffers[(i + 1) % 2])
+                    pending = reader.submit(_read_block, *later)
+                cancel.check()
+                x = torch.from_numpy(x).to(self.device)
+                _add_block(x, block, sums, step, learners, self.what)
+        sums = (sums + sums.transpose(1, 2)) / 2  # float32 products are not quite symmetric
+        return list(sums.cpu().numpy())
 
 
 def _add_block(
@@ -160,7 +181,7 @@ def _add_block(
         products = chunk_products(part)
         if not bool(torch.isfinite(products.diagonal(dim1=1, dim2=2)).all()):
             _refuse(part, step, learners, what)
-        sums[k] += products.double().sum(dim=0)
+        sums[k] += products.sum(dim=0, dtype=torch.float64)
 
 
 def chunk_products(x: torch.Tensor) -> torch.Tensor:
