@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from gradstat.analysis.compute import MIN_MEMORY, Compute
-from gradstat.analysis.gram import plan_blocks, step_grams
+from gradstat.analysis.gram import Grams, plan_blocks
 from gradstat.analysis.noise import NoiseParams, noise, noise_summary
 from gradstat.analysis.selection import Selection
 from gradstat.errors import UsageError
@@ -127,13 +127,14 @@ def test_identical_learners_have_no_sampling_noise(tmp_path):
 
 def test_column_blocks_and_scopes_give_each_scope_its_gram(tmp_path):
     """Rows longer than a block, a layer scope per layer and a regex scope with a gap:
-    each Gram equals numpy's, from blocks that cover every scope column once."""
+    each Gram equals numpy's, from blocks that cover every scope column once, and is
+    the same to the bit as the Gram of one block per row (``--memory``, ``--jobs``)."""
     rng = np.random.default_rng(4)
     layers = layer_table([("a.w", (300, 200)), ("b.w", (7,)), ("a.b", (50_000,)), ("c", (9,))])
     grads = rng.standard_normal((3, 1, layers[-1].stop)).astype(np.float32)
     path = write_capture(tmp_path / "wide", grads, layers)
     rows = grads[:, 0].astype(np.float64)
-    compute = Compute("cpu", memory=MIN_MEMORY)  # blocks of 43,690 columns
+    compute = Compute("cpu", memory=MIN_MEMORY)  # blocks of 43,008 columns
     with open_capture(path) as cap:
         for spec in ("model", "layers", r"^a\."):
             scopes = cap.scopes(spec)
@@ -144,8 +145,10 @@ def test_column_blocks_and_scopes_give_each_scope_its_gram(tmp_path):
                 columns = np.concatenate([np.arange(lo, hi) for lo, hi in mine])
                 expected = np.concatenate([np.arange(o, o + n) for o, n in sc.slices])
                 assert np.array_equal(columns, expected), (spec, sc.name)
-            grams = step_grams(cap, 0, [0, 1, 2], scopes, compute, "a test")
-            for sc, gram in zip(scopes, grams, strict=True):
+            grams = Grams(cap, [0, 1, 2], scopes, compute, "a test").step(0)
+            whole = Grams(cap, [0, 1, 2], scopes, Compute("cpu"), "a test").step(0)
+            for sc, gram, one_block in zip(scopes, grams, whole, strict=True):
+                assert np.array_equal(gram, one_block), (spec, sc.name)
                 x = np.concatenate([rows[:, o : o + n] for o, n in sc.slices], axis=1)
                 expected = x @ x.T  # unrelated rows: off the diagonal, float32's rounding
                 np.testing.assert_allclose(gram, expected, atol=1e-7 * expected.max())

@@ -18,7 +18,7 @@ less.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +27,7 @@ from scipy import stats
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.gram import require_learners, step_grams
+from gradstat.analysis.gram import Grams, require_learners, step_units
 from gradstat.analysis.learner_errors import learner_errors, plan_configs, unit_configs
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.parallel import Task, run_units
@@ -86,8 +86,8 @@ def consistency(
     require_learners(selection, "consistency")
     if params.compressors:
         plan_configs(cap, selection.scopes(cap), params.compressors, params.ratios, params.seed)
-    task = Task(consistency_unit, str(cap.path), selection, params)
-    records = run_units(cap, task, [(step,) for step in selection.steps], compute, progress)
+    task = Task(consistency_unit, str(cap.path), selection, params, parts=None)
+    records = run_units(cap, task, step_units(cap, selection, compute), compute, progress)
     pairs = [pair for record in records for pair in record.pop("pairs")]
     rows = [row for record in records for row in record.pop("compressors")]
     steps, compressors = pd.DataFrame(records), pd.DataFrame(rows)
@@ -102,16 +102,20 @@ def consistency_unit(
     params: ConsistencyParams,
     compute: Compute,
     steps: Sequence[int],
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of ``steps``: one per (step, scope), with its pairs and compressors' records."""
+    """Records of ``steps``: one per (step, scope), with its pairs and compressors'
+    records (``tick`` after each step)."""
     learners, scopes = list(selection.learners), selection.scopes(cap)
     configs = unit_configs(cap, scopes, params.compressors, params.ratios, params.seed)
     rows = {int(s): i for i, s in enumerate(cap.steps)}
     positions = [cap.learners.index(learner) for learner in learners]
+    gram_pass = Grams(cap, learners, scopes, compute, WHAT)
     records = []
     for step in steps:
         losses = cap.losses[positions, rows[int(step)]]
-        grams = step_grams(cap, step, learners, scopes, compute, WHAT)
+        grams = gram_pass.step(step)
         errors = []
         if configs:
             errors = learner_errors(
@@ -124,6 +128,7 @@ def consistency_unit(
                 _compressor_record(step, e) for e in errors if e["scope"] == sc.name
             ]
             records.append(record)
+        tick()
     return records
 
 

@@ -1,6 +1,6 @@
 """Each step's learner x learner Gram matrix per scope, in one pass over the rows.
 
-Contract: :func:`step_grams` returns, for one step, one float64 ``[n, n]`` matrix per
+Contract: :meth:`Grams.step` returns, for one step, one float64 ``[n, n]`` matrix per
 scope, ``G[a, b] = g_a . g_b`` of the n selected learners' gradients restricted to the
 scope. Every number ``gradstat noise`` and ``gradstat consistency`` report is a function
 of it (docs/methods.md 8): the learners' squared norms (its diagonal), their cosines,
@@ -16,7 +16,8 @@ products over ``CHUNK`` columns (one batched product per block piece), each adde
 float64 on the compute device: the products of float32 values are exact in float64, so
 the only rounding is float32's over ``CHUNK`` terms (relative error about 5e-9 of
 ``sum |g_a g_b|``; docs/noise.md, Precision). Memory: two ``[n, width]`` float32
-buffers, whatever the row length.
+buffers, whatever the row length, allocated once per unit (:class:`Grams`; a unit is a
+run of steps, :func:`step_units`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gradstat import cancel
 from gradstat.analysis.compute import Compute
 from gradstat.analysis.selection import Selection
 from gradstat.errors import DataError, UsageError
+from gradstat.parallel import planned_workers, runs
 from gradstat.stats.rows import require_finite
 from gradstat.store import Capture, Scope
 
@@ -41,6 +43,8 @@ CHUNK = 1 << 11
 #: 4 MiB of float32, so that a step's reads are few and the first, which nothing
 #: overlaps, is a small part of them.
 READ_BLOCK = 1 << 20
+#: Values of a cache line (64 bytes of float32): the alignment of the buffers' rows.
+ALIGN = 16
 #: Fewest columns per block, whatever the memory budget (below this the per-block costs
 #: dominate).
 MIN_BLOCK = 1 << 12
@@ -65,17 +69,24 @@ def require_learners(selection: Selection, what: str) -> None:
         )
 
 
+def step_units(cap: Capture, selection: Selection, compute: Compute) -> list[tuple]:
+    """The units of a Gram analysis: runs of consecutive steps, one per process that
+    runs units (a unit keeps its :class:`Grams` buffers from step to step); each step's
+    Gram is the same whichever unit computes it."""
+    return runs(selection.steps, planned_workers(cap, selection, compute.jobs))
+
+
 def block_width(cap: Capture, learners: int, compute: Compute) -> int:
     """Columns per block: about ``READ_BLOCK``, a multiple of ``cap.check_columns``;
     fewer where two ``[learners, width]`` float32 buffers would exceed the compute's
-    memory budget (then a multiple of the checksum block if one fits, at least
-    ``MIN_BLOCK``)."""
+    memory budget (then a multiple of the checksum block if one fits, else of
+    ``CHUNK``; at least ``MIN_BLOCK``)."""
     unit = cap.check_columns
     wanted = max(unit, READ_BLOCK // unit * unit)
     fits = max(MIN_BLOCK, compute.memory_bytes() // (2 * 4 * learners))
     if wanted <= fits:
         return wanted
-    return fits // unit * unit if fits >= unit else fits
+    return fits // unit * unit if fits >= unit else fits // CHUNK * CHUNK
 
 
 def plan_blocks(scopes: Sequence[Scope], width: int) -> list[Block]:
@@ -109,41 +120,66 @@ def plan_blocks(scopes: Sequence[Scope], width: int) -> list[Block]:
 def _read_block(
     cap: Capture, step: int, learners: Sequence[int], block: Block, out: np.ndarray
 ) -> np.ndarray:
-    """Every learner's columns of ``block`` into the rows of ``out``."""
-    width = block.stop - block.start
+    """Every learner's columns of ``block`` into the rows of ``out``, from the column
+    ``block.start % ALIGN`` on (:func:`_aligned_buffer`)."""
+    lo = block.start % ALIGN
+    hi = lo + block.stop - block.start
     for i, learner in enumerate(learners):
-        cap.read_row(step, learner, out=out[i, :width], columns=slice(block.start, block.stop))
-    return out[:, :width]
+        cap.read_row(step, learner, out=out[i, lo:hi], columns=slice(block.start, block.stop))
+    return out[:, lo:hi]
 
 
-def step_grams(
-    cap: Capture,
-    step: int,
-    learners: Sequence[int],
-    scopes: Sequence[Scope],
-    compute: Compute,
-    what: str,
-) -> list[np.ndarray]:
-    """The Gram matrix of ``learners``' rows at ``step`` in each of ``scopes`` (module
-    docstring); a ``DataError`` naming step and learner for NaN/Inf values (``what``:
-    the analysis, for the message)."""
-    n = len(learners)
-    device = compute.torch_device()
-    blocks = plan_blocks(scopes, block_width(cap, n, compute))
-    sums = torch.zeros(len(scopes), n, n, dtype=torch.float64, device=device)
-    width = max(b.stop - b.start for b in blocks)
-    buffers = [np.empty((n, width), dtype=np.float32) for _ in range(2)]
-    with ThreadPoolExecutor(1, thread_name_prefix="gradstat-gram") as reader:
-        pending = reader.submit(_read_block, cap, step, learners, blocks[0], buffers[0])
-        for i, block in enumerate(blocks):
-            x = pending.result()
-            if i + 1 < len(blocks):
-                later = (cap, step, learners, blocks[i + 1], buffers[(i + 1) % 2])
-                pending = reader.submit(_read_block, *later)
-            cancel.check()
-            _add_block(torch.from_numpy(x).to(device), block, sums, step, learners, what)
-    sums = (sums + sums.transpose(1, 2)) / 2  # float32 products are not quite symmetric
-    return list(sums.cpu().numpy())
+def _aligned_buffer(rows: int, width: int) -> np.ndarray:
+    """``[rows, w]`` float32, w >= ``width + ALIGN`` a multiple of ``ALIGN``, each row at a
+    multiple of ``ALIGN`` values in memory: a flat column c read to ``c % ALIGN`` on
+    lies at the same alignment whatever the block, and the BLAS gives its products the
+    same rounding (it rounds differently at different alignments)."""
+    w = -(-(width + ALIGN) // ALIGN) * ALIGN
+    flat = np.empty(rows * w + ALIGN, dtype=np.float32)
+    skip = -(flat.ctypes.data // 4) % ALIGN
+    return flat[skip : skip + rows * w].reshape(rows, w)
+
+
+class Grams:
+    """A unit's Gram pass over ``learners``' rows in ``scopes``: the blocks planned and
+    the two ``[n, width]`` float32 buffers allocated once, reused from step to step (a
+    fresh buffer costs its page faults at every step); ``what``: the analysis, for
+    messages."""
+
+    def __init__(
+        self,
+        cap: Capture,
+        learners: Sequence[int],
+        scopes: Sequence[Scope],
+        compute: Compute,
+        what: str,
+    ) -> None:
+        self.cap, self.learners, self.scopes, self.what = cap, list(learners), scopes, what
+        self.device = compute.torch_device()
+        n = len(self.learners)
+        self.blocks = plan_blocks(scopes, block_width(cap, n, compute))
+        width = max(b.stop - b.start for b in self.blocks)
+        self.buffers = [_aligned_buffer(n, width) for _ in range(2)]
+
+    def step(self, step: int) -> list[np.ndarray]:
+        """The Gram matrix of the learners' rows at ``step`` in each scope (module
+        docstring); a ``DataError`` naming step and learner for NaN/Inf values."""
+        n, blocks, learners = len(self.learners), self.blocks, self.learners
+        sums = torch.zeros(len(self.scopes), n, n, dtype=torch.float64, device=self.device)
+        with ThreadPoolExecutor(1, thread_name_prefix="gradstat-gram") as reader:
+            pending = reader.submit(
+                _read_block, self.cap, step, learners, blocks[0], self.buffers[0]
+            )
+            for i, block in enumerate(blocks):
+                x = pending.result()
+                if i + 1 < len(blocks):
+                    later = (self.cap, step, learners, blocks[i + 1], self.buffers[(i + 1) % 2])
+                    pending = reader.submit(_read_block, *later)
+                cancel.check()
+                x = torch.from_numpy(x).to(self.device)
+                _add_block(x, block, sums, step, learners, self.what)
+        sums = (sums + sums.transpose(1, 2)) / 2  # float32 products are not quite symmetric
+        return list(sums.cpu().numpy())
 
 
 def _add_block(
@@ -154,27 +190,34 @@ def _add_block(
     learners: Sequence[int],
     what: str,
 ) -> None:
-    """Add the Gram of each piece of ``x [n, width]`` to its scope's float64 sum."""
+    """Add the Gram of each piece of ``x [n, width]`` to its scope's float64 sum: the
+    chunks' products one after another (a running sum), so that the sum is the same
+    whatever the block width (``--memory``, ``--jobs``)."""
     for k, lo, hi in block.pieces:
         part = x[:, lo:hi]
-        products = chunk_products(part)
+        products = chunk_products(part, block.start + lo)
         if not bool(torch.isfinite(products.diagonal(dim1=1, dim2=2)).all()):
             _refuse(part, step, learners, what)
-        sums[k] += products.double().sum(dim=0)
+        running = torch.cat([sums[k][None], products.to(torch.float64)])
+        sums[k] = running.cumsum(dim=0)[-1]
 
 
-def chunk_products(x: torch.Tensor) -> torch.Tensor:
-    """``[chunks, n, n]`` float32: the Gram of each run of ``CHUNK`` columns of ``x
-    [n, w]`` (the last run shorter), one batched product over a strided view (no copy)."""
+def chunk_products(x: torch.Tensor, first: int) -> torch.Tensor:
+    """``[chunks, n, n]`` float32: the Gram of each run of ``x [n, w]`` between the
+    multiples of ``CHUNK`` flat columns (``first``: the flat column of ``x[:, 0]``; the
+    first and last runs may be shorter), one batched product over a strided view of the
+    whole runs (no copy)."""
     w = x.shape[1]
-    whole = w - w % CHUNK
+    head = min(w, -first % CHUNK)
+    whole = head + (w - head) // CHUNK * CHUNK
     products = []
-    if whole:
-        runs = x[:, :whole].unflatten(1, (whole // CHUNK, CHUNK)).transpose(0, 1)
-        products.append(torch.bmm(runs, runs.transpose(1, 2)))
-    if whole < w:
-        rest = x[:, whole:]
-        products.append((rest @ rest.T)[None])
+    for lo, hi in ((0, head), (whole, w)):
+        if lo < hi:
+            rest = x[:, lo:hi]
+            products.append((rest @ rest.T)[None])
+    if head < whole:
+        runs = x[:, head:whole].unflatten(1, (-1, CHUNK)).transpose(0, 1)
+        products.insert(bool(head), torch.bmm(runs, runs.transpose(1, 2)))
     return products[0] if len(products) == 1 else torch.cat(products)
 
 

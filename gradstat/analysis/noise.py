@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +43,7 @@ from scipy import stats
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.gram import require_learners, step_grams
+from gradstat.analysis.gram import Grams, require_learners, step_units
 from gradstat.analysis.learner_errors import learner_errors, plan_configs, unit_configs
 from gradstat.analysis.selection import Selection, parse_ratios
 from gradstat.errors import GradstatWarning, UsageError
@@ -153,8 +153,8 @@ def noise(
         )
     if params.compressors:
         plan_configs(cap, selection.scopes(cap), params.compressors, params.ratios, params.seed)
-    task = Task(noise_unit, str(cap.path), selection, params)
-    records = run_units(cap, task, [(step,) for step in selection.steps], compute, progress)
+    task = Task(noise_unit, str(cap.path), selection, params, parts=None)
+    records = run_units(cap, task, step_units(cap, selection, compute), compute, progress)
     rows = [row for record in records for row in record.pop("compressors")]
     steps = moving_averages(pd.DataFrame(records), params.window)
     return NoiseResult(steps, pd.DataFrame(rows), params.batch_size)
@@ -166,14 +166,18 @@ def noise_unit(
     params: NoiseParams,
     compute: Compute,
     steps: Sequence[int],
+    *,
+    tick: Callable[[], None] = lambda: None,
 ) -> list[dict]:
-    """Records of ``steps``: one per (step, scope), its compressors' under ``"compressors"``."""
+    """Records of ``steps``: one per (step, scope), its compressors' under ``"compressors"``
+    (``tick`` after each step)."""
     learners, scopes = list(selection.learners), selection.scopes(cap)
     configs = unit_configs(cap, scopes, params.compressors, params.ratios, params.seed)
     b = int(params.batch_size or 0)
+    gram_pass = Grams(cap, learners, scopes, compute, WHAT)
     records = []
     for step in steps:
-        grams = step_grams(cap, step, learners, scopes, compute, WHAT)
+        grams = gram_pass.step(step)
         errors = []
         if configs:
             errors = learner_errors(
@@ -189,6 +193,7 @@ def noise_unit(
                 if e["scope"] == sc.name
             ]
             records.append(record)
+        tick()
     return records
 
 
