@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.replay import capture_plan, trained_options
+from gradstat.analysis.replay_records import error_sums, ratios
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.trained_with import check_all_used, replay_spec
 from gradstat.compressors.exchange import SparseRow, dense
@@ -137,11 +138,8 @@ def _scheme(cap: Capture, run: Run, plan_from: Capture) -> Scheme:
 
 
 def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    reference = reference.double()
-    denominator = float(reference.square().sum())
-    if denominator == 0:
-        return math.nan
-    return float((estimate.double() - reference).square().sum()) / denominator
+    """``||e - r||^2 / ||r||^2`` as the replay's records take it (NaN for r = 0)."""
+    return ratios(error_sums(estimate, reference))[0]
 
 
 def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.Tensor:
