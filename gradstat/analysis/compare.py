@@ -31,10 +31,11 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.replay import capture_plan, trained_options
+from gradstat.analysis.replay_block import scatter
 from gradstat.analysis.replay_records import error_sums, ratios
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.trained_with import check_all_used, replay_spec
-from gradstat.compressors.exchange import SparseRow, dense
+from gradstat.compressors.exchange import SparseRow
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
@@ -147,10 +148,7 @@ def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.T
     stop = max(offset + numel for m in scheme.plan.messages for offset, numel in m.slices)
     row = torch.zeros(stop)
     for message, part in zip(scheme.plan.messages, parts, strict=True):
-        flat, position = dense(part), 0
-        for offset, numel in message.slices:
-            row[offset : offset + numel] = flat[position : position + numel]
-            position += numel
+        scatter(row, message.slices, part)
     return row
 
 

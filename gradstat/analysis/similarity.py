@@ -195,10 +195,10 @@ def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
 
 @dataclass(frozen=True)
 class SimilarityParams:
-    """``ratios``: densities k/d of the top-k sets (``"0.01,0.001"``, a number or a
-    sequence; one read of each step serves them all); ``on``: ``raw`` or ``ef`` (the
-    error-feedback-corrected vectors, :mod:`~gradstat.analysis.ef_vectors`). Defaults:
-    :mod:`gradstat.defaults`."""
+    """The parameters of a top-k set analysis (similarity's, build-up's): ``ratios``,
+    densities k/d of the top-k sets (``"0.01,0.001"``, a number or a sequence; one read
+    of each step serves them all); ``on``: ``raw`` or ``ef`` (the error-feedback-corrected
+    vectors, :mod:`~gradstat.analysis.ef_vectors`). Defaults: :mod:`gradstat.defaults`."""
 
     ratios: tuple[float, ...] = defaults.SET_RATIOS
     on: str = defaults.ON
