@@ -487,11 +487,11 @@ def target_times(
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
         index = run.schemes.index((scope, scheme))
-        if measured and _emulated(scheme):
+        if not measured or _emulated(scheme):
             compress.append(_estimated(scheme, n, target))
-        elif measured and index in prices:
+        elif index in prices:
             compress.append(prices[index])
-        elif measured:
+        else:
             if row is None:
                 import torch
 
@@ -500,8 +500,6 @@ def target_times(
             rounds = rounds_for(line.compress_seconds)  # the replay's time of its step
             price = measure_price(scheme, part, replayed, extrapolate=n != replayed, rounds=rounds)
             compress.append(price.at(n))
-        else:
-            compress.append(_estimated(scheme, n, target))
         mask = (records["compressor"] == line.compressor) & (
             records["ratio"].fillna(-1) == (ratio if ratio is not None else -1)
         )
