@@ -61,9 +61,8 @@ def usable_scopes(
     require_one_kept(scopes, ratios)
     usable, skipped = [], []
     for scope in scopes:
-        (usable if all(k_for(r, scope.numel) < scope.numel for r in ratios) else skipped).append(
-            scope
-        )
+        kept = all(k_for(r, scope.numel) < scope.numel for r in ratios)
+        (usable if kept else skipped).append(scope)
     if not usable:
         scope = skipped[0]
         k = max(k_for(r, scope.numel) for r in ratios)
