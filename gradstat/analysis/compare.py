@@ -1,21 +1,13 @@
-"""Compare training runs of one workload: dense and compressed, online against replay.
+"""Compare training runs of one workload: dense and compressed, online against replay
+(docs/online.md, "gradstat compare", defines every column).
 
-For every run: its loss curves (per learner and their mean). For every run trained with
-a compression hook (``capture --compressor``, docs/online.md), per recorded step:
-
-* **measured online**: the relative error ``||g_hat - g||^2 / ||g||^2`` of the update the
-  learners applied (the aggregate of their recorded ``sent`` rows) against the mean of
-  their recorded local gradients ``g`` (DGC: the dense momentum update, as the replay),
-  and the payload bytes each learner put into the collectives (``sent_bytes``);
-* **replayed on the run itself**: the replay of the same compressor over this run's own
-  ``grad`` rows. It follows the same trajectory, so it reproduces the online error and
-  bytes (exactly for deterministic compressors): a check of the hook and the replay;
-* **predicted open-loop**: the replay over the *dense* run's ``grad`` rows (the first
-  run without a compressor). This is what ``gradstat replay`` predicts before anyone
-  trains with the compressor. It follows the dense trajectory, not the compressed one,
-  so it diverges as the compressed model drifts away: ``divergence_step`` is the first
-  step where the predicted error differs from the measured one by more than
-  ``tolerance`` (relative).
+For every run its loss curves; for every run trained with a compression hook, per
+recorded step, the relative error of the update its learners applied (**measured**
+online, from their ``sent`` rows), of the replay of its compressor over its own ``grad``
+rows (**replayed**: the same trajectory, a check of hook and replay) and over the dense
+run's (**predicted** open-loop, what ``gradstat replay`` says before anyone trains
+compressed), with their bytes, and the first step where prediction and measurement part
+by more than ``tolerance`` (``divergence_step``).
 """
 
 from __future__ import annotations
