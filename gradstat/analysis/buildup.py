@@ -17,8 +17,8 @@ import torch
 
 from gradstat import defaults
 from gradstat.analysis.compute import Compute
-from gradstat.analysis.selection import Selection, parse_ratios
-from gradstat.analysis.similarity import check_on, plan_sets, step_sets
+from gradstat.analysis.selection import Selection
+from gradstat.analysis.similarity import SimilarityParams, plan_sets, step_sets
 from gradstat.parallel import Progress, Task, no_progress, run_units
 from gradstat.stats.topk_sets import (
     buildup_curve,
@@ -33,16 +33,11 @@ VALUE_BYTES = 4
 
 
 @dataclass(frozen=True)
-class BuildupParams:
-    """``ratios``: densities k/d (``"0.01,0.001"``, a number or a sequence; one read of each
-    step serves them all); ``on``: ``raw`` or ``ef``. Defaults: :mod:`gradstat.defaults`."""
+class BuildupParams(SimilarityParams):
+    """``ratios`` and ``on`` as :class:`SimilarityParams`, the ratios' default that of
+    the other analyses (:data:`gradstat.defaults.RATIOS`)."""
 
     ratios: tuple[float, ...] = defaults.RATIOS
-    on: str = defaults.ON
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ratios", tuple(parse_ratios(self.ratios)))
-        check_on(self.on)
 
 
 def buildup(

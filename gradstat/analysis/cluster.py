@@ -17,7 +17,7 @@ payloads, ``N x bytes``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -83,5 +83,5 @@ def buildup_model(records: pd.DataFrame, cluster: int) -> BuildupModel | None:
         cap=d / k,
     )
     if cluster <= n or math.isfinite(exponent):
-        return BuildupModel(**{**model.__dict__, "at_cluster": model.at(cluster)})
+        return replace(model, at_cluster=model.at(cluster))
     return model

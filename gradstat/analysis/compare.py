@@ -1,21 +1,13 @@
-"""Compare training runs of one workload: dense and compressed, online against replay.
+"""Compare training runs of one workload: dense and compressed, online against replay
+(docs/online.md, "gradstat compare", defines every column).
 
-For every run: its loss curves (per learner and their mean). For every run trained with
-a compression hook (``capture --compressor``, docs/online.md), per recorded step:
-
-* **measured online**: the relative error ``||g_hat - g||^2 / ||g||^2`` of the update the
-  learners applied (the aggregate of their recorded ``sent`` rows) against the mean of
-  their recorded local gradients ``g`` (DGC: the dense momentum update, as the replay),
-  and the payload bytes each learner put into the collectives (``sent_bytes``);
-* **replayed on the run itself**: the replay of the same compressor over this run's own
-  ``grad`` rows. It follows the same trajectory, so it reproduces the online error and
-  bytes (exactly for deterministic compressors): a check of the hook and the replay;
-* **predicted open-loop**: the replay over the *dense* run's ``grad`` rows (the first
-  run without a compressor). This is what ``gradstat replay`` predicts before anyone
-  trains with the compressor. It follows the dense trajectory, not the compressed one,
-  so it diverges as the compressed model drifts away: ``divergence_step`` is the first
-  step where the predicted error differs from the measured one by more than
-  ``tolerance`` (relative).
+For every run its loss curves; for every run trained with a compression hook, per
+recorded step, the relative error of the update its learners applied (**measured**
+online, from their ``sent`` rows), of the replay of its compressor over its own ``grad``
+rows (**replayed**: the same trajectory, a check of hook and replay) and over the dense
+run's (**predicted** open-loop, what ``gradstat replay`` says before anyone trains
+compressed), with their bytes, and the first step where prediction and measurement part
+by more than ``tolerance`` (``divergence_step``).
 """
 
 from __future__ import annotations
@@ -31,9 +23,11 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.replay import capture_plan, trained_options
+from gradstat.analysis.replay_block import scatter
+from gradstat.analysis.replay_records import error_sums, ratios
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.trained_with import check_all_used, replay_spec
-from gradstat.compressors.exchange import SparseRow, dense
+from gradstat.compressors.exchange import SparseRow
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.defaults import DIVERGENCE_TOLERANCE
@@ -137,11 +131,8 @@ def _scheme(cap: Capture, run: Run, plan_from: Capture) -> Scheme:
 
 
 def _rel_error(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    reference = reference.double()
-    denominator = float(reference.square().sum())
-    if denominator == 0:
-        return math.nan
-    return float((estimate.double() - reference).square().sum()) / denominator
+    """``||e - r||^2 / ||r||^2`` as the replay's records take it (NaN for r = 0)."""
+    return ratios(error_sums(estimate, reference))[0]
 
 
 def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.Tensor:
@@ -149,10 +140,7 @@ def _whole(scheme: Scheme, parts: Sequence[torch.Tensor | SparseRow]) -> torch.T
     stop = max(offset + numel for m in scheme.plan.messages for offset, numel in m.slices)
     row = torch.zeros(stop)
     for message, part in zip(scheme.plan.messages, parts, strict=True):
-        flat, position = dense(part), 0
-        for offset, numel in message.slices:
-            row[offset : offset + numel] = flat[position : position + numel]
-            position += numel
+        scatter(row, message.slices, part)
     return row
 
 

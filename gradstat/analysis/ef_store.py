@@ -150,7 +150,6 @@ class MemoryRows:
     """
 
     def __init__(self, scratch: bool) -> None:
-        self.scratch = scratch
         self.folder: Path | None = scratch_folder() if scratch else None
         self.stores: list[RamRows | ScratchRows] = []
 

@@ -14,14 +14,10 @@ Every answer about the vector comes from its row statistics
 (:class:`~gradstat.stats.row_statistics.RowStatistics`, :func:`row_records`):
 
 * moment fits with moment SIDCo stages (the default): the row's bins
-  (:class:`~gradstat.stats.histogram.RowHistogram`). Counts, sums, moments, quantiles,
-  log-likelihood, KS and AD cover every non-zero value. The bins whose values the
-  answers read are gathered up front in one more pass: the scores' bins, known from the
-  fits (:func:`~gradstat.stats.histogram_fit.score_bins`), and those the k-th largest
-  values, the fitted quantiles and the estimators read in a sketch of the row from its
-  bins alone (:meth:`~gradstat.stats.histogram.RowHistogram.sketch`: SIDCo's stage
-  levels, DGC's, Gaussian-k's and RedSync's probes), with their neighbours; a question
-  outside them costs one more gather.
+  (:class:`~gradstat.stats.histogram.RowHistogram`), whose answers cover every non-zero
+  value. The bins the records read are gathered up front in one more pass: the scores'
+  (:func:`~gradstat.stats.histogram_fit.score_bins`) and those a sketch of the row reads
+  (:meth:`~gradstat.stats.histogram.RowHistogram.sketch`, :meth:`_Row._gather`).
 * maximum-likelihood fits or SIDCo stages (``method="mle"``, ``stage_fit="mle"``): the
   exact passes (:class:`~gradstat.stats.passes.RowPasses`); MLE fits and every score
   see a uniform subsample of ``sample`` values.
@@ -327,7 +323,12 @@ class _Row:
             self.fits = _SampledFits(stats, values, params.sample, params.seed)
 
     def records(self) -> list[dict]:
-        fitted = {name: self._fitted(get_distribution(name)) for name in self.params.dists}
+        fitted: dict[str, tuple[Distribution | None, GradstatError | None]] = {}
+        for name in self.params.dists:  # each fit, or why there is none
+            try:
+                fitted[name] = (self.fits.fit(get_distribution(name), self.params.method), None)
+            except GradstatError as exc:
+                fitted[name] = (None, exc)
         dists = [dist for dist, _ in fitted.values() if dist is not None]
         if isinstance(self.stats, RowHistogram) and self.stats.numel >= PLAN_MIN_NUMEL:
             self._gather(self.stats, dists)
@@ -367,13 +368,6 @@ class _Row:
         for _ in self._estimates(sketch, empirical):
             pass
         hist.planned(sketch)
-
-    def _fitted(self, cls: type[Distribution]) -> tuple[Distribution | None, Exception | None]:
-        """The fit of ``cls``, or why there is none."""
-        try:
-            return self.fits.fit(cls, self.params.method), None
-        except GradstatError as exc:
-            return None, exc
 
     def _empirical(self, stats: RowStatistics) -> dict[float, float | str]:
         """The k-th largest |g| at each ratio (what ``topk`` selects), or where k exceeds

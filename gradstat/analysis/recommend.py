@@ -1,28 +1,18 @@
-"""Recommend a compressor and rate from a replay: the fastest within an error budget.
+"""Recommend a compressor and rate from a replay: the fastest within an error budget
+(docs/replay.md, "gradstat recommend").
 
-Every candidate (compressor, ratio) is replayed over the capture on its communication
-plan (:mod:`gradstat.analysis.replay`); a candidate that fails is one warning naming it
-and the others still run. Its predicted time per step is the alpha-beta communication
-time (docs/methods.md 5, for ``cost_learners`` learners, every message's collectives)
-plus one learner's compression time: on this machine (``--target cpu-here``, the
-default) *measured*, its own code timed on the capture's messages at the cluster size
-(:mod:`gradstat.analysis.pricing`); on another target *estimated*, the work model
-(:mod:`gradstat.compressors.work`, a generic count for a user's class) timed with the
-target's profile (:mod:`gradstat.compressors.targets`). The time the replay took here is
-kept as ``measured_compress_seconds``. Among the candidates whose
-mean relative error ``||g_hat - g_ref||^2 / ||g_ref||^2`` stays within the budget, the
-fastest wins; it is judged against the dense ring all-reduce in fp32 or fp16 (docs/methods.md
-5: compression pays only if it beats the exposed dense communication, judge against
-16-bit too). On an FSDP2 capture the dense baseline is FSDP's ring reduce-scatter of the
-gradients in the run's reduce dtype plus the parameter all-gather no compressor removes
-(added to every candidate too), the candidates are those with a reduce-scatter form
-(:data:`~gradstat.compressors.registry.Entry.reduce_scatter`: number formats, payloads
-that add up), replayed per FSDP unit, and the answer says which were left out.
-Errors are those measured with the capture's learners; the cost model is evaluated at
-``cost_learners``, and the build-up of all-gathered sets is extrapolated there with the
-stated model of :mod:`gradstat.analysis.cluster`. On a large capture the candidates are
-screened on a column sample first, and only those that can still win replay the whole
-model and are priced (:mod:`gradstat.analysis.screening`).
+Every candidate (compressor, ratio) is replayed on its communication plan
+(:mod:`gradstat.analysis.replay`; on a large capture only those that survive the screen
+on a column sample, :mod:`gradstat.analysis.screening`); one that fails is one warning.
+Its time per step is the alpha-beta communication time at ``cost_learners``
+(docs/methods.md 5) plus one learner's compression time: measured here for
+``cpu-here`` (:mod:`gradstat.analysis.pricing`), else the work model on the target's
+profile (:mod:`gradstat.compressors.work`, :mod:`gradstat.compressors.targets`). The
+fastest within the budget wins, judged against the dense ring all-reduce in fp32 or
+fp16; on an FSDP2 capture, against FSDP's reduce-scatter in its reduce dtype plus the
+parameter all-gather (added to every candidate too), among the candidates with a
+reduce-scatter form. Build-up is extrapolated to ``cost_learners`` with
+:mod:`gradstat.analysis.cluster`'s stated model.
 """
 
 from __future__ import annotations
@@ -497,11 +487,11 @@ def target_times(
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
         index = run.schemes.index((scope, scheme))
-        if measured and _emulated(scheme):
+        if not measured or _emulated(scheme):
             compress.append(_estimated(scheme, n, target))
-        elif measured and index in prices:
+        elif index in prices:
             compress.append(prices[index])
-        elif measured:
+        else:
             if row is None:
                 import torch
 
@@ -510,8 +500,6 @@ def target_times(
             rounds = rounds_for(line.compress_seconds)  # the replay's time of its step
             price = measure_price(scheme, part, replayed, extrapolate=n != replayed, rounds=rounds)
             compress.append(price.at(n))
-        else:
-            compress.append(_estimated(scheme, n, target))
         mask = (records["compressor"] == line.compressor) & (
             records["ratio"].fillna(-1) == (ratio if ratio is not None else -1)
         )

@@ -1,24 +1,16 @@
-"""Replay compressors with their error-feedback memories over a capture's recorded steps.
+"""Replay compressors with their error-feedback memories over a capture's recorded steps
+(docs/replay.md).
 
 Every selected learner of a step is compressed together, as in training, and the step
 is cut into messages as training cuts it: a communication plan
 (:mod:`gradstat.compressors.plan`) at a granularity (``model``, ``tensor``,
-``bucket[:MB]``; by default the capture's: DDP's buckets for a DDP capture, the whole
-model otherwise), with ``dense`` and ``dense_below`` parameters sent uncompressed. Each
-(compressor, ratio) keeps its own memory (the one its spec names, else its own), sees
-``p_i = g_i + m_i`` (docs/methods.md 4) per message and produces the aggregate every
-learner would hold. Per step and compressor the replay records the whole step's totals
-(:mod:`~gradstat.analysis.replay_records`): the elements each learner put on the wire
-(density) and the estimation quality ``q = selected / k``, the union of the sent indices
-and build-up ``B = U / k`` (docs/methods.md 3), the exact bytes each learner sends, the
-predicted communication time of the alpha-beta model (docs/methods.md 5), the relative
-error ``||g_hat - g_ref||^2 / ||g_ref||^2`` and cosine against the true mean gradient
-(for DGC the dense momentum update), the mean memory norm and the compression time per
-learner; with ``detail``, the same per message.
-
-Replay is open-loop: it follows the recorded (uncompressed) trajectory, so it measures
-error and traffic, not accuracy. It streams block by block
-(:mod:`~gradstat.analysis.replay_stream`).
+``bucket[:MB]``, ``unit``; by default the capture's own), with ``dense`` and
+``dense_below`` parameters sent uncompressed. Each (compressor, ratio) keeps its own
+memory and sees ``p_i = g_i + m_i`` (docs/methods.md 4) per message. The records, per
+step and compressor (with ``detail`` per message), are
+:mod:`~gradstat.analysis.replay_records`'; the stream block by block is
+:mod:`~gradstat.analysis.replay_stream`. Replay is open-loop: it follows the recorded
+(uncompressed) trajectory, so it measures error and traffic, not accuracy.
 """
 
 from __future__ import annotations

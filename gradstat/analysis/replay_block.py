@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import Sent, SparseRow, Transfer
+from gradstat.compressors.exchange import Sent, SparseRow, Transfer, dense
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
 from gradstat.compressors.simulated import advance, lockstep
@@ -199,19 +199,18 @@ def replay_rows(scheme: Scheme, grads: torch.Tensor, step: int | None = None) ->
             replay.learner(i, torch.cat([grads[i, o : o + k] for o, k in block.slices]))
         for outcome in replay.finish():
             message = scheme.plan.messages[outcome.index]
-            _scatter(estimate, message.slices, outcome.estimate)
+            scatter(estimate, message.slices, outcome.estimate)
             for i in range(n):
                 part = outcome.sent[i] if outcome.sent else grads[i]
-                _scatter(sent[i], message.slices, part, whole=outcome.sent is None)
+                scatter(sent[i], message.slices, part, whole=outcome.sent is None)
             outcomes.append(outcome)
     return _step_outcome(estimate, outcomes, sent, n)
 
 
-def _scatter(row: torch.Tensor, slices, vector, whole: bool = False) -> None:
+def scatter(row: torch.Tensor, slices, vector, whole: bool = False) -> None:
     """Put a message's flat ``vector`` (dense or sparse) at its ``slices`` of ``row``
     (``whole``: ``vector`` is a full row, copy its slices)."""
-    flat = vector.dense() if isinstance(vector, SparseRow) else vector.reshape(-1)
-    position = 0
+    flat, position = dense(vector), 0
     for offset, numel in slices:
         source = flat[offset : offset + numel] if whole else flat[position : position + numel]
         row[offset : offset + numel] = source

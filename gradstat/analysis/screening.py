@@ -1,32 +1,17 @@
 """The screen of ``recommend``: every candidate on a column sample first, then only
-those that can still win on the whole model.
+those that can still win on the whole model (docs/replay.md, "The screen", gives the
+rule and its limits).
 
-Replaying every default candidate (about 40) over a large capture costs some hundred
-times one top-k replay, nearly all of it their compression (docs/replay.md). So the
-candidates are first replayed side by side over every selected step and learner, with
-their memories, on a **column sample**: the leading rows of every parameter (``ceil(r /
-f)`` of a parameter's ``r`` rows; one value at least), cut into the same messages and
-blocks as the plan (:func:`~gradstat.compressors.plan.regrouped`), about
-:data:`SCREEN_VALUES` values (more where the plan has many messages: at least
-:data:`MIN_MESSAGE` per compressed message, so that per-call costs do not dominate the
-sample's times). On the sample each candidate's mean relative error is measured, and
-its time per step at full size predicted: the communication of the alpha-beta model
-with the link's bandwidth divided by ``f`` (the sample's messages are ``f`` times
-smaller, so that the byte terms are those of the full messages and the latency terms
-unchanged) plus ``f`` times its compression time per learner on the sample, measured
-as recommend prices (:mod:`gradstat.analysis.pricing`: thread CPU time, the median of
-:data:`SCREEN_ROUNDS` rounds, so that a busy machine does not drop a candidate), ``f``
-the compressed values of the plan over those of the sample; for another target, its
-work model at full size.
-
-A candidate is dropped when its error on the sample is far outside the budget (more
-than :data:`ERROR_MARGIN` times it), or when it is predicted more than
-:data:`TIME_MARGIN` times slower than the fastest candidate clearly within the budget
-(an error at most the budget over :data:`ERROR_MARGIN`), which wins over it unless its
-own error on the whole model is that much worse than on the sample. The others (and any
-whose code failed on the sample: the full replay reports it) are replayed on the whole
-model. A capture too small for the sample to save work (under :data:`MIN_FRACTION`
-times the sample) is not screened.
+The sample (:func:`sample_for`): the leading rows of every parameter, about
+:data:`SCREEN_VALUES` values (at least :data:`MIN_MESSAGE` per compressed message), cut
+into the plan's messages and blocks; ``f`` is the plan's compressed values over the
+sample's. On it each candidate's mean relative error is measured and its time per step
+at full size predicted: the alpha-beta communication with the bandwidth divided by
+``f``, plus ``f`` times its price on the sample (:mod:`gradstat.analysis.pricing`) or
+another target's work model. :func:`decide` drops a candidate whose error is over
+:data:`ERROR_MARGIN` times the budget, or that is over :data:`TIME_MARGIN` times slower
+than the fastest clearly within it; the others (and any that failed on the sample) go
+on. A plan under :data:`MIN_FRACTION` times the sample is not screened.
 """
 
 from __future__ import annotations
@@ -190,12 +175,6 @@ def label(scheme: Scheme) -> str:
     return scheme.spec.label if ratio is None else f"{scheme.spec.label}@{ratio:g}"
 
 
-def screen_memory(run: Replay, sample: Sample) -> int:
-    """Bytes the screen's error-feedback memories take (every candidate on the sample)."""
-    schemes = [s for s in _sampled(run, sample).values()]
-    return memory_bytes_needed(schemes, len(run.learners))
-
-
 def _sampled(run: Replay, sample: Sample) -> dict[int, Scheme]:
     """Each scheme of ``run`` on the sample's plan, by index; one that cannot run there
     (PowerSGD without a large enough matrix) is left out (it goes on unscreened)."""
@@ -240,6 +219,11 @@ def screen(
                     found = step_records(step, "sample", scheme, result, n, cost_learners, link)
                     records += [{**record, "scheme": i} for record in found]
     prices = SamplePrices(run, sample)
+
+    def seconds(i: int) -> float:
+        given = None if compress is None else compress(i)
+        return prices.seconds(i) if given is None else given
+
     screened = decide(
         [label(s) for _, s in run.schemes],
         pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
@@ -248,14 +232,9 @@ def screen(
         sample,
         link,
         cost_learners,
-        lambda i: _or(compress and compress(i), prices.seconds, i),
+        seconds,
     )
     return replace(screened, prices=dict(prices.measured))
-
-
-def _or(given: float | None, measure: Callable[[int], float], i: int) -> float:
-    """``given`` where it is a number, else ``measure(i)``."""
-    return measure(i) if given is None else given
 
 
 class SamplePrices:
@@ -368,9 +347,10 @@ def announce(run: Replay, sample: Sample | None) -> str:
     if sample is None:
         place = "in RAM" if every <= budget else f"in a scratch file in {scratch_folder()}"
         return f"{head}; error-feedback memories {format_bytes(every)}, {place}."
+    screened = memory_bytes_needed(list(_sampled(run, sample).values()), n)
     return (
         f"{head}; screen on {sample.plan.numel:,} values per learner (1/{sample.fraction:.0f} "
-        f"of the columns), memories {format_bytes(screen_memory(run, sample))}; then the "
+        f"of the columns), memories {format_bytes(screened)}; then the "
         f"survivors on the whole model, memories at most {format_bytes(every)} if all "
         f"survive, {where}."
     )

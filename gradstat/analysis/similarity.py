@@ -61,9 +61,8 @@ def usable_scopes(
     require_one_kept(scopes, ratios)
     usable, skipped = [], []
     for scope in scopes:
-        (usable if all(k_for(r, scope.numel) < scope.numel for r in ratios) else skipped).append(
-            scope
-        )
+        kept = all(k_for(r, scope.numel) < scope.numel for r in ratios)
+        (usable if kept else skipped).append(scope)
     if not usable:
         scope = skipped[0]
         k = max(k_for(r, scope.numel) for r in ratios)
@@ -195,10 +194,10 @@ def _stacked_sets(x: torch.Tensor, k: int, with_mean: bool) -> StepSets:
 
 @dataclass(frozen=True)
 class SimilarityParams:
-    """``ratios``: densities k/d of the top-k sets (``"0.01,0.001"``, a number or a
-    sequence; one read of each step serves them all); ``on``: ``raw`` or ``ef`` (the
-    error-feedback-corrected vectors, :mod:`~gradstat.analysis.ef_vectors`). Defaults:
-    :mod:`gradstat.defaults`."""
+    """The parameters of a top-k set analysis (similarity's, build-up's): ``ratios``,
+    densities k/d of the top-k sets (``"0.01,0.001"``, a number or a sequence; one read
+    of each step serves them all); ``on``: ``raw`` or ``ef`` (the error-feedback-corrected
+    vectors, :mod:`~gradstat.analysis.ef_vectors`). Defaults: :mod:`gradstat.defaults`."""
 
     ratios: tuple[float, ...] = defaults.SET_RATIOS
     on: str = defaults.ON
