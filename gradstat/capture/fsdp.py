@@ -289,6 +289,17 @@ def shard_group_size(param: torch.Tensor) -> tuple[int, int]:
     return shard, replicate
 
 
+def shard_groups(param: torch.Tensor) -> list[list[int]]:
+    """The global ranks of every shard group of a unit's DTensor ``param`` (the learners
+    of each replica that reduce-scatter together), from its device mesh's rank tensor
+    (``DeviceMesh.mesh``): one list per replica, in mesh order."""
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    dim = next(d for d, p in enumerate(param.placements) if isinstance(p, Shard))
+    return mesh.mesh.movedim(dim, -1).reshape(-1, mesh.size(dim)).tolist()
+
+
 def predivide_factor(group: Any, reduce_dtype: torch.dtype, data_parallel: int) -> float:
     """The factor FSDP divides the reduce-scatter input by before the collective.
 
