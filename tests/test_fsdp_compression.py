@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradstat.analysis.compare import compare
 from gradstat.analysis.replay import capture_plan, trained_options
 from gradstat.analysis.replay_block import replay_rows
 from gradstat.capture.fsdp import UnitLayout
@@ -45,7 +46,8 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hsdp_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp-hsdp-compress")
-    result = torchrun(SCRIPT, "--out", str(out), "--runs", ",".join(HSDP_RUNS), "--hsdp", nproc=4)
+    runs = ",".join(["dense", *HSDP_RUNS])
+    result = torchrun(SCRIPT, "--out", str(out), "--runs", runs, "--hsdp", nproc=4)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -80,6 +82,21 @@ def test_sent_and_applied_equal_the_replay_per_unit(runs, run):
 @pytest.mark.parametrize("run", list(HSDP_RUNS))
 def test_hsdp_sent_and_applied_equal_the_replay_per_unit(hsdp_runs, run):
     check_against_replay(hsdp_runs / folder(run), run, HSDP_RUNS[run], learners=4, replicate=2)
+
+
+def test_compare_measures_hsdp_runs_as_their_replay(hsdp_runs):
+    """The update ``compare`` rebuilds from the recorded ``/sent`` rows (per shard group,
+    the groups averaged) has the replay's error: fp8's emulated reduce-scatter over 2
+    learners is exact, top-k's sums are; a built-in with a memory needs no
+    --trained-with."""
+    paths = [hsdp_runs / folder(run) for run in ["dense", *HSDP_RUNS]]
+    errors = compare(paths).errors
+    assert sorted(set(errors["run"])) == sorted(folder(run) for run in HSDP_RUNS)
+    assert len(errors) == 3 * len(HSDP_RUNS)
+    np.testing.assert_allclose(
+        errors["measured_rel_error"], errors["replayed_rel_error"], rtol=1e-6
+    )
+    assert (errors["measured_bytes"] == errors["replayed_bytes"]).all()
 
 
 @pytest.mark.parametrize("run", ["topk+residual", "fp8-e4m3", "qsgd"])

@@ -54,9 +54,10 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
-def check_fsdp_support() -> None:
-    """One clear error where this torch cannot install a custom reduce-scatter."""
-    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+def check_fsdp_support(module_class: type | None = FSDPModule) -> None:
+    """One clear error where this torch cannot install a custom reduce-scatter
+    (``module_class``: this torch's ``FSDPModule``, None without FSDP2)."""
+    if module_class is None or not hasattr(module_class, "set_custom_reduce_scatter"):
         raise UsageError(
             f"capture under FSDP2 needs torch >= 2.11 (FSDPModule.set_custom_reduce_scatter); "
             f"this is torch {torch.__version__}"
