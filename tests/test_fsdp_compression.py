@@ -8,6 +8,8 @@ the dense FSDP run."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torch
 from gradstat.analysis.compare import compare
 from gradstat.analysis.replay import capture_plan, trained_options
 from gradstat.analysis.replay_block import replay_rows
-from gradstat.capture.fsdp import UnitLayout
+from gradstat.capture.fsdp import ParamSlot, UnitLayout
 from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import build_scheme
 from gradstat.compressors.spec import parse_compressors
@@ -157,3 +159,25 @@ def test_unsharded_units_are_refused():
     layout = UnitLayout("block", [], 1, 1, 1.0, torch.float32)
     with pytest.raises(UsageError, match="sharded over one learner"):
         install(None, [(None, layout)])
+
+
+class Mesh:
+    """A ``(replicate, shard)`` device mesh's ranks, as ``DeviceMesh`` gives them."""
+
+    def __init__(self, ranks: list[list[int]]) -> None:
+        self.mesh = torch.tensor(ranks)
+
+    def size(self, dim: int) -> int:
+        return self.mesh.shape[dim]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "world"), [([[0, 2], [1, 3]], 4), ([[0, 1], [2, 3]], 8)]
+)  # shard groups the replay cannot number: not consecutive; not every learner
+def test_hsdp_shard_groups_the_replay_cannot_number_are_refused(ranks, world):
+    from torch.distributed.tensor import Replicate, Shard
+
+    param = SimpleNamespace(device_mesh=Mesh(ranks), placements=(Replicate(), Shard(0)))
+    layout = UnitLayout("block", [ParamSlot((4,), 0, 0, param)], 2, 2, 1.0, torch.float32)
+    with pytest.raises(UsageError, match="consecutive ranks covering every learner"):
+        install(SimpleNamespace(world=world), [(None, layout)])
