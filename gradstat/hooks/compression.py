@@ -24,8 +24,9 @@ learner, so their collectives meet.
 The state keeps, for recording (``GradientCapture`` writes it as the ``sent`` dataset)
 and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32, in
 the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
-``estimate`` (the aggregate every learner applied), ``transfers`` (the bytes it put into
-each collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
+``estimate`` (the aggregate every learner applied; under HSDP its shard group's, which
+FSDP's replicate all-reduce then averages), ``transfers`` (the bytes it put into each
+collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
 the replay numbers the recorded steps of a capture that starts at 0: random draws and
 CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
 and run their collectives on a gloo process group: ``process_group=``, else one of
