@@ -86,6 +86,15 @@ def test_hsdp_sent_and_applied_equal_the_replay_per_unit(hsdp_runs, run):
     check_against_replay(hsdp_runs / folder(run), run, HSDP_RUNS[run], learners=4, replicate=2)
 
 
+def test_a_replay_of_some_hsdp_learners_is_refused(hsdp_runs, capsys):
+    args = ["--learners", "0,1", "--compressors", "topk", "--ratios", "0.1"]
+    result = run_cli(capsys, "replay", hsdp_runs / "dense", *args)
+    assert_clean_error(result, 2)
+    assert "needs all 4 learners, not 2" in result.stderr
+    result = run_cli(capsys, "replay", hsdp_runs / "dense", *args, "--granularity", "model")
+    assert result.code == 0, result.stderr
+
+
 def test_compare_measures_hsdp_runs_as_their_replay(hsdp_runs):
     """The update ``compare`` rebuilds from the recorded ``/sent`` rows (per shard group,
     the groups averaged) has the replay's error: fp8's emulated reduce-scatter over 2
