@@ -223,7 +223,7 @@ class Replay:
     def _check_shard_groups(self, capture: Capture) -> None:
         """HSDP units (``Message.replicate`` > 1) are exchanged within shard groups of
         consecutive learners: the replay needs every learner of the run."""
-        replicas = max(m.replicate for plan in self.plans.values() for m in plan.messages)
+        replicas = max((m.replicate for p in self.plans.values() for m in p.messages), default=1)
         if replicas > 1 and self.learners != list(range(capture.world_size)):
             raise UsageError(
                 f"the capture's FSDP units are replicated over {replicas} shard groups "
