@@ -1,7 +1,8 @@
 """FSDP2 training with a compressor inside each unit's reduce-scatter, run by
 tests/test_fsdp_compression.py: for each run in ``--runs`` (``dense``, or a compressor
-spec) a small model with ``fully_shard`` units trains a few steps on 2 gloo learners
-under a ``GradientCapture`` with gradstat's compression hook (``granularity="unit"``).
+spec) a small model with ``fully_shard`` units trains a few steps on the gloo learners
+(``--hsdp``: HSDP on a ``(2, world / 2)`` mesh) under a ``GradientCapture`` with
+gradstat's compression hook (``granularity="unit"``).
 ``<out>/<run>/applied-rankN.npy`` holds the gradient each step applied (steps x numel,
 every parameter's full gradient gathered from the shards, in ``named_parameters()``
 order), for the test to compare with the replay's estimate.
@@ -41,11 +42,14 @@ def folder(run: str) -> str:
     return "".join("_" if c in ":+=" else c for c in run)
 
 
-def run(spec: str, out: Path) -> None:
-    rank = dist.get_rank()
+def run(spec: str, out: Path, hsdp: bool) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = Net()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if hsdp:
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,))
     for name in ("block1", "block2"):
         fully_shard(model.get_submodule(name), mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -73,10 +77,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", required=True)
+    parser.add_argument("--hsdp", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     for spec in args.runs.split(","):
-        run(spec, args.out)
+        run(spec, args.out, args.hsdp)
     dist.barrier()
     dist.destroy_process_group()
     exit_without_teardown()

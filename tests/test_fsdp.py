@@ -149,7 +149,7 @@ def test_hsdp_without_sharding_is_refused_on_every_rank(two_ranks):
     assert not (two_ranks / "replicate-only" / "capture.h5").exists()
 
 
-def test_refusals_are_one_line_usage_errors(monkeypatch):
+def test_refusals_are_one_line_usage_errors():
     from torch import nn
 
     from gradstat.capture import fsdp
@@ -160,11 +160,12 @@ def test_refusals_are_one_line_usage_errors(monkeypatch):
         capture_units(nn.Linear(2, 2), None, None)
 
     class OldFSDPModule:  # a torch whose FSDP2 has no custom reduce-scatter
-        pass
+        def set_custom_all_gather(self, comm) -> None: ...
 
-    monkeypatch.setattr(fsdp, "FSDPModule", OldFSDPModule)
-    with pytest.raises(UsageError, match=r"needs torch >= 2.11 .*this is torch"):
-        fsdp.check_fsdp_support()
+    fsdp.check_fsdp_support()  # this torch's FSDPModule has it
+    for old in (OldFSDPModule, None):  # an older FSDP2, a torch without FSDP2
+        with pytest.raises(UsageError, match=r"needs torch >= 2.11 .*this is torch"):
+            fsdp.check_fsdp_support(old)
 
 
 @pytest.mark.slow  # two learners: the tests above
@@ -228,6 +229,8 @@ def test_cli_fsdp_capture_records_each_learners_first_gradient(tmp_path, capsys)
     [
         (["--compressor", "topk", "--ratio", "0.01", "--layers", "h"], "drop --layers"),
         (["--comm-hook", "fp16"], "under --fsdp drop it"),
+        (["--hsdp", "2"], "shard groups of at least 2"),
+        (["--hsdp", "3", "--nproc-per-node", "4"], "must divide the 4 learners"),
     ],
 )
 def test_cli_fsdp_refuses_ddp_hooks_in_one_line(tmp_path, capsys, extra, message):
@@ -235,3 +238,9 @@ def test_cli_fsdp_refuses_ddp_hooks_in_one_line(tmp_path, capsys, extra, message
     assert_clean_error(result, 2)
     assert message in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_cli_hsdp_needs_fsdp(tmp_path, capsys):
+    result = run_cli(capsys, "capture", "--hsdp", "2", "--steps", "2", "--out", tmp_path / "r")
+    assert_clean_error(result, 2)
+    assert "--hsdp shapes an FSDP2 mesh: add --fsdp" in result.stderr

@@ -154,16 +154,21 @@ def _parts(scheme: Scheme, rows: torch.Tensor) -> list[torch.Tensor]:
 def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
     """The update the learners applied: per message, the compressor's aggregate of their
     sent rows (their sum, or its own such as signSGD's majority vote), divided by their
-    number when it averages; a message sent dense, their mean."""
+    number when it averages; a message sent dense, their mean. An HSDP unit's message
+    (``replicate`` shard groups of consecutive learners) is aggregated in each group and
+    the groups' updates averaged, as FSDP's replicate all-reduce does."""
     n = sent.shape[0]
     parts = []
     for m, part in enumerate(_parts(scheme, sent)):
+        size = n // scheme.plan.messages[m].replicate
+        groups = [part[first : first + size] for first in range(0, n, size)]
         if scheme.plan.messages[m].dense:
-            parts.append(part.mean(dim=0))
-            continue
-        compressor = scheme.compressor(0, m)
-        total = compressor.aggregate(list(part)).reshape(-1)
-        parts.append(total / n if compressor.average else total)
+            updates = [group.mean(dim=0) for group in groups]
+        else:
+            compressor = scheme.compressor(0, m)
+            totals = [compressor.aggregate(list(group)).reshape(-1) for group in groups]
+            updates = [total / size if compressor.average else total for total in totals]
+        parts.append(sum(updates[1:], updates[0]) / len(updates))
     return _whole(scheme, parts)
 
 

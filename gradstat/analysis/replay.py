@@ -199,6 +199,7 @@ class Replay:
             sc.name: capture_plan(capture, sc, params.granularity, params.dense, params.dense_below)
             for sc in self.selection.scopes(capture)
         }
+        self._check_shard_groups(capture)
         self.schemes, skipped = self._schemes(capture, params, warn)
         if not self.schemes:
             reason = f" ({skipped[0]})" if skipped else ""
@@ -209,6 +210,18 @@ class Replay:
                 f"run, e.g. {skipped[0]}",
                 GradstatWarning,
                 stacklevel=2,
+            )
+
+    def _check_shard_groups(self, capture: Capture) -> None:
+        """HSDP units (``Message.replicate`` > 1) are exchanged within shard groups of
+        consecutive learners: the replay needs every learner of the run."""
+        replicas = max((m.replicate for p in self.plans.values() for m in p.messages), default=1)
+        if replicas > 1 and self.learners != list(range(capture.world_size)):
+            raise UsageError(
+                f"the capture's FSDP units are replicated over {replicas} shard groups "
+                "(HSDP): --granularity unit exchanges each message within its group and "
+                f"needs all {capture.world_size} learners, not {len(self.learners)}; "
+                "replay them all, or choose another --granularity"
             )
 
     @property

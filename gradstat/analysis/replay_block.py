@@ -7,7 +7,11 @@ capture's rows; :func:`replay_rows` rows held in memory).
 message) and its compressor's exchange is started (compressed up to its first
 collective); once every learner's row is in, every message is exchanged in lockstep
 (:func:`gradstat.compressors.simulated.lockstep`) and the memories keep what was not
-sent. Lockstep holds every learner's rows of one block while its messages are exchanged:
+sent. A message of an HSDP unit (:attr:`~gradstat.compressors.plan.Message.replicate`
+R > 1) is exchanged in lockstep within each shard group of n / R consecutive learners
+(each learner's call numbers it within its group), as FSDP's reduce-scatter runs it,
+and its aggregate is the mean of the groups' (FSDP's replicate all-reduce, in float32
+and group order). Lockstep holds every learner's rows of one block while its messages are exchanged:
 the model's whole row per learner at ``model`` granularity, a bucket's at ``bucket``
 (docs/large.md).
 """
@@ -26,6 +30,7 @@ from gradstat.compressors.exchange import Sent, SparseRow, Transfer, dense
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
 from gradstat.compressors.simulated import advance, lockstep
+from gradstat.errors import UsageError
 
 
 @dataclass
@@ -92,7 +97,7 @@ class BlockStep:
         self.keep_sent = keep_sent
         self.rows: list[Any] = []
         self.started: dict[int, list[tuple[Any, Any, Sent | None, torch.Tensor, Any]]] = {}
-        self.dense: dict[int, torch.Tensor] = {}
+        self.dense: dict[int, list[torch.Tensor]] = {}
         self.seconds = 0.0
 
     def learner(self, i: int, row: torch.Tensor) -> None:
@@ -105,18 +110,30 @@ class BlockStep:
             # one range is a view; a message in another order than the row (a DDP bucket)
             # goes to the memory in pieces, not copied
             g = row[ranges[0][0] : ranges[0][1]] if len(ranges) == 1 else pieces(row, ranges)
+            size = self.group_size(m)
             if scheme.plan.messages[m].dense:  # sent as it is: summed in learner order
-                if i == 0:
-                    self.dense[m] = joined(g).to(torch.float32, copy=True)
+                sums = self.dense.setdefault(m, [])
+                if i % size == 0:  # a shard group's first learner
+                    sums.append(joined(g).to(torch.float32, copy=True))
                 else:
-                    self.dense[m] += joined(g)
+                    sums[-1] += joined(g)
                 continue
-            call = scheme.call(i, m, self.step, self.n)
+            call = scheme.call(i % size, m, self.step, size)
             p = memory.compensate(rows, call, g)
             exchange = scheme.compressor(i, m).exchange(p.view(call.shape), call)
             op, result = advance(exchange, None)
             self.started.setdefault(m, []).append((exchange, op, result, p, call))
         self.seconds += time.perf_counter() - start
+
+    def group_size(self, m: int) -> int:
+        """The learners that exchange message ``m`` together (HSDP: one shard group)."""
+        replicate = self.scheme.plan.messages[m].replicate
+        if self.n % replicate:
+            raise UsageError(
+                f"FSDP unit {self.scheme.plan.messages[m].name} is replicated over {replicate} "
+                f"shard groups: the replay needs every learner's rows, not {self.n}"
+            )
+        return self.n // replicate
 
     def finish(self) -> list[MessageOutcome]:
         """Every message's lockstep exchange, the memories' updates: the outcomes."""
@@ -127,10 +144,12 @@ class BlockStep:
             if m in self.dense:
                 outcomes.append(self._dense(m))
                 continue
-            started = self.started.pop(m)
-            exchanges = [s[0] for s in started]
-            results = lockstep(exchanges, [s[1] for s in started], scheme.reduce)
-            results = [s[2] if s[1] is None else r for s, r in zip(started, results, strict=True)]
+            started, size = self.started.pop(m), self.group_size(m)
+            results = []
+            for first in range(0, self.n, size):  # each shard group's exchanges together
+                group = started[first : first + size]
+                ends = lockstep([s[0] for s in group], [s[1] for s in group], scheme.reduce)
+                results += [s[2] if s[1] is None else r for s, r in zip(group, ends, strict=True)]
             squares = [
                 memory.update(self.rows[i], call, p, result, scheme.compressor(i, m))
                 for i, ((_, _, _, p, call), result) in enumerate(zip(started, results, strict=True))
@@ -143,7 +162,7 @@ class BlockStep:
         return outcomes
 
     def _outcome(self, m: int, results: list[Sent], squares: list[float]) -> MessageOutcome:
-        estimate = results[0].estimate
+        estimate = _replicas_mean([r.estimate for r in results[:: self.group_size(m)]])
         sparsifier = self.scheme.k(m) is not None
         union, multiplicity = _union(results, estimate, self.n, sparsifier)
         sent = [r.contribution() for r in results] if self.keep_sent else None
@@ -154,11 +173,24 @@ class BlockStep:
         )
 
     def _dense(self, m: int) -> MessageOutcome:
-        """A message sent uncompressed: a float32 all-reduce of every value, averaged."""
-        total = self.dense.pop(m).div_(self.n)
+        """A message sent uncompressed: a float32 all-reduce of every value, averaged
+        (within each shard group, then over the groups)."""
+        total = _replicas_mean([s.div_(self.group_size(m)) for s in self.dense.pop(m)])
         numel = total.numel()
         transfers = (Transfer("allreduce", 4 * numel),)
         return MessageOutcome(m, total, transfers, [numel] * self.n, [0.0] * self.n, info={})
+
+
+def _replicas_mean(estimates: list[torch.Tensor | SparseRow]) -> torch.Tensor | SparseRow:
+    """The shard groups' aggregates averaged (one group: its own, unchanged): a float32
+    sum in group order, divided by the groups."""
+    if len(estimates) == 1:
+        return estimates[0]
+    dense = [e.dense() if isinstance(e, SparseRow) else e for e in estimates]
+    total = dense[0].to(torch.float32, copy=True)
+    for part in dense[1:]:
+        total += part
+    return total.div_(len(dense))
 
 
 @dataclass

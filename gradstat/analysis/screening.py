@@ -32,7 +32,7 @@ from gradstat.analysis.replay_records import COLUMNS, step_records, summarize_re
 from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
 from gradstat.analysis.row_workspace import read_block
 from gradstat.compressors.cost import Link
-from gradstat.compressors.plan import Message, Plan, regrouped
+from gradstat.compressors.plan import Plan, regrouped
 from gradstat.compressors.registry import Scheme, build_scheme
 from gradstat.errors import GradstatError
 from gradstat.formatting import counted
@@ -84,8 +84,7 @@ class Sample:
             local[offset] = position
             position += numel
         messages = [
-            Message(m.name, tuple((local[o], k) for o, k in m.slices), m.shapes, m.shape, m.dense)
-            for m in self.plan.messages
+            replace(m, slices=tuple((local[o], k) for o, k in m.slices)) for m in self.plan.messages
         ]
         return regrouped(self.plan, messages)
 
@@ -111,7 +110,7 @@ def sample_plan(scope: Scope, plan: Plan, every: float) -> Sample:
         total = sum(kept for _, kept in slices)
         whole = len(message.shapes) == 1 and message.shape == message.shapes[0]
         shape = shapes[0] if whole else (total,)
-        messages.append(Message(message.name, tuple(slices), tuple(shapes), shape, message.dense))
+        messages.append(replace(message, slices=tuple(slices), shapes=tuple(shapes), shape=shape))
         pieces += slices
     sampled = regrouped(plan, messages)
     inside = sum(m.numel for m in sampled.messages if not m.dense)

@@ -42,8 +42,9 @@ def parse_trained_with(items: Sequence[str] | None) -> dict[str, str]:
 
 
 def is_builtin(spec: str) -> bool:
-    """Whether ``spec`` names a registry compressor (the head before any ``:``)."""
-    return spec.split(":", 1)[0] in REGISTRY
+    """Whether ``spec`` names a registry compressor (the head before any ``:`` or
+    ``+MEMORY``: ``topk+residual`` is one)."""
+    return spec.split(":", 1)[0].split("+", 1)[0] in REGISTRY
 
 
 def replay_spec(

@@ -54,9 +54,10 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
-def check_fsdp_support() -> None:
-    """One clear error where this torch cannot install a custom reduce-scatter."""
-    if FSDPModule is None or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+def check_fsdp_support(module_class: type | None = FSDPModule) -> None:
+    """One clear error where this torch cannot install a custom reduce-scatter
+    (``module_class``: this torch's ``FSDPModule``, None without FSDP2)."""
+    if module_class is None or not hasattr(module_class, "set_custom_reduce_scatter"):
         raise UsageError(
             f"capture under FSDP2 needs torch >= 2.11 (FSDPModule.set_custom_reduce_scatter); "
             f"this is torch {torch.__version__}"
@@ -287,6 +288,17 @@ def shard_group_size(param: torch.Tensor) -> tuple[int, int]:
         else:
             replicate *= mesh.size(dim)
     return shard, replicate
+
+
+def shard_groups(param: torch.Tensor) -> list[list[int]]:
+    """The global ranks of every shard group of a unit's DTensor ``param`` (the learners
+    of each replica that reduce-scatter together), from its device mesh's rank tensor
+    (``DeviceMesh.mesh``): one list per replica, in mesh order."""
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    dim = next(d for d, p in enumerate(param.placements) if isinstance(p, Shard))
+    return mesh.mesh.movedim(dim, -1).reshape(-1, mesh.size(dim)).tolist()
 
 
 def predivide_factor(group: Any, reduce_dtype: torch.dtype, data_parallel: int) -> float:

@@ -82,6 +82,7 @@ class CaptureOptions:
     compression: str = "none"
     max_bytes: int | None = None
     fsdp: bool = False  # FSDP2 (fully_shard per block) instead of DDP
+    hsdp: int = 1  # with fsdp: replicas of an HSDP mesh (1: shard over every learner)
     warmup_steps: int = 0  # steps trained unrecorded before the --steps recorded ones
     save: Path | None = None  # a checkpoint written at the end (capture/checkpoint.py)
     resume: Path | None = None  # a checkpoint to continue from
@@ -103,6 +104,8 @@ class CaptureOptions:
                 raise UsageError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         if self.fsdp:
             self._check_fsdp()
+        elif self.hsdp != 1:
+            raise UsageError("--hsdp shapes an FSDP2 mesh: add --fsdp")
         if self.compressor is not None:
             self._check_compressor()
         elif self.ratio is not None:
@@ -232,6 +235,12 @@ class CaptureOptions:
 
         if self.comm_hook != "allreduce":
             raise UsageError("--comm-hook wraps a DDP hook; under --fsdp drop it")
+        world = self.world_size
+        if self.hsdp < 1 or world % self.hsdp or world // self.hsdp < 2:
+            raise UsageError(
+                f"--hsdp {self.hsdp}: the replicas must divide the {world} learners into "
+                "shard groups of at least 2 (one replica per learner is DDP: drop --fsdp)"
+            )
         check_fsdp_support()
 
     def _check_compressor(self) -> None:
@@ -317,6 +326,7 @@ def torchrun_argv(options: CaptureOptions, run_dir: Path) -> list[str]:
         "record_ranks": options.record_ranks,
         "compression": options.compression,
         "fsdp": options.fsdp,
+        "hsdp": options.hsdp,
         "warmup": options.warmup_steps,
         "save": str(Path(options.save).resolve()) if options.save is not None else None,
         "resume": str(Path(options.resume).resolve()) if options.resume is not None else None,

@@ -140,12 +140,18 @@ def _parallel_model(
     local_rank: int,
     world: int,
 ) -> torch.nn.Module:
-    """``model`` under FSDP2 (``args.fsdp``: fully_shard per block, then the root) or
+    """``model`` under FSDP2 (``args.fsdp``: fully_shard per block, then the root; on a
+    ``(replicate, shard)`` mesh of ``args.hsdp`` replicas when above 1) or
     DistributedDataParallel (on this learner's GPU under NCCL)."""
     if getattr(args, "fsdp", False):
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (world,))
+        replicas = getattr(args, "hsdp", 1)
+        if replicas > 1:
+            shape, names = (replicas, world // replicas), ("replicate", "shard")
+            mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+        else:
+            mesh = init_device_mesh(device.type, (world,))
         return fully_shard_workload(args.workload, model, mesh)
     ids = [local_rank] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)

@@ -20,6 +20,7 @@ from gradstat.cli.capture_options import (
     Dtype,
     Every,
     Fsdp,
+    Hsdp,
     JoinTimeout,
     Layers,
     ListWorkloads,
@@ -78,6 +79,7 @@ def capture_command(
     compressor: Compressor = None,
     ratio: Ratio = None,
     fsdp: Fsdp = False,
+    hsdp: Hsdp = 1,
     save: Save = None,
     resume: Resume = None,
 ) -> None:

@@ -190,3 +190,13 @@ Fsdp = Annotated[
         "reduce-scatter (docs/capture.md, FSDP).",
     ),
 ]
+Hsdp = Annotated[
+    int,
+    typer.Option(
+        "--hsdp",
+        metavar="R",
+        help="With --fsdp: HSDP, R replicas of learners/R sharding learners each (a "
+        "(R, learners/R) mesh): each unit reduce-scatters (and a --compressor runs) in "
+        "its shard group, then FSDP all-reduces the shards over the replicas.",
+    ),
+]

@@ -16,7 +16,10 @@ the flat row, in ``named_parameters`` order) by :func:`build_plan` at a granular
 * ``unit``: FSDP2's ``fully_shard`` units, each one flat message of its recorded
   parameters in the unit's order (a capture's ``fsdp_units``), as FSDP reduce-scatters
   them; compressors run inside that reduce-scatter (a format's collective is a
-  reduce-scatter there, :mod:`gradstat.compressors.cast`).
+  reduce-scatter there, :mod:`gradstat.compressors.cast`). Under HSDP (a unit's
+  ``replicate`` > 1) each shard group exchanges the message among itself and the
+  groups' means are averaged densely, as FSDP's replicate all-reduce does
+  (:attr:`Message.replicate`).
 
 ``--dense REGEX`` and ``--dense-below N`` keep matching or small parameters out of the
 compressed messages: in each group (the model, a bucket) they travel as one more message
@@ -56,13 +59,18 @@ BLOCK = 1 << 22
 class Message:
     """One message: ``slices`` (offset, numel) of the flat row in message order, the
     ``shapes`` of the parameters they hold, the ``shape`` the compressor receives (the
-    parameter's at ``tensor`` granularity, else flat) and whether it goes ``dense``."""
+    parameter's at ``tensor`` granularity, else flat), whether it goes ``dense``, and
+    ``replicate``: the shard groups it is exchanged in (HSDP's replicas; 1: one group of
+    every learner). With ``replicate`` R of N learners, learners ``g*N/R .. (g+1)*N/R - 1``
+    form group g (the shard groups of a ``(replicate, shard)`` device mesh); each group
+    exchanges the message among itself and the groups' means are averaged."""
 
     name: str
     slices: tuple[tuple[int, int], ...]
     shapes: tuple[tuple[int, ...], ...]
     shape: tuple[int, ...]
     dense: bool = False
+    replicate: int = 1
 
     @property
     def numel(self) -> int:
@@ -159,10 +167,11 @@ def ddp_buckets(
 
 def unit_members(
     units: str | Sequence[Mapping[str, Any]] | None, table: Sequence[Layer]
-) -> list[tuple[str, list[str]]]:
+) -> list[tuple[str, list[str], int]]:
     """FSDP units as a capture records them (``fsdp_units``: JSON, or its list of
-    ``{"name", "layers"}`` with indices into the layer ``table``) as ``(unit, [layer
-    names in the unit's order])``; a ``UsageError`` when there are none."""
+    ``{"name", "layers", "replicate"}`` with indices into the layer ``table``) as
+    ``(unit, [layer names in the unit's order], replicate)``; a ``UsageError`` when there
+    are none."""
     if isinstance(units, str):
         units = json.loads(units)
     if not units:
@@ -171,18 +180,21 @@ def unit_members(
             "capture of an FSDP2 run (gradstat capture --fsdp, or GradientCapture of a "
             "fully_shard model)"
         )
-    return [(str(u["name"]), [table[int(i)].name for i in u["layers"]]) for u in units]
+    return [
+        (str(u["name"]), [table[int(i)].name for i in u["layers"]], int(u.get("replicate", 1)))
+        for u in units
+    ]
 
 
 def _units(
-    layers: Sequence[Layer], units: Sequence[tuple[str, Sequence[str]]] | None
+    layers: Sequence[Layer], units: Sequence[tuple[str, Sequence[str], int]] | None
 ) -> list[tuple[str, list[Layer]]]:
     """Each FSDP unit's layers in the unit's order (layers outside ``layers``, a
     scope, are left out)."""
     if not units:
         unit_members(None, layers)  # the error: no unit to cut by
     by_name = {layer.name: layer for layer in layers}
-    groups = [(name, [by_name[n] for n in members if n in by_name]) for name, members in units]
+    groups = [(name, [by_name[n] for n in members if n in by_name]) for name, members, _ in units]
     return [(name, inside) for name, inside in groups if inside]
 
 
@@ -191,7 +203,7 @@ def _groups(
     kind: str,
     cap_mb: float | None,
     first_bytes: int | None,
-    units: Sequence[tuple[str, Sequence[str]]] | None = None,
+    units: Sequence[tuple[str, Sequence[str], int]] | None = None,
 ) -> list[tuple[str, list[Layer]]]:
     if kind == "unit":
         return _units(layers, units)
@@ -206,12 +218,14 @@ def _groups(
     return [(f"bucket{i}", bucket) for i, bucket in enumerate(buckets)]
 
 
-def _message(name: str, layers: Sequence[Layer], kind: str, dense: bool) -> Message:
+def _message(
+    name: str, layers: Sequence[Layer], kind: str, dense: bool, replicate: int = 1
+) -> Message:
     shapes = tuple(tuple(layer.shape) for layer in layers)
     numel = sum(layer.numel for layer in layers)
     shape = shapes[0] if kind == "tensor" and len(layers) == 1 else (numel,)
     slices = tuple((layer.offset, layer.numel) for layer in layers)
-    return Message(name, slices, shapes, shape, dense)
+    return Message(name, slices, shapes, shape, dense, replicate)
 
 
 def _blocks(messages: Sequence[Message], kind: str) -> tuple[Block, ...]:
@@ -278,13 +292,13 @@ def build_plan(
     dense: str | None = None,
     dense_below: int = 0,
     first_bucket_bytes: int | None = None,
-    units: Sequence[tuple[str, Sequence[str]]] | None = None,
+    units: Sequence[tuple[str, Sequence[str], int]] | None = None,
 ) -> Plan:
     """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``,
     ``unit``) with the parameters matching the regex ``dense`` or smaller than
     ``dense_below`` values sent uncompressed; ``first_bucket_bytes`` overrides the first
     bucket's cap (a capture's record of its DDP's); ``units``: the FSDP units of a
-    ``unit`` plan, ``(name, [layer names])`` (:func:`unit_members`)."""
+    ``unit`` plan, ``(name, [layer names], replicate)`` (:func:`unit_members`)."""
     kind, cap_mb = parse_granularity(granularity)
     try:
         pattern = re.compile(dense) if dense else None
@@ -296,16 +310,17 @@ def build_plan(
     def sent_dense(layer: Layer) -> bool:
         return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
 
+    replicas = {name: replicate for name, _, replicate in units or ()}
     messages: list[Message] = []
     for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes, units):
         compressed = [layer for layer in group if not sent_dense(layer)]
         plain = [layer for layer in group if sent_dense(layer)]
+        r = replicas.get(name, 1)
         if compressed:
-            messages.append(_message(name, compressed, kind, False))
+            messages.append(_message(name, compressed, kind, False, r))
         if plain:
-            messages.append(
-                _message(name if kind == "tensor" else f"{name} (dense)", plain, kind, True)
-            )
+            dense_name = name if kind == "tensor" else f"{name} (dense)"
+            messages.append(_message(dense_name, plain, kind, True, r))
     label = "bucket" if kind == "bucket" and cap_mb is None else granularity
     if kind == "bucket" and cap_mb is not None:
         label = f"bucket:{cap_mb:g}"

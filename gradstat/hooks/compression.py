@@ -24,8 +24,9 @@ learner, so their collectives meet.
 The state keeps, for recording (``GradientCapture`` writes it as the ``sent`` dataset)
 and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32, in
 the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
-``estimate`` (the aggregate every learner applied), ``transfers`` (the bytes it put into
-each collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
+``estimate`` (the aggregate every learner applied; under HSDP its shard group's, which
+FSDP's replicate all-reduce then averages), ``transfers`` (the bytes it put into each
+collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
 the replay numbers the recorded steps of a capture that starts at 0: random draws and
 CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
 and run their collectives on a gloo process group: ``process_group=``, else one of
@@ -98,7 +99,7 @@ class CompressionState:
             "dense_below": dense_below,
         }
         check = layer_table([("check", (1,))])  # the options, checked before training
-        units = [("check", ["check"])] if granularity == "unit" else None
+        units = [("check", ["check"], 1)] if granularity == "unit" else None
         build_plan(check, granularity, dense=dense, dense_below=dense_below, units=units)
         self.scheme: Scheme | None = None
         self.plan: Plan | None = None
@@ -196,15 +197,23 @@ class CompressionState:
             self.bind(model, units)
 
     def run_unit(
-        self, layout: Any, messages: list[int], flat: torch.Tensor, world: int
+        self,
+        layout: Any,
+        messages: list[int],
+        flat: torch.Tensor,
+        world: int,
+        group: dist.ProcessGroup | None = None,
     ) -> torch.Tensor:
         """An FSDP unit's reduce-scatter input ``flat`` (float32, 1-D) into the flat row,
-        then its ``messages`` exchanged now (on the calling thread); the estimate row
-        (every learner's mean, in the layer table's order)."""
-        if world != self.world:
+        then its ``messages`` exchanged now (on the calling thread) over ``group`` (HSDP:
+        a gloo group of the learner's shard group; None: the hook's group of every
+        learner); the estimate row (the mean of ``group``'s learners, in the layer
+        table's order; under HSDP FSDP's replicate all-reduce averages it next)."""
+        learners = self.world if group is None else dist.get_world_size(group)
+        if world != learners:
             raise UsageError(
                 f"FSDP unit {layout.name} reduce-scatters over {world} learners, the "
-                f"compression hook's group has {self.world}"
+                f"compression hook's group has {learners}"
             )
         if not layout.copy_into(self._flat, flat, world, non_blocking=False):
             raise UsageError(
@@ -213,7 +222,7 @@ class CompressionState:
                 "all; model.set_reduce_scatter_unused_params(True) sends zeros for them"
             )
         for m in messages:
-            self._run(m)
+            self._run(m, group)
         return self.estimate
 
     def end_step(self) -> None:
@@ -283,22 +292,29 @@ class CompressionState:
             raise
         self._finish_buckets(m)
 
-    def _run(self, m: int) -> None:
+    def _run(self, m: int, group: dist.ProcessGroup | None = None) -> None:
+        """Message ``m`` exchanged over ``group`` (None: the hook's own, every learner;
+        the compressor objects stay this learner's, the call numbers it in ``group``)."""
         scheme, plan = self.scheme, self.plan
         message = plan.messages[m]
+        learner, learners = self.rank, self.world
+        if group is None:
+            group = self.process_group
+        else:
+            learner, learners = dist.get_rank(group), dist.get_world_size(group)
         g = torch.cat([self._flat[o : o + k] for o, k in message.slices])
         if message.dense:  # sent as it is: a float32 all-reduce, averaged
             total = g.clone()
-            dist.all_reduce(total, group=self.process_group)
-            sent, estimate = g, total / self.world
+            dist.all_reduce(total, group=group)
+            sent, estimate = g, total / learners
             result = (sent, estimate, (Transfer("allreduce", 4 * g.numel()),), g.numel(), 0)
         else:
             memory = scheme.memory
             block = memory.places[m][0]
             rows = memory.open(0, block)
-            call = scheme.call(self.rank, m, self.step, self.world)
+            call = scheme.call(learner, m, self.step, learners)
             p = memory.compensate(rows, call, g)
-            communicator = TorchCommunicator(self.process_group)
+            communicator = TorchCommunicator(group)
             compressor = scheme.compressor(self.rank, m)
             outcome = communicator.run(compressor.exchange(p.view(call.shape), call))
             memory.update(rows, call, p, outcome, compressor)

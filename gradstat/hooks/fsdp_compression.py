@@ -15,10 +15,19 @@ sparsifier all-gathers its payloads here (it has no reduce-scatter form); a numb
 format all-gathers the float32 messages and runs the emulated reduce-scatter locally
 (:mod:`gradstat.compressors.cast`), bit for bit the replay's at ``--granularity unit``.
 
-Not supported (a ``UsageError`` before training): HSDP (a replicate dim: its all-reduce
-would sum the replicas' means again), units of one learner (no reduce-scatter), a
-``gradient_divide_factor`` that makes FSDP reduce by ``PREMUL_SUM`` (an error at the
-first reduce-scatter).
+HSDP (a ``(replicate, shard)`` mesh): the compressor runs in the reduce-scatter, within
+the learner's shard group (a gloo group of its own over the same ranks, made here on
+every learner), with error feedback per learner as without replication; FSDP's
+replicate all-reduce then averages the reduced shards densely, in the reduce dtype.
+Compressed once: torch 2.13 has no public seam to replace that all-reduce
+(``set_all_reduce_hook`` runs after it). The replay's ``unit`` plan models the same
+(:attr:`~gradstat.compressors.plan.Message.replicate`); the shard groups must be
+consecutive ranks (``init_device_mesh``'s layout), as the replay numbers them.
+
+Not supported (a ``UsageError`` before training): units of one learner (no
+reduce-scatter), units on different meshes under HSDP, shard groups of other than
+consecutive ranks, a ``gradient_divide_factor`` that makes FSDP reduce by
+``PREMUL_SUM`` (an error at the first reduce-scatter).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from gradstat.capture.fsdp import ReduceScatter, UnitLayout
+from gradstat.capture.fsdp import ReduceScatter, UnitLayout, shard_groups
 from gradstat.errors import UsageError
 
 if TYPE_CHECKING:
@@ -36,10 +45,17 @@ if TYPE_CHECKING:
 
 
 class CompressedReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
-    """One unit's reduce-scatter through the compression hook's state."""
+    """One unit's reduce-scatter through the compression hook's state (over ``group``,
+    the learner's shard group under HSDP; None: the state's group of every learner)."""
 
-    def __init__(self, state: CompressionState, layout: UnitLayout, messages: list[int]) -> None:
-        self.state, self.layout, self.messages = state, layout, messages
+    def __init__(
+        self,
+        state: CompressionState,
+        layout: UnitLayout,
+        messages: list[int],
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.state, self.layout, self.messages, self.group = state, layout, messages, group
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(size, dtype=dtype, device=device)
@@ -62,8 +78,15 @@ class CompressedReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
                 f"FSDP unit {self.layout.name} reduces with {op}: a compressor under FSDP2 "
                 "needs FSDP's default reduction (no gradient_divide_factor)"
             )
+        if self.group is not None and (
+            dist.get_process_group_ranks(group) != dist.get_process_group_ranks(self.group)
+        ):
+            raise UsageError(
+                f"FSDP unit {self.layout.name} reduce-scatters over ranks "
+                f"{dist.get_process_group_ranks(group)}, not its mesh's shard group"
+            )
         flat = input_tensor.detach().to("cpu", torch.float32)
-        mean = self.state.run_unit(self.layout, self.messages, flat, world)
+        mean = self.state.run_unit(self.layout, self.messages, flat, world, self.group)
         # the mean in the input's units (FSDP may have divided it), summed where FSDP sums
         shard = self.layout.shard_of(mean, world, rank) * (factor / self.layout.scale)
         output_tensor.copy_(shard.to(output_tensor.device, output_tensor.dtype))
@@ -72,17 +95,14 @@ class CompressedReduceScatter(ReduceScatter):  # type: ignore[misc,valid-type]
 
 def install(state: CompressionState, layouts: list[tuple[torch.nn.Module, UnitLayout]]) -> None:
     """Give every unit of ``layouts`` its compressed reduce-scatter (see the module
-    docstring); the state's plan must be the ``unit`` plan of these units."""
+    docstring); the state's plan must be the ``unit`` plan of these units. Every
+    learner calls it (under HSDP it makes the shard groups' gloo groups)."""
     for _, layout in layouts:  # every refusal before any unit is touched
-        if layout.replicate > 1:
-            raise UsageError(
-                f"FSDP unit {layout.name} is replicated over {layout.replicate} learners "
-                "(HSDP): gradstat trains with a compressor under FSDP2 without replication"
-            )
         if layout.shard < 2:
             raise UsageError(
                 f"FSDP unit {layout.name} is sharded over one learner: nothing to compress"
             )
+    group = hsdp_group(layouts, state.world)
     plan = state.plan
     for unit, layout in layouts:
         messages = [
@@ -90,4 +110,33 @@ def install(state: CompressionState, layouts: list[tuple[torch.nn.Module, UnitLa
             if message.name.removesuffix(" (dense)") == layout.name
         ]  # fmt: skip
         if messages:
-            unit.set_custom_reduce_scatter(CompressedReduceScatter(state, layout, messages))
+            unit.set_custom_reduce_scatter(CompressedReduceScatter(state, layout, messages, group))
+
+
+def hsdp_group(
+    layouts: list[tuple[torch.nn.Module, UnitLayout]], world: int
+) -> dist.ProcessGroup | None:
+    """Under HSDP, a gloo group of this learner's shard group (made on every learner,
+    one per shard group); None without replication. Refused: units on different
+    meshes, shard groups that are not consecutive ranks (the replay's numbering) or
+    that do not tile the ``world`` learners."""
+    if all(layout.replicate == 1 for _, layout in layouts):
+        return None
+    meshes = {(layout.shard, layout.replicate) for _, layout in layouts}
+    groups = {str(shard_groups(layout.slots[0].param)) for _, layout in layouts}
+    if len(meshes) > 1 or len(groups) > 1:
+        raise UsageError(
+            "FSDP units are on different meshes under HSDP: a compressor under FSDP2 needs "
+            "every unit on the same (replicate, shard) mesh"
+        )
+    ((shard, replicate),) = meshes
+    ranks = shard_groups(layouts[0][1].slots[0].param)
+    consecutive = [list(range(g * shard, (g + 1) * shard)) for g in range(replicate)]
+    if ranks != consecutive or shard * replicate != world:
+        raise UsageError(
+            f"HSDP shard groups {ranks} of {world} learners: a compressor under FSDP2 needs "
+            "shard groups of consecutive ranks covering every learner (init_device_mesh("
+            "..., (replicate, shard)) makes them), as the replay numbers them"
+        )
+    mine, _ = dist.new_subgroups_by_enumeration(ranks, backend="gloo")
+    return mine
