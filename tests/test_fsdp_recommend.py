@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from gradstat.analysis.recommend import RecommendParams, recommend
-from gradstat.compressors.cost import Link, allgather_seconds, reducescatter_seconds
+from gradstat.compressors.cost import (
+    Link,
+    allgather_seconds,
+    allreduce_seconds,
+    reducescatter_seconds,
+)
 from gradstat.errors import UsageError
 from gradstat.store import layer_table, open_capture, write_capture
 
@@ -70,3 +75,26 @@ def test_only_sparse_all_gather_candidates_is_a_usage_error(capture):
     params = RecommendParams(error_budget=0.01, link=LINK, compressors="topk,dgc", ratios="0.1")
     with open_capture(capture) as cap, pytest.raises(UsageError, match="left out: topk, dgc"):
         recommend(cap, params=params)
+
+
+def test_hsdp_baseline_and_candidates_run_in_shard_groups(tmp_path):
+    # HSDP 2 x 2: each unit's gradient is reduce-scattered within 2 learners, then each
+    # shard all-reduced over the 2 replicas; the candidates run in the reduce-scatter of
+    # their shard group (one hop per unit) and pay the same all-reduce and all-gather
+    units = [dict(unit, shard=2, replicate=2) for unit in UNITS]
+    rng = np.random.default_rng(4)
+    d = LAYERS[-1].stop
+    grads = rng.normal(size=(4, 2, d)).astype(np.float32)
+    meta = {"data_parallel": "fsdp2", "fsdp_units": json.dumps(units)}
+    path = write_capture(tmp_path / "cap", grads, LAYERS, meta=meta)
+    params = RecommendParams(error_budget=1.0, link=LINK, compressors="fp8-e4m3", ratios="0.1")
+    with open_capture(path) as cap:
+        result = recommend(cap, params=params)
+    part = d * 2 / 2  # a bf16 shard of each learner's group of 2
+    fixed = allreduce_seconds(part, 2, LINK) + allgather_seconds(part, 2, LINK)
+    assert result.baseline_seconds == pytest.approx(reducescatter_seconds(d * 2, 2, LINK) + fixed)
+    fp8 = result.ranking.iloc[0]
+    scatter = 2 * LINK.latency + 1 / 2 * fp8["bytes_per_learner"] / LINK.bandwidth
+    assert fp8["comm_seconds"] == pytest.approx(scatter + fixed)
+    text = " ".join(result.explanation())
+    assert "HSDP ring reduce-scatter + replicate all-reduce + parameter all-gather" in text

@@ -11,7 +11,9 @@ profile (:mod:`gradstat.compressors.work`, :mod:`gradstat.compressors.targets`).
 fastest within the budget wins, judged against the dense ring all-reduce in fp32 or
 fp16; on an FSDP2 capture, against FSDP's reduce-scatter in its reduce dtype plus the
 parameter all-gather (added to every candidate too), among the candidates with a
-reduce-scatter form. Build-up is extrapolated to ``cost_learners`` with
+reduce-scatter form; under HSDP (R replicas) the reduce-scatter and the candidates run
+in shard groups of ``cost_learners / R`` and every one also pays the dense replicate
+all-reduce of its shard. Build-up is extrapolated to ``cost_learners`` with
 :mod:`gradstat.analysis.cluster`'s stated model.
 """
 
@@ -38,7 +40,12 @@ from gradstat.analysis.screening import (
     screen,
 )
 from gradstat.analysis.selection import Selection, as_link
-from gradstat.compressors.cost import Link, allgather_seconds, reducescatter_seconds
+from gradstat.compressors.cost import (
+    Link,
+    allgather_seconds,
+    allreduce_seconds,
+    reducescatter_seconds,
+)
 from gradstat.compressors.registry import REGISTRY, CompressorSpec
 from gradstat.compressors.spec import parse_compressors
 from gradstat.compressors.targets import Target, builtin_target, spread_text
@@ -62,6 +69,8 @@ REDUCE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: What an FSDP2 recommendation compares against (``Recommendation.dense``).
 FSDP_DENSE = "FSDP2 ring reduce-scatter + parameter all-gather"
+#: The same under HSDP: the shard groups' reduce-scatter, then the replicas' all-reduce.
+HSDP_DENSE = "HSDP ring reduce-scatter + replicate all-reduce + parameter all-gather"
 #: The collective algorithms the alpha-beta model assumes (gradstat/compressors/cost.py).
 ALGORITHMS = {
     "allreduce": "ring",
@@ -175,7 +184,7 @@ class Recommendation:
                 f"It does not beat the dense {self.baseline} {self.dense}: keep dense "
                 "communication unless the network is slower than assumed."
             )
-        if self.dense == FSDP_DENSE:
+        if self.dense in (FSDP_DENSE, HSDP_DENSE):
             lines.append(fsdp_note(self.left_out))
         fitting = self.ranking[self.ranking["within_budget"]]
         if len(fitting) > 1:
@@ -400,13 +409,23 @@ def fsdp_reduce(capture: Capture) -> str | None:
     return max(names, key=lambda name: REDUCE_BYTES[name])
 
 
-def fsdp_seconds(numel: int, n: int, link: Link, reduce: str) -> tuple[float, float]:
-    """``(gradient reduce-scatter, parameter all-gather)`` seconds of one FSDP2 step of
-    ``numel`` values in ``reduce`` (the parameters gathered once, in the same dtype)."""
+def fsdp_replicas(capture: Capture) -> int:
+    """HSDP's replicas R of an FSDP2 capture (the most any unit has; 1 without HSDP)."""
+    units = json.loads(capture.meta.get("fsdp_units") or "[]")
+    return max((int(u.get("replicate", 1)) for u in units), default=1)
+
+
+def fsdp_seconds(
+    numel: int, shard: int, replicas: int, link: Link, reduce: str
+) -> tuple[float, float]:
+    """``(gradient reduce-scatter, what every candidate pays too)`` seconds of one FSDP2
+    step of ``numel`` values in ``reduce``: the reduce-scatter within a shard group of
+    ``shard`` learners; then HSDP's ring all-reduce of each shard over ``replicas`` and
+    the parameter all-gather within the shard group (once, in the same dtype)."""
     size = REDUCE_BYTES[reduce]
-    return reducescatter_seconds(numel * size, n, link), allgather_seconds(
-        numel * size / n, n, link
-    )
+    part = numel * size / shard
+    fixed = allreduce_seconds(part, replicas, link) + allgather_seconds(part, shard, link)
+    return reducescatter_seconds(numel * size, shard, link), fixed
 
 
 def fsdp_candidates(
@@ -531,6 +550,9 @@ def choose(
     the ``screened`` candidates where a screen ran)."""
     check_options(error_budget, baseline, None)
     link, n = run.link, run.cost_learners
+    dense, reduce = "ring all-reduce", fsdp_reduce(run.capture)
+    replicas = 1 if reduce is None else min(n, fsdp_replicas(run.capture))
+    shard = max(1, n // replicas)  # the learners of a shard group
     target = target or builtin_target("cpu-here")
     ranking = summarize_replay(records, link, n)
     prices = screened.prices if screened is not None else None
@@ -543,14 +565,14 @@ def choose(
         ],
         ignore_index=True,
     )
-    dense, reduce = "ring all-reduce", fsdp_reduce(run.capture)
     if reduce is None:
         base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
-    else:  # FSDP2: the run's reduce-scatter; the parameter all-gather stays for everyone
-        scatter, gather = fsdp_seconds(run.capture.numel, n, link, reduce)
-        base, baseline, dense = scatter + gather, reduce, FSDP_DENSE
+    else:  # FSDP2: the run's reduce-scatter; the rest stays the same for everyone
+        scatter, fixed = fsdp_seconds(run.capture.numel, shard, replicas, link, reduce)
+        base, baseline = scatter + fixed, reduce
+        dense = FSDP_DENSE if replicas == 1 else HSDP_DENSE
         for column in ("comm_seconds", "seconds"):
-            ranking[column] = ranking[column] + gather
+            ranking[column] = ranking[column] + fixed
     ranking["speedup"] = base / ranking["seconds"]
     winner = ranking.iloc[0].to_dict() if bool(ranking["within_budget"].iloc[0]) else None
     settings = {} if winner is None else _winner_settings(run, records, winner)
