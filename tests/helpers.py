@@ -52,9 +52,10 @@ def assert_clean_error(result: Result, code: int | None = None) -> None:
 
 
 def torchrun(
-    script: Path, *args: str, nproc: int = 2, timeout: int = 120
+    script: Path, *args: str, nproc: int = 2, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Run a script under ``torch.distributed.run`` with gloo learners on this machine."""
+    """Run a script under ``torch.distributed.run`` with gloo learners on this machine;
+    ``timeout`` only stops a hang (generous: make test runs two test files at a time)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [
         sys.executable,
