@@ -20,7 +20,6 @@ from gradstat.compressors import (
 from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.cast import FormatCompressor
 from gradstat.compressors.exchange import Call, Sent, nbytes
-from gradstat.compressors.formats import FORMATS
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD
@@ -29,6 +28,7 @@ from gradstat.compressors.topk import TopK
 from gradstat.errors import UsageError
 from gradstat.stats.thresholds import estimate_threshold
 from gradstat.store import layer_table
+from gradstat.wire.formats import FORMATS
 
 
 def laplace(shape, seed=0) -> torch.Tensor:

@@ -3,8 +3,8 @@
 docs/lowprecision.md).
 
 A format compressor sends each learner's message in the number format
-(:mod:`gradstat.compressors.formats`) through the collective as it runs, hop by hop
-(:mod:`gradstat.compressors.collectives`): ``:algorithm=ring|tree|a2a`` (default
+(:mod:`gradstat.wire.formats`) through the collective as it runs, hop by hop
+(:mod:`gradstat.wire.collectives`): ``:algorithm=ring|tree|a2a`` (default
 ``ring``) and ``:accumulate=fp32|wire`` (default ``fp32``) are its parameters, and every
 label states them (``bf16:algorithm=ring:accumulate=fp32``). The collective is an
 all-reduce (DDP, the replay's ``model``/``tensor``/``bucket`` plans) or, at ``unit``
@@ -33,11 +33,11 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor, Exchange
-from gradstat.compressors.collectives import ACCUMULATE, ALGORITHMS, all_reduce, reduce_scatter
 from gradstat.compressors.exchange import AllGather, Call, Sent, Shared, Tensors, Transfer
-from gradstat.compressors.formats import Format, wire_format
 from gradstat.compressors.memory import Memory, NoMemory
 from gradstat.compressors.work import Ops, Work, passes
+from gradstat.wire.collectives import ACCUMULATE, ALGORITHMS, all_reduce, reduce_scatter
+from gradstat.wire.formats import Format, wire_format
 
 #: The formats registered as compressors (docs/lowprecision.md).
 FORMAT_COMPRESSORS = ("bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "mxfp8", "mxfp6", "mxfp4")

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.collectives import ACCUMULATE, ALGORITHMS
 from gradstat.compressors.exchange import Call
 from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
 from gradstat.compressors.plan import Plan
@@ -32,6 +31,7 @@ from gradstat.compressors.simulated import Reduce, sum_in_order
 from gradstat.errors import UsageError
 from gradstat.stats.density import k_for
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
+from gradstat.wire.collectives import ACCUMULATE, ALGORITHMS
 
 #: Parameters that take a word: their choices, stored by index (the default is index 0).
 CHOICES: dict[str, tuple[str, ...]] = {
