@@ -70,7 +70,6 @@ class EstimatedSparsifier(Sparsifier):
 
     def __init__(
         self,
-        name: str,
         ratio: float,
         k: int,
         numel: int,
@@ -82,7 +81,7 @@ class EstimatedSparsifier(Sparsifier):
         stage_fit: str = "moments",
         momentum: float = 0.9,
     ) -> None:
-        self.name = name
+        self.name = "threshold" if estimator == "hard" else estimator
         self.ratio = ratio
         self.k = k
         self.estimator = estimator
@@ -173,33 +172,17 @@ class EstimatedSparsifier(Sparsifier):
         return Work(local, Ops(), scatter(k), "all")
 
 
-def build(estimator: str) -> Any:
-    """The registry's builder of the sparsifier with ``estimator`` (``hard``: a fixed
-    threshold, named ``threshold``)."""
-
-    def make(ctx: Any) -> Compressor:
-        assert ctx.ratio is not None and ctx.k is not None
-        return EstimatedSparsifier(
-            estimator if estimator != "hard" else "threshold",
-            ctx.ratio,
-            ctx.k,
-            ctx.numel,
-            estimator,
-            stages=int(ctx.params.get("stages", 0)),
-            threshold=ctx.params.get("threshold") or None,
-            zeros=ZEROS[int(ctx.params.get("zeros", 0))],
-            stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
-            momentum=ctx.params.get("momentum", 0.9),
-        )
-
-    return make
-
-
-build_threshold = build("hard")
-build_dgc = build("dgc")
-build_gaussiank = build("gaussiank")
-build_redsync = build("redsync")
-build_redsync_sidco = build("redsync-sidco")
-build_sidco_exp = build("sidco-exp")
-build_sidco_gpd = build("sidco-gpd")
-build_sidco_gamma_gpd = build("sidco-gamma-gpd")
+def build(ctx: Any) -> Compressor:
+    """The sparsifier the registry names (``threshold``: the ``hard`` estimator)."""
+    assert ctx.ratio is not None and ctx.k is not None
+    return EstimatedSparsifier(
+        ctx.ratio,
+        ctx.k,
+        ctx.numel,
+        "hard" if ctx.name == "threshold" else ctx.name,
+        stages=int(ctx.params.get("stages", 0)),
+        threshold=ctx.params.get("threshold") or None,
+        zeros=ZEROS[int(ctx.params.get("zeros", 0))],
+        stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
+        momentum=ctx.params.get("momentum", 0.9),
+    )

@@ -306,7 +306,5 @@ def build_plan(
             messages.append(
                 _message(name if kind == "tensor" else f"{name} (dense)", plain, kind, True)
             )
-    label = "bucket" if kind == "bucket" and cap_mb is None else granularity
-    if kind == "bucket" and cap_mb is not None:
-        label = f"bucket:{cap_mb:g}"
+    label = granularity if cap_mb is None else f"bucket:{cap_mb:g}"
     return Plan(label, tuple(messages), _blocks(messages, kind))

@@ -20,9 +20,7 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import (
-    Sent,
-)
+from gradstat.compressors.exchange import Sent
 
 #: ``reduce(tensors)``: the learners' tensors of an all-reduce, in learner order, summed.
 Reduce = Callable[[Sequence[torch.Tensor]], torch.Tensor]
