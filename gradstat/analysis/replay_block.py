@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import Sent, SparseRow, Transfer
+from gradstat.compressors.exchange import Sent, SparseRow, Transfer, advance
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.simulated import advance, lockstep
+from gradstat.compressors.simulated import lockstep
 
 
 @dataclass

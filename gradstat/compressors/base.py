@@ -18,7 +18,7 @@ docs/compressors.md describes the protocol, its defaults and what each driver do
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -33,10 +33,8 @@ from gradstat.compressors.exchange import (
     Transfer,
     nbytes,
 )
-
-if TYPE_CHECKING:
-    from gradstat.compressors.memory import Memory
-    from gradstat.compressors.work import Work
+from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.work import Work, generic_work
 
 Exchange = Generator[Any, Any, Sent]
 
@@ -115,8 +113,6 @@ class Compressor:
     # --- gradstat's part: defaults for a user's class ----------------------------------
     def memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor: none (GRACE's default)."""
-        from gradstat.compressors.memory import NoMemory
-
         return NoMemory()
 
     def describe(self, ctx: Any) -> Mapping[str, float]:
@@ -133,8 +129,6 @@ class Compressor:
         (:mod:`gradstat.compressors.work`): by default the memory's passes plus a read of
         the vector and a write and read of a payload of ``k`` (sparsifiers) or ``numel``
         values."""
-        from gradstat.compressors.work import generic_work
-
         return generic_work(self, memory, numel)
 
     # --- the exchange -------------------------------------------------------------------

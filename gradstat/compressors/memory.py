@@ -1,13 +1,10 @@
 """Error-feedback memories, kept apart from compressors (GRACE's Compressor / Memory split).
 
-A :class:`Memory` serves every learner and message of one scheme. It keeps its rows per
-block of the plan (:mod:`gradstat.compressors.plan`; a block's row holds its compressed
-messages end to end) in row stores its driver hands it (:meth:`Memory.allocate`: the
-replay's RAM or scratch-file rows, :mod:`gradstat.analysis.ef_store`; one row per block
-in RAM in the DDP hook). A driver opens a learner's rows of a block
-(:meth:`Memory.open`), forms each message's corrected vector
-(:meth:`Memory.compensate`), and after the exchange keeps what was not sent
-(:meth:`Memory.update`, which returns the new memory's squared norm) and closes them.
+A :class:`Memory` serves every learner and message of one scheme, its rows per block of
+the plan in row stores its driver hands it (:meth:`Memory.allocate`; the replay's RAM or
+scratch-file rows, the DDP hook's tensors). A driver opens a learner's rows of a block
+(:meth:`Memory.open`), forms each message's corrected vector (:meth:`Memory.compensate`),
+after the exchange keeps what was not sent (:meth:`Memory.update`) and closes them.
 
 * Residual error feedback (Stich et al. 2018; Karimireddy et al. 2019, docs/methods.md 4):
   ``p = g + m``; ``c = C(p)``; ``m = p - c``. ScaleCom's low-pass variant (Chen et al.
@@ -17,9 +14,7 @@ in RAM in the DDP hook). A driver opens a learner's rows of a block
   ``u = mu u + g``; ``v = v + u``; the compressor sees ``v``; ``u`` and ``v`` are zeroed
   where something non-zero was sent.
 * No memory: the compressor sees (a copy of) ``g``.
-* A user's memory in GRACE's shape (:class:`UserMemory`): one object per learner,
-  ``compensate(tensor, name)`` before the exchange and ``update(tensor, name,
-  compressor, tensors, ctx)`` after, with the real payload and context.
+* A user's memory in GRACE's shape (:class:`UserMemory`, docs/compressors.md).
 """
 
 from __future__ import annotations

@@ -116,14 +116,6 @@ def build_user(label: str, source: str, params: Mapping[str, Value], ctx: Contex
     return UserCompressor(obj, blame, k=ctx.k, numel=ctx.numel, seed=ctx.seed)
 
 
-def _entry(spec: UserSpec) -> Entry:
-    found = user_class(spec.name)
-    build = partial(build_user, spec.label, spec.name, dict(spec.params))
-    return Entry(
-        build, found.ratio_name is None, found.summary, collectives=COLLECTIVES, k_rule=grace_k
-    )
-
-
 def _joined(name: str, params: Sequence[tuple[str, Value]]) -> str:
     return ":".join([name, *(f"{k}={format_value(v)}" for k, v in params)])
 
@@ -142,11 +134,11 @@ class UserSpec(CompressorSpec):
 
     @property
     def entry(self) -> Entry:
-        return _entry(self)
-
-    @property
-    def fixed_rate(self) -> bool:
-        return user_class(self.name).ratio_name is None
+        """Built by :func:`build_user`; a sparsifier if the class takes a density."""
+        found = user_class(self.name)
+        build = partial(build_user, self.label, self.name, dict(self.params))
+        fixed = found.ratio_name is None
+        return Entry(build, fixed, found.summary, collectives=COLLECTIVES, k_rule=grace_k)
 
     @property
     def base_label(self) -> str:

@@ -324,17 +324,13 @@ _MEASURED: dict[tuple[str, int], Target] = {}
 def builtin_target(name: str) -> Target:
     """A built-in profile by name; ``cpu-here`` is measured once per thread count,
     ``gpu-here`` once on the current CUDA device (a :class:`UsageError` without one)."""
-    if name == "cpu-here":
-        key = ("cpu", torch.get_num_threads())
+    if name == "gpu-here" and not torch.cuda.is_available():
+        raise UsageError("--target gpu-here measures a CUDA GPU, and none is available here")
+    if name in ("cpu-here", "gpu-here"):
+        gpu = name == "gpu-here"
+        key = ("cuda", torch.cuda.current_device()) if gpu else ("cpu", torch.get_num_threads())
         if key not in _MEASURED:
-            _MEASURED[key] = measure("cpu")
-        return _MEASURED[key]
-    if name == "gpu-here":
-        if not torch.cuda.is_available():
-            raise UsageError("--target gpu-here measures a CUDA GPU, and none is available here")
-        key = ("cuda", torch.cuda.current_device())
-        if key not in _MEASURED:
-            _MEASURED[key] = measure(torch.device("cuda", key[1]))
+            _MEASURED[key] = measure(torch.device("cuda", key[1]) if gpu else "cpu")
         return _MEASURED[key]
     if name not in BUILTIN:
         raise UsageError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}")

@@ -63,15 +63,6 @@ def user_frame(exc: BaseException, files: set[str]) -> str | None:
     return f"{shown_path(mine[-1].filename)}:{mine[-1].lineno}"
 
 
-def definition(function: Any) -> str | None:
-    """``file:line`` where a function or class is defined, ``None`` if unknown."""
-    try:
-        lines = inspect.getsourcelines(function)[1]
-        return f"{shown_path(inspect.getsourcefile(function) or '?')}:{lines}"
-    except (OSError, TypeError):
-        return None
-
-
 class Blame:
     """Turns exceptions raised inside a user's code into one line naming them.
 
@@ -102,8 +93,14 @@ class Blame:
             raise self.error(method, f"raised {text}", user_frame(exc, self.files)) from exc
 
     def wrong(self, method: str, function: Any, message: str) -> UserCodeError:
-        """An error about what ``method`` returned, at its definition."""
-        return self.error(method, message, definition(function))
+        """An error about what ``method`` returned, at ``function``'s definition (where
+        known)."""
+        try:
+            line = inspect.getsourcelines(function)[1]
+            where = f"{shown_path(inspect.getsourcefile(function) or '?')}:{line}"
+        except (OSError, TypeError):
+            where = None
+        return self.error(method, message, where)
 
 
 @contextmanager
