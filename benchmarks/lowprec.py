@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scale import write_synthetic
 
 from gradstat import open_capture
-from gradstat.compressors.collectives import all_reduce, reduce_scatter
+from gradstat.wire.collectives import all_reduce, reduce_scatter
 
 COLLECTIVES = {"all_reduce": all_reduce, "reduce_scatter": reduce_scatter}
 SIZES = {"1M": 1 << 20, "8M": 1 << 23, "32M": 1 << 25}

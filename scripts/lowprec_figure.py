@@ -7,7 +7,7 @@ The learners share a signal: learner i's gradient is ``s + n_i`` with a heavy-ta
 shared ``s`` (a normal scaled by a log-normal factor, as benchmarks/scale.py writes) and
 its own normal noise ``n_i`` of the same scale, 2^20 values; N learners are the first N
 of 16 (the same data grows). The error is ``sqrt(||x_hat - mean||^2 / ||mean||^2)``
-against the exact float64 mean (gradstat.compressors.collectives.relative_error).
+against the exact float64 mean (gradstat.wire.collectives.relative_error).
 
     python scripts/lowprec_figure.py [--out docs/img/lowprec.png] [--numel 1048576]
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from gradstat.compressors.collectives import all_reduce, reduce_scatter, relative_error
 from gradstat.plots.style import legend_below, new_figure, save_figure
+from gradstat.wire.collectives import all_reduce, reduce_scatter, relative_error
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNERS = range(2, 17)

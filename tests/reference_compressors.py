@@ -162,7 +162,7 @@ class Reference:
         """A number format's default collective, a ring with float32 sums
         (tests/test_collectives.py's sequential loop), all-gathered in the format; each
         learner sent its chunks rounded, its own chunk as it is."""
-        from gradstat.compressors.formats import FORMATS
+        from gradstat.wire.formats import FORMATS
         from tests.test_collectives import _send, ring_loop
 
         fmt, n, d = FORMATS[self.name], self.n, self.d

@@ -1,4 +1,4 @@
-"""Collective emulation (gradstat/compressors/collectives.py) against plain sequential
+"""Collective emulation (gradstat/wire/collectives.py) against plain sequential
 loops: N learners, each with its own buffers, sending one message at a time in the order
 the algorithm runs, the wire format applied to each message (the formats themselves are
 checked against torch's casts and the OCP spec in tests/test_formats.py). Ring and tree
@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
-from gradstat.compressors import collectives
-from gradstat.compressors.collectives import Collective, all_reduce, reduce_scatter
-from gradstat.compressors.formats import FORMATS
 from gradstat.errors import UsageError
+from gradstat.wire import collectives
+from gradstat.wire.collectives import Collective, all_reduce, reduce_scatter
+from gradstat.wire.formats import FORMATS
 
 
 def _send(fmt, message: torch.Tensor) -> torch.Tensor:

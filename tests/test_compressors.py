@@ -20,7 +20,6 @@ from gradstat.compressors import (
 from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.cast import FormatCompressor
 from gradstat.compressors.exchange import Call, Sent, nbytes
-from gradstat.compressors.formats import FORMATS
 from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD
@@ -29,6 +28,7 @@ from gradstat.compressors.topk import TopK
 from gradstat.errors import UsageError
 from gradstat.stats.thresholds import estimate_threshold
 from gradstat.store import layer_table
+from gradstat.wire.formats import FORMATS
 
 
 def laplace(shape, seed=0) -> torch.Tensor:
@@ -53,10 +53,9 @@ def scheme(name: str, ratio: float | None, d: int, shapes=(), seed: int = 0, gra
 
 def memory_rows(s, n: int, d: int) -> torch.Tensor:
     """The residual memory rows of scheme ``s`` (zeros before its first step; one block)."""
-    m = getattr(s.memory, "m", None)
-    if m is None or not hasattr(s, "rows_replayed"):
+    if not isinstance(s.memory, ResidualMemory) or not hasattr(s, "rows_replayed"):
         return torch.zeros(n, d)
-    return torch.stack([m[0].load(i).clone() for i in range(n)])
+    return torch.stack([s.memory.open(i, 0)[0].clone() for i in range(n)])
 
 
 def step(s, g: torch.Tensor):
@@ -371,7 +370,7 @@ def test_low_pass_memory_follows_scalecom():
         c = torch.where(p.abs() > 0.5, p, torch.zeros_like(p))
         squares = memory.update(rows, call, p, Sent(c, c, (), 5), None)
         m = 0.7 * m + 0.3 * (m + g.numpy() - c.numpy())
-        np.testing.assert_allclose(memory.m[0].load(0).numpy(), m, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(memory.open(0, 0)[0].numpy(), m, rtol=1e-6, atol=1e-7)
         assert squares == pytest.approx(np.linalg.norm(m) ** 2, rel=1e-6)
 
 
@@ -393,8 +392,8 @@ def test_dgc_memory_momentum_correction_and_factor_masking():
         memory.update(rows, call, p, Sent(sent, sent, (), 2), None)
         v[top] = 0.0
         u[top] = 0.0
-        np.testing.assert_allclose(memory.v[0].load(0).numpy(), v, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(memory.u[0].load(0).numpy(), u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(memory.open(0, 0)[1].numpy(), v, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(memory.open(0, 0)[0].numpy(), u, rtol=1e-5, atol=1e-6)
 
 
 def test_dgc_reference_is_the_dense_momentum_update():

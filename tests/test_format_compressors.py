@@ -14,12 +14,12 @@ import torch
 from gradstat.analysis.replay import ReplayParams, replay
 from gradstat.analysis.replay_block import replay_rows
 from gradstat.compressors.cost import Link
-from gradstat.compressors.formats import FORMATS
 from gradstat.compressors.plan import build_plan
 from gradstat.compressors.registry import build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
 from gradstat.store import layer_table, open_capture, write_capture
+from gradstat.wire.formats import FORMATS
 from tests.helpers import run_cli
 from tests.test_collectives import LOOPS, _send, tree_loop
 

@@ -1,4 +1,4 @@
-"""Number formats on the wire (gradstat/compressors/formats.py, mx.py) against independent
+"""Number formats on the wire (gradstat/wire/formats.py, mx.py) against independent
 references: torch's own casts for bf16, fp16 and the scaled fp8 formats, and for the MX
 formats a plain element-by-element reference written here from the OCP MX v1.0 spec (no
 code shared with gradstat): shared scale ``2^(floor(log2 amax) - emax)``, elements
@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from gradstat.compressors.formats import FORMATS, wire_format
 from gradstat.errors import UsageError
+from gradstat.wire.formats import FORMATS, wire_format
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

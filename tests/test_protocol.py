@@ -138,7 +138,8 @@ def test_the_simulated_communicator_answers_collectives_as_plain_arithmetic():
     """All-reduce: the float32 sum in learner order (16-bit payloads summed in float32);
     all-gather: every learner's tensors in order; broadcast: the root's; a round of
     point-to-point messages: each peer's; shared work: computed once for everyone."""
-    from gradstat.compressors.simulated import advance, lockstep
+    from gradstat.compressors.exchange import advance
+    from gradstat.compressors.simulated import lockstep
 
     n = 4
     CALLS.clear()

@@ -216,11 +216,11 @@ def test_dgc_sparse_update_equals_dense_update(scratch):
             norms[kind] = memory.update(handle, call, p, Sent(sent, None, (), 4), None)
             memory.close(0, 0, handle)
         dense_memory, sparse_memory = memories["dense"], memories["sparse"]
-        for name in ("u", "v"):
-            want, got = (getattr(m, name)[0].load(0) for m in (dense_memory, sparse_memory))
+        for kind, name in enumerate(("u", "v")):  # the rows open() hands out: u, v
+            want, got = (m.open(0, 0)[kind] for m in (dense_memory, sparse_memory))
             assert torch.equal(want, got), name
             assert torch.equal(torch.signbit(want), torch.signbit(got)), name
-        assert dense_memory.u[0].load(0)[10] != 0  # the zero value left u there
+        assert dense_memory.open(0, 0)[0][10] != 0  # the zero value left u there
         assert norms["sparse"] == norms["dense"]
 
 

@@ -160,6 +160,7 @@ LAYERS = {
     "stats": 2,
     "compressors": 2,
     "store": 1,
+    "wire": 1,
     **dict.fromkeys(("", "errors", "cancel", "sizes", "threads", "formatting"), 0),
     **dict.fromkeys(("defaults", "lazy", "atomic", "untrusted"), 0),
 }
@@ -269,6 +270,14 @@ def test_imports_go_one_way_and_no_private_name_crosses_a_module():
     upward, private = _check_tree(ROOT)
     assert upward == []
     assert private == []
+
+
+def test_the_wire_imports_nothing_of_gradstat_but_the_errors():
+    graph = import_graph()
+    wire = {m: e for m, e in graph.items() if m.startswith("gradstat.wire")}
+    assert "gradstat.wire.hops" in wire["gradstat.wire.collectives"]  # the walk sees edges
+    outside = {e for edges in wire.values() for e in edges if not e.startswith("gradstat.wire")}
+    assert outside <= {"gradstat.errors"}
 
 
 def test_the_direction_check_finds_a_planted_upward_or_private_import(tmp_path):

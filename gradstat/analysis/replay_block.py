@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import Sent, SparseRow, Transfer, dense
+from gradstat.compressors.exchange import Sent, SparseRow, Transfer, advance, dense
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.simulated import advance, lockstep
+from gradstat.compressors.simulated import lockstep
 from gradstat.errors import UsageError
 
 

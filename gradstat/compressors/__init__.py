@@ -1,16 +1,5 @@
-"""Gradient compressors, error-feedback memories and the communication cost model.
-
-Pure torch math (no I/O): :mod:`~gradstat.compressors.base` defines the protocol every
-compressor follows (GRACE's shape, its exchange written once), one module per built-in
-implements it, :mod:`~gradstat.compressors.memory` holds the error-feedback memories,
-:mod:`~gradstat.compressors.plan` cuts a step into messages as training does,
-:mod:`~gradstat.compressors.communicator` (training) and
-:mod:`~gradstat.compressors.simulated` (replay) drive the exchanges,
-:mod:`~gradstat.compressors.registry` names every built-in and builds a scheme,
-:mod:`~gradstat.compressors.spec` parses what users name, and
-:mod:`~gradstat.compressors.cost` / :mod:`~gradstat.compressors.work` turn bytes and
-work into predicted seconds (this machine's prices are measured:
-:mod:`gradstat.analysis.pricing`).
+"""Gradient compressors, error-feedback memories, the communication plan and the cost
+model: pure torch math, no I/O (each module's job: docs/architecture.md).
 """
 
 from gradstat.lazy import lazy_attributes

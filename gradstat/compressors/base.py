@@ -5,34 +5,20 @@ Distributed Machine Learning"): a compressor encodes one learner's tensor of one
 (:meth:`Compressor.compress`), decodes a payload (:meth:`Compressor.decompress`) and
 combines the decoded payloads of every learner (:meth:`Compressor.aggregate`); its
 error-feedback memory (:mod:`gradstat.compressors.memory`) and the collective that moves
-the payloads are separate. A plain GRACE class (``compress`` and ``decompress``, maybe
-``aggregate``) runs everywhere a built-in does, with these defaults:
-
-* ``collective = "allgather"``: every learner's payload tensors are gathered, each is
-  decompressed and :meth:`~Compressor.aggregate` combines them (their sum); with
-  ``average = True`` (GRACE's flag) the sum is divided by the number of learners.
-  ``"allreduce"``: the payload tensors are summed element-wise, then decompressed once
-  (for payloads that add up: casts, the dense baseline).
-* Bytes on the wire are the payload tensors' sizes; elements sent: ``sparse = True``:
-  ``tensors[0]`` holds the indices; ``False``: every element; ``None``: counted from the
-  payload (:func:`payload_count`).
-* :meth:`~Compressor.memory`: none (GRACE's default); :meth:`~Compressor.work`: the cost
-  model's count of one learner's work on another target (a generic estimate).
+the payloads are separate, and a plain GRACE class runs everywhere a built-in does.
 
 The exchange is written once, :meth:`Compressor.exchange`: a generator that yields the
 collectives it needs (:mod:`gradstat.compressors.exchange`) and returns what this
-learner sent and the aggregate. Training drives it with ``torch.distributed``, the
-replay drives every learner's in lockstep; a method that needs every learner (CLT-k's
-leader, gTop-k's tree, PowerSGD's two all-reduces, random-k's shared draw) overrides it.
-Each learner has its own compressor object for each message, in the replay as in
-training, so a compressor's state (warm starts, adaptive stages) is the learner's own.
-docs/compressors.md describes the protocol and what each driver does with it.
+learner sent and the aggregate; a method that needs every learner (CLT-k's leader,
+gTop-k's tree, PowerSGD's two all-reduces, random-k's shared draw) overrides it. Each
+learner has its own compressor object for each message, in the replay as in training.
+docs/compressors.md describes the protocol, its defaults and what each driver does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -47,10 +33,8 @@ from gradstat.compressors.exchange import (
     Transfer,
     nbytes,
 )
-
-if TYPE_CHECKING:
-    from gradstat.compressors.memory import Memory
-    from gradstat.compressors.work import Work
+from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.work import Work, generic_work
 
 Exchange = Generator[Any, Any, Sent]
 
@@ -93,10 +77,13 @@ def payload_count(tensors: Tensors) -> tuple[int, torch.Tensor | None]:
 class Compressor:
     """A gradient compressor, one learner's view of one message (see the module docstring).
 
-    Class attributes a subclass may set: ``name`` (its label), ``collective``
-    (``"allgather"`` or ``"allreduce"`` for the default exchange; built-ins with their own
-    exchange name theirs, e.g. ``"broadcast+allreduce"``), ``average``, ``sparse`` and
-    ``k`` (the target elements per learner of a sparsifier, ``None`` for dense ones).
+    Class attributes a subclass may set: ``name`` (its label); ``collective``:
+    ``"allgather"`` (every payload decoded, then :meth:`aggregate`) or ``"allreduce"``
+    (the payloads summed element-wise, decoded once) for the default exchange, a name of
+    its own for an exchange of its own (``"broadcast+allreduce"``); ``average`` (the
+    aggregate divided by the learners); ``sparse`` (how the values sent are counted:
+    ``True`` from ``tensors[0]``, the indices; ``False`` every element; ``None`` from the
+    payload, :func:`payload_count`); ``k`` (a sparsifier's target count, else ``None``).
     """
 
     name: str = ""
@@ -126,8 +113,6 @@ class Compressor:
     # --- gradstat's part: defaults for a user's class ----------------------------------
     def memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor: none (GRACE's default)."""
-        from gradstat.compressors.memory import NoMemory
-
         return NoMemory()
 
     def describe(self, ctx: Any) -> Mapping[str, float]:
@@ -144,8 +129,6 @@ class Compressor:
         (:mod:`gradstat.compressors.work`): by default the memory's passes plus a read of
         the vector and a write and read of a payload of ``k`` (sparsifiers) or ``numel``
         values."""
-        from gradstat.compressors.work import generic_work
-
         return generic_work(self, memory, numel)
 
     # --- the exchange -------------------------------------------------------------------

@@ -1,27 +1,14 @@
 """Number formats as compressors: ``bf16``, ``fp16``, ``fp8-e4m3``, ``fp8-e5m2``,
-``mxfp8``, ``mxfp6``, ``mxfp4`` on the wire of an emulated collective (issue 37;
-docs/lowprecision.md).
+``mxfp8``, ``mxfp6``, ``mxfp4`` sent through the collective as it runs, hop by hop
+(:mod:`gradstat.wire.formats`, :mod:`gradstat.wire.collectives`), with
+``:algorithm=ring|tree|a2a`` and ``:accumulate=fp32|wire`` (docs/lowprecision.md): an
+all-reduce, or at ``unit`` granularity (FSDP2) a reduce-scatter.
 
-A format compressor sends each learner's message in the number format
-(:mod:`gradstat.compressors.formats`) through the collective as it runs, hop by hop
-(:mod:`gradstat.compressors.collectives`): ``:algorithm=ring|tree|a2a`` (default
-``ring``) and ``:accumulate=fp32|wire`` (default ``fp32``) are its parameters, and every
-label states them (``bf16:algorithm=ring:accumulate=fp32``). The collective is an
-all-reduce (DDP, the replay's ``model``/``tensor``/``bucket`` plans) or, at ``unit``
-granularity (FSDP2), a reduce-scatter whose owners' chunks are the result (FSDP does not
-all-gather gradients). No error feedback unless a memory is named (``bf16+residual``).
-
-The exchange is one all-gather of every learner's float32 message and the emulated
-collective run on it (a :class:`~gradstat.compressors.exchange.Shared` step): the replay
-runs it once for all learners, training (the DDP hook, FSDP's reduce-scatter) on every
-learner, so both hold the same bits. The bytes recorded are those the format's
-collective puts on the wire (:meth:`FormatCompressor.wire_bytes`), not the emulation's
-float32 all-gather. What a learner ``sent`` (for a residual memory and the ``/sent``
-rows) is its message as it leaves the learner: each of the collective's N chunks rounded
-once by the format, but its own chunk (``accumulate=fp32``: added unrounded where the
-learner owns the sum); :meth:`FormatCompressor.aggregate` runs the collective over such
-rows (``compare``'s update applied online: exact at N = 2, the roundings of partial sums
-further along the ring or tree aside).
+The exchange all-gathers every learner's float32 message and runs the emulated
+collective on it (a :class:`~gradstat.compressors.exchange.Shared` step: once in the
+replay, on every learner in training, the same bits). The bytes recorded are the
+format's on the wire (:meth:`FormatCompressor.wire_bytes`), not the emulation's; what a
+learner ``sent`` is its message as it leaves it (:meth:`FormatCompressor.own`).
 """
 
 from __future__ import annotations
@@ -33,17 +20,12 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor, Exchange
-from gradstat.compressors.collectives import ACCUMULATE, ALGORITHMS, all_reduce, reduce_scatter
 from gradstat.compressors.exchange import AllGather, Call, Sent, Shared, Tensors, Transfer
-from gradstat.compressors.formats import Format, wire_format
-from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work, passes
+from gradstat.wire.collectives import ACCUMULATE, ALGORITHMS, all_reduce, reduce_scatter
+from gradstat.wire.formats import Format, wire_format
 
-#: The formats registered as compressors (docs/lowprecision.md).
-FORMAT_COMPRESSORS = ("bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "mxfp8", "mxfp6", "mxfp4")
-#: The parameters every format compressor takes (choice parameters: the index of the
-#: word in ALGORITHMS and ACCUMULATE; 0 is ``ring`` and ``fp32``).
-FORMAT_PARAMS = {"algorithm": 0.0, "accumulate": 0.0}
 #: The collectives a format's exchange emulates.
 ALLREDUCE, REDUCESCATTER = "allreduce", "reducescatter"
 
@@ -67,15 +49,9 @@ class FormatCompressor(Compressor):
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return self.fmt.decode(tuple(tensors), ctx)
 
-    def memory(self) -> Memory:
-        return NoMemory()
-
     def work(self, numel: int, memory: Memory) -> Work:
         encode = memory.work(numel) + passes(1.5, numel)
         return Work(encode, Ops(), passes(1.5, numel), "one")
-
-    def settings(self) -> dict[str, float]:
-        return {}
 
     def chunks(self, numel: int, learners: int) -> list[int]:
         """The collective's chunk lengths of a message of ``numel`` values."""
@@ -137,13 +113,13 @@ class FormatCompressor(Compressor):
         return Transfer("reduce", nbytes), Transfer("broadcast", nbytes)
 
 
-def build(ctx: Any, name: str) -> Compressor:
-    """The format compressor ``name`` with the context's ``algorithm`` and ``accumulate``;
-    a reduce-scatter on a ``unit`` plan (FSDP2), else an all-reduce."""
+def build(ctx: Any) -> Compressor:
+    """The format compressor ``ctx.name`` with the context's ``algorithm`` and
+    ``accumulate``; a reduce-scatter on a ``unit`` plan (FSDP2), else an all-reduce."""
     params = ctx.params
     algorithm = ALGORITHMS[int(params.get("algorithm", 0))]
     accumulate = ACCUMULATE[int(params.get("accumulate", 0))]
-    made = FormatCompressor(wire_format(name), algorithm, accumulate)
+    made = FormatCompressor(wire_format(ctx.name), algorithm, accumulate)
     if ctx.granularity == "unit":
         made.collective = REDUCESCATTER
     return made

@@ -21,8 +21,8 @@ from gradstat.compressors.exchange import (
     nbytes,
 )
 from gradstat.compressors.memory import Memory, ResidualMemory
-from gradstat.compressors.topk import top_indices
 from gradstat.compressors.work import Work, passes, scatter, topk
+from gradstat.stats.topk_sets import topk_indices
 
 
 class CLTK(Compressor):
@@ -54,7 +54,7 @@ class CLTK(Compressor):
         leader = call.step % call.learners
         indices = torch.zeros(k, dtype=index_dtype(d))
         if call.learner == leader:
-            indices = top_indices(flat, k).to(indices.dtype)
+            indices = topk_indices(flat, k).to(indices.dtype)
         indices = yield Broadcast(indices, leader)
         at = indices.long()
         values = flat[at]

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 
 from gradstat.errors import UsageError
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce")
-
 _PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _BINARY = {"ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
 _BANDWIDTH = re.compile(
@@ -117,14 +115,18 @@ def tree_seconds(nbytes: float, n: int, link: Link) -> float:
     return math.ceil(math.log2(n)) * (link.latency + nbytes * link.beta)
 
 
+#: Each collective's time: ``seconds(nbytes per learner, n, link)``.
+SECONDS = {
+    "allreduce": allreduce_seconds,
+    "allgather": allgather_seconds,
+    "reducescatter": reducescatter_seconds,
+    "broadcast": tree_seconds,
+    "reduce": tree_seconds,
+}
+
+
 def collective_seconds(collective: str, nbytes: float, n: int, link: Link) -> float:
     """Predicted seconds of one collective call with ``nbytes`` per learner."""
-    if collective == "allreduce":
-        return allreduce_seconds(nbytes, n, link)
-    if collective == "allgather":
-        return allgather_seconds(nbytes, n, link)
-    if collective == "reducescatter":
-        return reducescatter_seconds(nbytes, n, link)
-    if collective in ("broadcast", "reduce"):
-        return tree_seconds(nbytes, n, link)
-    raise ValueError(f"unknown collective {collective!r}; expected one of {COLLECTIVES}")
+    if collective not in SECONDS:
+        raise ValueError(f"unknown collective {collective!r}; expected one of {tuple(SECONDS)}")
+    return SECONDS[collective](nbytes, n, link)

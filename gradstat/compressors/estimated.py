@@ -4,24 +4,12 @@ and a hard threshold.
 Each learner estimates a threshold ``eta`` on its corrected vector with
 :func:`gradstat.stats.thresholds.estimate_threshold` (docs/methods.md 2) and sends every
 element the threshold selects (``|p| > eta``; ``>=`` for exact and hard thresholds) as
-``(int32 index, value)`` pairs, all-gathered. The count
-varies around ``k``: the estimation quality ``q = selected / k`` is recorded.
-
-* SIDCo-E / -P / -GP (Abdelmoniem et al. 2021, arXiv 2101.10761): multi-stage fits of
-  exponential / GPD / gamma-then-GPD; with ``stages=0`` (the default) each learner adapts
-  its stage count, starting from 3, from its running quality
-  (:class:`~gradstat.stats.sidco.AdaptiveStages`); ``zeros`` (exclude/include) and
-  ``stage_fit`` (moments/mle) as in :mod:`gradstat.stats.sidco`.
-* DGC (Lin et al. 2018): threshold from a sample of ``max(1%, 2/delta)`` coordinates;
-  with DGC's momentum correction memory (:class:`~gradstat.compressors.memory.DGCMemory`).
-* Gaussian-k (Shi et al. 2019) and RedSync (Fang et al. 2019); ``redsync-sidco`` is
-  RedSync as the SIDCo reference runs it (docs/methods.md section 2).
-* ``threshold``: a fixed hard threshold ``|p| >= lambda``. Without a given lambda it is
-  calibrated once per message, on learner 0's first step, to the exact top-k threshold
-  at the ratio, broadcast to every learner, then kept: the replay shows how the density
-  drifts under a fixed lambda.
-
-Random draws (DGC's sample) are seeded from (``--seed``, step, learner, message).
+``(int32 index, value)`` pairs, all-gathered; the count varies around ``k`` (the quality
+``q = selected / k``). Sources and parameters: docs/replay.md's table. SIDCo with
+``stages=0`` adapts each learner's stage count (:class:`~gradstat.stats.sidco.
+AdaptiveStages`); ``threshold`` without a given lambda is calibrated once per message on
+learner 0's first step to the exact top-k threshold, broadcast, then kept. Random draws
+(DGC's sample) are seeded from (``--seed``, step, learner, message).
 """
 
 from __future__ import annotations
@@ -70,7 +58,6 @@ class EstimatedSparsifier(Sparsifier):
 
     def __init__(
         self,
-        name: str,
         ratio: float,
         k: int,
         numel: int,
@@ -82,7 +69,7 @@ class EstimatedSparsifier(Sparsifier):
         stage_fit: str = "moments",
         momentum: float = 0.9,
     ) -> None:
-        self.name = name
+        self.name = "threshold" if estimator == "hard" else estimator
         self.ratio = ratio
         self.k = k
         self.estimator = estimator
@@ -173,33 +160,17 @@ class EstimatedSparsifier(Sparsifier):
         return Work(local, Ops(), scatter(k), "all")
 
 
-def build(estimator: str) -> Any:
-    """The registry's builder of the sparsifier with ``estimator`` (``hard``: a fixed
-    threshold, named ``threshold``)."""
-
-    def make(ctx: Any) -> Compressor:
-        assert ctx.ratio is not None and ctx.k is not None
-        return EstimatedSparsifier(
-            estimator if estimator != "hard" else "threshold",
-            ctx.ratio,
-            ctx.k,
-            ctx.numel,
-            estimator,
-            stages=int(ctx.params.get("stages", 0)),
-            threshold=ctx.params.get("threshold") or None,
-            zeros=ZEROS[int(ctx.params.get("zeros", 0))],
-            stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
-            momentum=ctx.params.get("momentum", 0.9),
-        )
-
-    return make
-
-
-build_threshold = build("hard")
-build_dgc = build("dgc")
-build_gaussiank = build("gaussiank")
-build_redsync = build("redsync")
-build_redsync_sidco = build("redsync-sidco")
-build_sidco_exp = build("sidco-exp")
-build_sidco_gpd = build("sidco-gpd")
-build_sidco_gamma_gpd = build("sidco-gamma-gpd")
+def build(ctx: Any) -> Compressor:
+    """The sparsifier the registry names (``threshold``: the ``hard`` estimator)."""
+    assert ctx.ratio is not None and ctx.k is not None
+    return EstimatedSparsifier(
+        ctx.ratio,
+        ctx.k,
+        ctx.numel,
+        "hard" if ctx.name == "threshold" else ctx.name,
+        stages=int(ctx.params.get("stages", 0)),
+        threshold=ctx.params.get("threshold") or None,
+        zeros=ZEROS[int(ctx.params.get("zeros", 0))],
+        stage_fit=STAGE_FITS[int(ctx.params.get("stage_fit", 0))],
+        momentum=ctx.params.get("momentum", 0.9),
+    )

@@ -140,15 +140,20 @@ class Sent:
         return self.sent
 
 
+def advance(exchange: Any, reply: Any) -> tuple[Any, Sent | None]:
+    """``(next op, None)``, or ``(None, outcome)`` once the exchange has returned."""
+    try:
+        return exchange.send(reply), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
 def drive(exchange: Any, answer: Callable[[Any], Any]) -> Sent:
     """Run one learner's ``exchange`` to its end, ``answer(op)`` replying to each op."""
-    reply = None
-    while True:
-        try:
-            op = exchange.send(reply)
-        except StopIteration as stop:
-            return stop.value
-        reply = answer(op)
+    op, outcome = advance(exchange, None)
+    while outcome is None:
+        op, outcome = advance(exchange, answer(op))
+    return outcome
 
 
 @dataclass(frozen=True)

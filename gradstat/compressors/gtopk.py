@@ -21,8 +21,8 @@ import torch
 from gradstat.compressors.base import Compressor, Exchange, index_dtype
 from gradstat.compressors.exchange import Call, Round, Sent, SparseRow, Tensors, Transfer
 from gradstat.compressors.memory import Memory, ResidualMemory
-from gradstat.compressors.topk import top_indices
 from gradstat.compressors.work import F, I, Ops, Work, passes, scatter, topk
+from gradstat.stats.topk_sets import topk_indices
 
 Node = tuple[torch.Tensor, torch.Tensor]
 
@@ -78,15 +78,11 @@ class GTopK(Compressor):
     def memory(self) -> Memory:
         return ResidualMemory()
 
-    def pair_bytes(self, d: int) -> int:
-        """Bytes of k (index, float32 value) pairs."""
-        return self.k * (torch.empty(0, dtype=index_dtype(d)).element_size() + 4)
-
     def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
         flat = p.reshape(-1)
         d, k, rank, world = flat.numel(), self.k, call.learner, call.learners
         itype = index_dtype(d)
-        local = top_indices(flat, k).long()
+        local = topk_indices(flat, k).long()
         node: Node = (local, flat[local])
         node_shapes = [((1,), torch.int64), ((k,), itype), ((k,), flat.dtype)]
         levels = math.ceil(math.log2(world)) if world > 1 else 0
@@ -127,7 +123,7 @@ class GTopK(Compressor):
         survivors = _intersection([local, *sets])
         sent = SparseRow(d, survivors, flat[survivors])
         estimate = SparseRow(d, node[0], node[1] / world)
-        pair = self.pair_bytes(d)
+        pair = k * (torch.empty(0, dtype=itype).element_size() + F)  # k (index, value) pairs
         transfers = (Transfer("reduce", pair), Transfer("broadcast", pair))
         payload = (survivors, sent.values)  # what a GRACE memory decodes as sent
         return Sent(sent, estimate, transfers, k, None, {}, payload, d, overhead)

@@ -1,19 +1,10 @@
 """Loading a user's compressor or memory: the class or function a spec names.
 
-A user's compressor (or memory) is named as
-
-* ``MODULE:CLASS``: a class (or a function returning one's instance) importable from the
-  working directory or ``PYTHONPATH`` (``mypkg.compressors:TopK``);
-* ``path/to/file.py:CLASS``: one in a Python file (its folder joins the import path, so
-  the file may import its neighbours);
-* ``NAME``: a compressor declared by an installed package as an entry point of the group
-  ``gradstat.compressors`` (``[project.entry-points."gradstat.compressors"] mytopk =
-  "mypkg.compressors:TopK"``), listed by ``--compressors list``.
-
-A constructor (or function) that takes ``compress_ratio`` (GRACE's name) or ``ratio``
-makes a sparsifier: each density of ``--ratios`` reaches it under that name; one that
-takes ``seed`` gets ``--seed`` unless the spec sets it. A file or module that does not
-import, no such class, a class without the methods, a parameter it does not take: a
+``MODULE:CLASS`` (importable from the working directory or ``PYTHONPATH``),
+``path/to/file.py:CLASS`` (its folder joins the import path) or, for a compressor, the
+name of an entry point of the group ``gradstat.compressors`` (docs/compressors.md). A
+constructor that takes ``compress_ratio`` or ``ratio`` makes a sparsifier; one that takes
+``seed`` gets ``--seed``. Whatever does not load or fit is a
 :class:`~gradstat.errors.UsageError` (exit 2) naming the spec and the user's file and line.
 """
 
@@ -141,10 +132,11 @@ def _resolve(source: str, what: str) -> Any:
     return found
 
 
-def _load_factory(source: str, what: str) -> Any:
-    """The class or function ``source`` names (see the module docstring); a class must
-    have the methods of a ``what`` (``compressor`` or ``memory``); a function's result is
-    checked when it is called."""
+@functools.cache
+def load_factory(source: str, what: str, cwd: str) -> Any:
+    """The class or function ``source`` names (see the module docstring), once per
+    process and working directory ``cwd``; a class must have the methods of a ``what``
+    (``compressor`` or ``memory``); a function's result is checked when it is called."""
     found = _resolve(source, what)
     qualname = source.rpartition(":")[2]
     if inspect.isfunction(found):
@@ -164,12 +156,6 @@ def _load_factory(source: str, what: str) -> Any:
         if getattr(own, "__isabstractmethod__", False):
             raise UsageError(f"{source}: {qualname}.{method} is abstract (GRACE's base class)")
     return found
-
-
-@functools.cache
-def load_factory(source: str, what: str, cwd: str) -> Any:
-    """:func:`_load_factory`, once per process and working directory."""
-    return _load_factory(source, what)
 
 
 @dataclass(frozen=True)

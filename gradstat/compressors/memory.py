@@ -1,13 +1,10 @@
 """Error-feedback memories, kept apart from compressors (GRACE's Compressor / Memory split).
 
-A :class:`Memory` serves every learner and message of one scheme. It keeps its rows per
-block of the plan (:mod:`gradstat.compressors.plan`; a block's row holds its compressed
-messages end to end) in row stores its driver hands it (:meth:`Memory.allocate`: the
-replay's RAM or scratch-file rows, :mod:`gradstat.analysis.ef_store`; one row per block
-in RAM in the DDP hook). A driver opens a learner's rows of a block
-(:meth:`Memory.open`), forms each message's corrected vector
-(:meth:`Memory.compensate`), and after the exchange keeps what was not sent
-(:meth:`Memory.update`, which returns the new memory's squared norm) and closes them.
+A :class:`Memory` serves every learner and message of one scheme, its rows per block of
+the plan in row stores its driver hands it (:meth:`Memory.allocate`; the replay's RAM or
+scratch-file rows, the DDP hook's tensors). A driver opens a learner's rows of a block
+(:meth:`Memory.open`), forms each message's corrected vector (:meth:`Memory.compensate`),
+after the exchange keeps what was not sent (:meth:`Memory.update`) and closes them.
 
 * Residual error feedback (Stich et al. 2018; Karimireddy et al. 2019, docs/methods.md 4):
   ``p = g + m``; ``c = C(p)``; ``m = p - c``. ScaleCom's low-pass variant (Chen et al.
@@ -17,9 +14,7 @@ in RAM in the DDP hook). A driver opens a learner's rows of a block
   ``u = mu u + g``; ``v = v + u``; the compressor sees ``v``; ``u`` and ``v`` are zeroed
   where something non-zero was sent.
 * No memory: the compressor sees (a copy of) ``g``.
-* A user's memory in GRACE's shape (:class:`UserMemory`): one object per learner,
-  ``compensate(tensor, name)`` before the exchange and ``update(tensor, name,
-  compressor, tensors, ctx)`` after, with the real payload and context.
+* A user's memory in GRACE's shape (:class:`UserMemory`, docs/compressors.md).
 """
 
 from __future__ import annotations
@@ -121,14 +116,18 @@ class Memory:
         self.make_rows(learners, new_rows)
 
     def make_rows(self, learners: int, new_rows: NewRows) -> None:
-        """Make the row stores (one per block and kind of row)."""
+        """Make the row stores: one per kind of row (:attr:`rows` kinds) and block."""
+        self.stores = [[new_rows(learners, w) for w in self.widths] for _ in range(self.rows)]
 
     def open(self, learner: int, block: int) -> Any:
-        """Learner ``learner``'s rows of ``block`` (views, or copies to :meth:`close`)."""
-        return None
+        """Learner ``learner``'s rows of ``block``, one per kind (views, or copies to
+        :meth:`close`)."""
+        return tuple(kind[block].load(learner) for kind in self.stores)
 
     def close(self, learner: int, block: int, rows: Any) -> None:
         """Keep the rows :meth:`open` handed out."""
+        for kind, row in zip(self.stores, rows, strict=True):
+            kind[block].save(learner, row)
 
     def part(self, rows: torch.Tensor, message: int) -> torch.Tensor:
         _, start, stop = self.places[message]
@@ -164,29 +163,18 @@ class ResidualMemory(Memory):
         self.beta = beta
         self.label = "residual" if beta == 1.0 else f"residual:beta={beta:g}"
 
-    def make_rows(self, learners: int, new_rows: NewRows) -> None:
-        self.m = [new_rows(learners, width) for width in self.widths]
-
-    def open(self, learner: int, block: int) -> torch.Tensor:
-        return self.m[block].load(learner)
-
-    def close(self, learner: int, block: int, rows: torch.Tensor) -> None:
-        self.m[block].save(learner, rows)
-
-    def compensate(self, rows: torch.Tensor, call: Call, g: Pieces) -> torch.Tensor:
+    def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
         """``p = m + g``; with beta = 1 formed in the memory row itself, piece by piece."""
-        m = self.part(rows, call.index)
+        m = self.part(rows[0], call.index)
         if self.beta != 1.0:
             return m + joined(g)
         for start, piece in _spans(g):
             m[start : start + piece.numel()].add_(piece)
         return m
 
-    def update(
-        self, rows: torch.Tensor, call: Call, p: torch.Tensor, sent: Sent, compressor: Any
-    ) -> float:
+    def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
         """``m = (1 - beta) m + beta (p - c)``; a sparse ``c`` is subtracted at its indices."""
-        m = self.part(rows, call.index)
+        m = self.part(rows[0], call.index)
         c = sent.contribution()
         if self.beta != 1.0:
             c = c.dense() if isinstance(c, SparseRow) else c.reshape(-1)
@@ -217,17 +205,6 @@ class DGCMemory(Memory):
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
         self.label = "dgc" if momentum == 0.9 else f"dgc:momentum={momentum:g}"
-
-    def make_rows(self, learners: int, new_rows: NewRows) -> None:
-        self.u = [new_rows(learners, width) for width in self.widths]
-        self.v = [new_rows(learners, width) for width in self.widths]
-
-    def open(self, learner: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.u[block].load(learner), self.v[block].load(learner)
-
-    def close(self, learner: int, block: int, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.u[block].save(learner, rows[0])
-        self.v[block].save(learner, rows[1])
 
     def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
         """``u = mu u + g``; ``v = v + u``; returns ``v`` (its non-zeros in
@@ -291,8 +268,11 @@ class UserMemory(Memory):
     def open(self, learner: int, block: int) -> Any:
         return self.objects[learner]
 
+    def close(self, learner: int, block: int, rows: Any) -> None:
+        """The object keeps its own state."""
+
     def compensate(self, rows: Any, call: Call, g: Pieces) -> torch.Tensor:
-        g = g.clone() if isinstance(g, torch.Tensor) else joined(g)
+        g = super().compensate(rows, call, g)
         p = self.blame.call("memory.compensate", rows.compensate, g.view(call.shape), call.name)
         if not isinstance(p, torch.Tensor) or p.numel() != g.numel():
             raise self.blame.wrong("memory.compensate", rows.compensate, "returned no vector")

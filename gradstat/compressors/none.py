@@ -8,7 +8,7 @@ import torch
 
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import Tensors
-from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work
 
 
@@ -24,9 +24,6 @@ class NoCompression(Compressor):
 
     def decompress(self, tensors: Tensors, ctx: Any) -> torch.Tensor:
         return tensors[0]
-
-    def memory(self) -> Memory:
-        return NoMemory()
 
     def work(self, numel: int, memory: Memory) -> Work:
         return Work(Ops(), Ops(), Ops(), "one")

@@ -246,12 +246,7 @@ def _blocks(messages: Sequence[Message], kind: str) -> tuple[Block, ...]:
 
 def _block(messages: Sequence[Message], members: Sequence[int]) -> Block:
     pieces = sorted(piece for i in members for piece in messages[i].slices)
-    merged: list[list[int]] = []
-    for offset, numel in pieces:
-        if merged and merged[-1][0] + merged[-1][1] == offset:
-            merged[-1][1] += numel
-        else:
-            merged.append([offset, numel])
+    merged = _joined([(offset, offset + numel) for offset, numel in pieces])
     local, position = {}, 0  # flat offset of each piece -> its place in the block's row
     for offset, numel in pieces:
         local[offset] = position
@@ -260,12 +255,12 @@ def _block(messages: Sequence[Message], members: Sequence[int]) -> Block:
         _joined([(local[offset], local[offset] + numel) for offset, numel in messages[i].slices])
         for i in members
     )
-    return Block(tuple((o, n) for o, n in merged), tuple(members), ranges)
+    return Block(tuple((start, stop - start) for start, stop in merged), tuple(members), ranges)
 
 
 def _joined(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """Ranges with each one that starts where the one before stops joined to it (a
-    message of one range is a view of its block's row, not a copy)."""
+    block's columns read at once; a message of one range is a view of its block's row)."""
     joined: list[tuple[int, int]] = []
     for start, stop in ranges:
         if joined and joined[-1][1] == start:
@@ -321,7 +316,5 @@ def build_plan(
         if plain:
             dense_name = name if kind == "tensor" else f"{name} (dense)"
             messages.append(_message(dense_name, plain, kind, True, r))
-    label = "bucket" if kind == "bucket" and cap_mb is None else granularity
-    if kind == "bucket" and cap_mb is not None:
-        label = f"bucket:{cap_mb:g}"
+    label = granularity if cap_mb is None else f"bucket:{cap_mb:g}"
     return Plan(label, tuple(messages), _blocks(messages, kind))

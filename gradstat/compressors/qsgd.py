@@ -11,7 +11,7 @@ import torch
 
 from gradstat.compressors.base import Compressor, Exchange
 from gradstat.compressors.exchange import Call, Tensors
-from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work, passes
 
 
@@ -53,9 +53,6 @@ class QSGD(Compressor):
         padded = torch.nn.functional.pad(level.to(norms.dtype), (0, (-d) % self.bucket))
         values = padded.view(-1, self.bucket) * norms.unsqueeze(1) / self.levels
         return values.view(-1)[:d]
-
-    def memory(self) -> Memory:
-        return NoMemory()
 
     def settings(self) -> dict[str, float]:
         return {"levels": self.levels, "bucket": self.bucket}

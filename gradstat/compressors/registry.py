@@ -1,16 +1,10 @@
-"""The compressor registry: names, parameters, rates, memories, and the scheme that runs
-one of them over a plan.
+"""The compressor registry: every built-in's name, parameters, rate and memory, and the
+:class:`Scheme` that runs a spec (parsed by :mod:`gradstat.compressors.spec`; a choice
+parameter stored as the index of its word in :data:`CHOICES`) over a plan.
 
-A compressor is named on the command line as ``NAME[:PARAM=VALUE[:PARAM=VALUE]][+MEMORY]``,
-e.g. ``clt-k:beta=0.1``, ``powersgd:rank=2``, ``terngrad+residual`` or
-``sidco-gpd:stages=3:stage_fit=mle:zeros=include`` (a choice parameter is stored as the
-index of its word in :data:`CHOICES`; parsing: :mod:`gradstat.compressors.spec`).
-Sparsifiers take their density from ``--ratios`` and apply it to every message of the
-plan (``k = max(1, round(ratio * numel))`` for the built-ins, GRACE's ``max(1, int(numel
-* ratio))`` for a user's class); fixed-rate compressors (sign, QSGD, TernGrad,
-PowerSGD, the number formats ``bf16`` ... ``mxfp4`` with ``:algorithm=`` and
-``:accumulate=``) ignore it and are replayed once. :func:`build_scheme` pairs a compressor with
-its memory over a plan (:mod:`gradstat.compressors.plan`).
+A sparsifier applies its density to every message of the plan (``k = max(1, round(ratio
+* numel))`` for the built-ins, GRACE's ``max(1, int(numel * ratio))`` for a user's
+class); a fixed-rate compressor ignores ``--ratios`` and is replayed once.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from typing import Any
 import torch
 
 from gradstat.compressors.base import Compressor
-from gradstat.compressors.collectives import ACCUMULATE, ALGORITHMS
 from gradstat.compressors.exchange import Call
 from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
 from gradstat.compressors.plan import Plan
@@ -32,6 +25,7 @@ from gradstat.compressors.simulated import Reduce, sum_in_order
 from gradstat.errors import UsageError
 from gradstat.stats.density import k_for
 from gradstat.stats.sidco import STAGE_FITS, ZEROS
+from gradstat.wire.collectives import ACCUMULATE, ALGORITHMS
 
 #: Parameters that take a word: their choices, stored by index (the default is index 0).
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -44,11 +38,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Context:
-    """What a compressor is built for, once per learner and message: its rate and ``k``
-    there, the message's size and its parameters' ``shapes``, the compressor's
-    parameters, the scheme's ``seed``, the ``learner`` and the plan's ``granularity``
-    (``unit``: the message runs inside FSDP2's reduce-scatter)."""
+    """What a compressor is built for, once per learner and message: its registry
+    ``name``, its rate and ``k`` there, the message's size and its parameters'
+    ``shapes``, the compressor's parameters, the scheme's ``seed``, the ``learner`` and
+    the plan's ``granularity`` (``unit``: the message runs inside FSDP2's
+    reduce-scatter)."""
 
+    name: str
     ratio: float | None
     k: int | None
     numel: int
@@ -115,16 +111,10 @@ _SIDCO = {"stages": 0.0, "zeros": 0.0, "stage_fit": 0.0}
 _FORMAT = {"algorithm": 0.0, "accumulate": 0.0}
 
 
-def _format(name: str, summary: str, candidate: bool = False) -> Entry:
+def _format(summary: str, candidate: bool = False) -> Entry:
     """A number format as a compressor (:mod:`gradstat.compressors.cast`)."""
-
-    def build(ctx: Context) -> Compressor:
-        from gradstat.compressors.cast import build
-
-        return build(ctx, name)
-
     return Entry(
-        build,
+        "cast",
         True,
         f"{summary}; emulated ring, tree or a2a",
         _FORMAT,
@@ -147,13 +137,13 @@ REGISTRY: dict[str, Entry] = {
         collectives=_SUMS,
         reduce_scatter=True,
     ),
-    "fp16": _format("fp16", "float16", candidate=True),
-    "bf16": _format("bf16", "bfloat16", candidate=True),
-    "fp8-e4m3": _format("fp8-e4m3", "fp8 E4M3, one scale per message"),
-    "fp8-e5m2": _format("fp8-e5m2", "fp8 E5M2, one scale per message"),
-    "mxfp8": _format("mxfp8", "OCP MX fp8 (E4M3, 32-value blocks)"),
-    "mxfp6": _format("mxfp6", "OCP MX fp6 (E2M3, 32-value blocks)"),
-    "mxfp4": _format("mxfp4", "OCP MX fp4 (E2M1, 32-value blocks)"),
+    "fp16": _format("float16", candidate=True),
+    "bf16": _format("bfloat16", candidate=True),
+    "fp8-e4m3": _format("fp8 E4M3, one scale per message"),
+    "fp8-e5m2": _format("fp8 E5M2, one scale per message"),
+    "mxfp8": _format("OCP MX fp8 (E4M3, 32-value blocks)"),
+    "mxfp6": _format("OCP MX fp6 (E2M3, 32-value blocks)"),
+    "mxfp4": _format("OCP MX fp4 (E2M1, 32-value blocks)"),
     "topk": Entry("topk", False, "exact top-k, all-gather"),
     "randomk": Entry(
         "randomk",
@@ -163,30 +153,28 @@ REGISTRY: dict[str, Entry] = {
         reduce_scatter=True,
     ),
     "threshold": Entry(
-        "estimated:build_threshold",
+        "estimated",
         False,
         "fixed hard threshold (calibrated on the first step unless threshold= is given)",
         {"threshold": 0.0},
     ),
     "dgc": Entry(
-        "estimated:build_dgc",
+        "estimated",
         False,
         "DGC sampled threshold with momentum correction and factor masking",
         {"momentum": 0.9},
     ),
-    "gaussiank": Entry("estimated:build_gaussiank", False, "Gaussian-k threshold"),
-    "redsync": Entry("estimated:build_redsync", False, "RedSync binary-search threshold"),
+    "gaussiank": Entry("estimated", False, "Gaussian-k threshold"),
+    "redsync": Entry("estimated", False, "RedSync binary-search threshold"),
     "redsync-sidco": Entry(
-        "estimated:build_redsync_sidco",
+        "estimated",
         False,
         "RedSync as the SIDCo reference (3 probes)",
         candidate=False,
     ),
-    "sidco-exp": Entry("estimated:build_sidco_exp", False, "SIDCo-E (exponential)", _SIDCO),
-    "sidco-gpd": Entry("estimated:build_sidco_gpd", False, "SIDCo-P (GPD)", _SIDCO),
-    "sidco-gamma-gpd": Entry(
-        "estimated:build_sidco_gamma_gpd", False, "SIDCo-GP (gamma, then GPD)", _SIDCO
-    ),
+    "sidco-exp": Entry("estimated", False, "SIDCo-E (exponential)", _SIDCO),
+    "sidco-gpd": Entry("estimated", False, "SIDCo-P (GPD)", _SIDCO),
+    "sidco-gamma-gpd": Entry("estimated", False, "SIDCo-GP (gamma, then GPD)", _SIDCO),
     "clt-k": Entry(
         "cltk",
         False,
@@ -205,8 +193,8 @@ REGISTRY: dict[str, Entry] = {
         fits="powersgd:fits",
         reduce_scatter=True,
     ),
-    "signsgd": Entry("signsgd:build_majority", True, "signSGD with majority vote"),
-    "ef-signsgd": Entry("signsgd:build_ef", True, "scaled sign with error feedback"),
+    "signsgd": Entry("signsgd", True, "signSGD with majority vote"),
+    "ef-signsgd": Entry("signsgd", True, "scaled sign with error feedback"),
     "qsgd": Entry(
         "qsgd", True, "QSGD stochastic levels per bucket", {"levels": 127, "bucket": 512}
     ),
@@ -254,13 +242,9 @@ class CompressorSpec:
         return label if self.memory is None else f"{label}+{self.memory.label}"
 
 
-def builtin_memory(name: str, params: Mapping[str, float]) -> Memory:
-    """A fresh built-in memory ``none``, ``residual`` or ``dgc`` with ``params``."""
-    if name == "residual":
-        return ResidualMemory(beta=params.get("beta", 1.0))
-    if name == "dgc":
-        return DGCMemory(momentum=params.get("momentum", 0.9))
-    return NoMemory()
+#: The built-in memories named after ``+``; their parameters are the classes' own
+#: (:data:`gradstat.compressors.spec.MEMORIES`).
+BUILTIN_MEMORIES = {"none": NoMemory, "residual": ResidualMemory, "dgc": DGCMemory}
 
 
 class Scheme:
@@ -293,7 +277,7 @@ class Scheme:
         if named is None:
             return first.memory() if first is not None else NoMemory()
         if named.builtin:
-            return builtin_memory(named.name, dict(named.params))
+            return BUILTIN_MEMORIES[named.name](**dict(named.params))
         from gradstat.compressors.user import user_memory
 
         return user_memory(named)
@@ -311,6 +295,7 @@ class Scheme:
             m = self.plan.messages[message]
             params = dict(self.spec.params)
             context = Context(
+                self.spec.name,
                 self.ratio,
                 self.k(message),
                 m.numel,

@@ -66,9 +66,5 @@ class SignSGD(EFSignSGD):
         return NoMemory()
 
 
-def build_majority(ctx: Any) -> Compressor:
-    return SignSGD()
-
-
-def build_ef(ctx: Any) -> Compressor:
-    return EFSignSGD()
+def build(ctx: Any) -> Compressor:
+    return SignSGD() if ctx.name == "signsgd" else EFSignSGD()

@@ -1,16 +1,11 @@
 """The replay's side of every exchange: all learners' exchanges driven in lockstep.
 
 Each learner's :meth:`~gradstat.compressors.base.Compressor.exchange` of one message is
-started as its row arrives (compressed up to its first collective); once every learner
-has started, :func:`lockstep` answers their collectives together, one op at a time,
-until every exchange has returned (no threads: the exchanges are generators). An answer
-is formed once and handed to every learner: an all-reduce is ``reduce`` of the learners'
-tensors (:func:`sum_in_order` by default: a float32 sum in learner order, the numbers of
-one process adding the rows; a number format's ring, tree or all-to-all is emulated by
-its own exchange, :mod:`gradstat.compressors.cast`, the same in training), an
-all-gather the learners' payloads copied, a :class:`~gradstat.compressors.exchange.Shared`
-function of the learners' identical arguments computed once. The driver that feeds it rows is
-:class:`gradstat.analysis.replay_block.BlockStep`.
+started as its row arrives (:class:`gradstat.analysis.replay_block.BlockStep`); once
+every learner has started, :func:`lockstep` answers their collectives together, one op
+at a time, until every exchange has returned. Each answer is formed once and handed to
+every learner (:func:`answer`): an all-reduce is ``reduce`` of the learners' tensors
+(:func:`sum_in_order` by default, the numbers of one process adding the rows).
 """
 
 from __future__ import annotations
@@ -20,9 +15,7 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.exchange import (
-    Sent,
-)
+from gradstat.compressors.exchange import Sent, advance
 
 #: ``reduce(tensors)``: the learners' tensors of an all-reduce, in learner order, summed.
 Reduce = Callable[[Sequence[torch.Tensor]], torch.Tensor]
@@ -34,14 +27,6 @@ def sum_in_order(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     for part in parts[1:]:
         total += part
     return total
-
-
-def advance(exchange: Generator, reply: Any) -> tuple[Any, Sent | None]:
-    """``(next op, None)``, or ``(None, outcome)`` once the exchange has returned."""
-    try:
-        return exchange.send(reply), None
-    except StopIteration as stop:
-        return None, stop.value
 
 
 def _same(ops: Sequence[Any], what: Callable[[Any], Any], label: str) -> Any:

@@ -1,20 +1,12 @@
-"""Compressor specs: what a user names on the command line, parsed and checked.
+"""Compressor specs: ``COMPRESSOR[:PARAM=VALUE...][:collective=...][+MEMORY]`` as a user
+names them (docs/compressors.md), parsed and checked.
 
-A compressor is named ``COMPRESSOR[+MEMORY]``. ``COMPRESSOR`` is a registry name
-(:mod:`gradstat.compressors.registry`) with ``:PARAM=VALUE`` parameters, or a user's own
-(``MODULE:CLASS``, ``FILE.py:CLASS``, an entry point: :mod:`gradstat.compressors.loader`;
-an entry point with a built-in's name is refused) with optional ``:PARAM=VALUE``
-constructor arguments (integers, floats, ``true`` / ``false`` or text).
-``:collective=allgather`` or ``:collective=allreduce`` (on any spec) chooses how the
-payloads travel. ``MEMORY`` is the error-feedback memory: ``none``, ``residual``
-(``:beta=`` for ScaleCom's low-pass form), ``dgc`` (``:momentum=``), or a user's class
-or function in GRACE's shape named as above with its parameters. Without ``+MEMORY`` a
-built-in runs with its own memory (docs/replay.md), a user's class with its ``memory``
-attribute, else none (GRACE's default).
-
-Mistakes in a spec are :class:`~gradstat.errors.UsageError` (exit 2); a failure inside
-the user's code is a :class:`~gradstat.errors.UserCodeError` (exit 1). Both name the
-spec, and the user's file and line where there is one.
+``COMPRESSOR`` is a registry name (:mod:`gradstat.compressors.registry`) or a user's own
+(``MODULE:CLASS``, ``FILE.py:CLASS``, an entry point: :mod:`gradstat.compressors.loader`);
+``MEMORY`` is ``none``, ``residual``, ``dgc`` or a user's, named the same way. Mistakes
+in a spec are :class:`~gradstat.errors.UsageError` (exit 2), a failure inside the user's
+code a :class:`~gradstat.errors.UserCodeError` (exit 1); both name the spec, and the
+user's file and line where there is one.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from gradstat.compressors.base import Compressor
@@ -45,7 +38,7 @@ from gradstat.compressors.registry import (
     Entry,
     grace_k,
 )
-from gradstat.compressors.user import Blame, UserCompressor
+from gradstat.compressors.user import COLLECTIVES, Blame, UserCompressor
 from gradstat.errors import UsageError
 
 #: The built-in error-feedback memories named after ``+``, with their parameters.
@@ -54,15 +47,11 @@ MEMORIES: dict[str, dict[str, float]] = {
     "residual": {"beta": 1.0},
     "dgc": {"momentum": 0.9},
 }
-#: The collectives ``:collective=`` chooses from.
-COLLECTIVES = ("allgather", "allreduce")
 
 
-def is_user_spec(part: str, builtin: Mapping[str, Any]) -> bool:
-    """Whether ``part`` names a user's compressor rather than a registry one."""
+def is_user_spec(part: str) -> bool:
+    """Whether ``part`` (no registry name) names a user's compressor."""
     head, _, rest = part.partition(":")
-    if head in builtin:
-        return False
     second = rest.split(":", 1)[0]
     return is_file(head) or (bool(rest) and "=" not in second) or head in entry_points()
 
@@ -103,59 +92,28 @@ def split_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
     return head, tuple(params.items())
 
 
-def build_user(
-    label: str, source: str, params: Mapping[str, Value], *, ratio, k, numel, seed, learner=0
-) -> Compressor:
-    """Learner ``learner``'s instance of the user's class (or a function's result) at
-    density ``ratio`` (``None``: fixed rate), behind :class:`UserCompressor`; a subclass
-    of gradstat's :class:`~gradstat.compressors.base.Compressor` runs as it is (its own
-    exchange; its errors are not renamed)."""
+def build_user(label: str, source: str, params: Mapping[str, Value], ctx: Context) -> Compressor:
+    """The user's class (or a function's result) built for ``ctx`` (its density, if it
+    takes one), behind :class:`UserCompressor`; a subclass of gradstat's
+    :class:`~gradstat.compressors.base.Compressor` runs as it is (its own exchange; its
+    errors are not renamed)."""
     found = user_class(source)
     kwargs = dict(params)
-    if found.ratio_name is not None and ratio is not None:
-        kwargs[found.ratio_name] = ratio
+    if found.ratio_name is not None and ctx.ratio is not None:
+        kwargs[found.ratio_name] = ctx.ratio
     if found.takes_seed:
-        kwargs.setdefault("seed", seed)
+        kwargs.setdefault("seed", ctx.seed)
     blame = Blame(label, found.cls)
     made = "__init__" if inspect.isclass(found.cls) else found.cls.__name__
     obj = blame.call(made, found.cls, **kwargs)
     if isinstance(obj, Compressor):  # on gradstat's protocol already: its own exchange
         if obj.k is None:
-            obj.k = k
+            obj.k = ctx.k
         return obj
     for method in REQUIRED:
         if not callable(getattr(obj, method, None)):
             raise blame.wrong(made, found.cls, f"returned an object without {method}()")
-    return UserCompressor(obj, blame, k=k, numel=numel, seed=seed, learner=learner)
-
-
-def check_user_spec(part: str) -> tuple[str, tuple[tuple[str, Value], ...]]:
-    """``(source, params)`` of a user's spec, imported and checked (errors: exit 2)."""
-    source, params = split_spec(part)
-    check_params(part, user_class(source), dict(params))
-    return source, params
-
-
-def _entry(spec: UserSpec) -> Entry:
-    found = user_class(spec.source)
-
-    def build(ctx: Context) -> Compressor:
-        ratio = ctx.ratio if found.ratio_name is not None else None
-        made = build_user(
-            spec.label,
-            spec.source,
-            dict(spec.params),
-            ratio=ratio,
-            k=ctx.k,
-            numel=ctx.numel,
-            seed=ctx.seed,
-            learner=ctx.learner,
-        )
-        return made
-
-    return Entry(
-        build, found.ratio_name is None, found.summary, collectives=COLLECTIVES, k_rule=grace_k
-    )
+    return UserCompressor(obj, blame, k=ctx.k, numel=ctx.numel, seed=ctx.seed)
 
 
 def _joined(name: str, params: Sequence[tuple[str, Value]]) -> str:
@@ -172,19 +130,15 @@ class UserSpec(CompressorSpec):
     params: tuple[tuple[str, Value], ...] = ()
 
     def __post_init__(self) -> None:
-        check_user_spec(_joined(self.name, self.params))
-
-    @property
-    def source(self) -> str:
-        return self.name
+        check_params(self.base_label, user_class(self.name), dict(self.params))
 
     @property
     def entry(self) -> Entry:
-        return _entry(self)
-
-    @property
-    def fixed_rate(self) -> bool:
-        return user_class(self.source).ratio_name is None
+        """Built by :func:`build_user`; a sparsifier if the class takes a density."""
+        found = user_class(self.name)
+        build = partial(build_user, self.label, self.name, dict(self.params))
+        fixed = found.ratio_name is None
+        return Entry(build, fixed, found.summary, collectives=COLLECTIVES, k_rule=grace_k)
 
     @property
     def base_label(self) -> str:
@@ -234,8 +188,7 @@ def parse_memory(text: str, part: str) -> MemorySpec:
                 f"{part}: unknown memory {name!r}; known: {known}, or your own as "
                 f"MODULE:CLASS or FILE.py:CLASS ({DOCS})"
             )
-        source, params = split_spec(text)
-        return MemorySpec(source, params)
+        return MemorySpec(*split_spec(text))
     allowed = MEMORIES[name]
     params = dict(allowed)
     for assignment in assignments:
@@ -271,10 +224,7 @@ def _collective(part: str, value: Value, allowed: Sequence[str], name: str) -> s
     if value not in COLLECTIVES:
         raise UsageError(f"{part}: collective must be allgather or allreduce, got {value!r}")
     if value not in allowed:
-        if not allowed:
-            reason = "its exchange is its own"
-        else:
-            reason = "its payloads do not add up element-wise"
+        reason = "its payloads do not add up element-wise" if allowed else "its exchange is its own"
         raise UsageError(f"{part}: {name} cannot use collective={value} ({reason})")
     return str(value)
 
@@ -312,8 +262,7 @@ def _user(part: str, text: str) -> CompressorSpec:
     collective = given.pop("collective", None)
     if collective is not None:
         collective = _collective(part, collective, COLLECTIVES, source)
-    spec = UserSpec(source, tuple(given.items()))
-    return replace(spec, collective=collective) if collective else spec
+    return UserSpec(source, tuple(given.items()), collective=collective)
 
 
 def _refuse_shadowing(name: str) -> None:
@@ -347,7 +296,7 @@ def parse_compressors(
         if name in REGISTRY:
             _refuse_shadowing(name)
             made = _builtin(part, text, defaults or {})
-        elif is_user_spec(text, REGISTRY):  # MODULE:CLASS, FILE.py:CLASS, entry point
+        elif is_user_spec(text):  # MODULE:CLASS, FILE.py:CLASS, entry point
             made = _user(part, text)
         else:
             raise UsageError(

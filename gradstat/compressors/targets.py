@@ -18,17 +18,10 @@ GPU. A :class:`Target` holds the few rates the work model
   costs ``max(flops / flops rate, bytes / matmul_bandwidth)``;
 * ``launch``: fixed seconds per kernel launch (GPU) or operator call (CPU).
 
-Built-in GPU profiles take the memory bandwidth (85 % of the datasheet peak, as
-BabelStream-like kernels reach) and float32 rate from the vendor's datasheet; their
-top-k, sort and permutation rates are *derived* from the bandwidth, not measured: top-k
-as a radix select (4 digit passes plus a gather; Shanbhag et al. 2018 find radix select
-near memory bandwidth), sort and ``randperm`` as CUB's 4-pass LSD radix sort of (key,
-value) pairs. ``cpu-here`` and ``gpu-here`` are measured when first used, with the same
-operations, on the torch threads compression runs with (``benchmarks/gpu_check.sh``
-prints a GPU's beside its derived profile): each rate the median of :data:`REPEATS` timed
-calls after :data:`WARMUP` untimed ones, its spread (interquartile range / median) in
-``spread``, a warning above :data:`NOISY_SPREAD`. ``--target-file`` reads the same fields
-from JSON (:func:`load_target`), also a ``gradstat recommend --out`` document's.
+Built-in GPU profiles take the memory bandwidth and float32 rate from the vendor's
+datasheet and *derive* the other rates from the bandwidth; ``cpu-here`` and ``gpu-here``
+are measured when first used (:func:`measure`); ``--target-file`` reads the same fields
+from JSON (:func:`load_target`). docs/replay.md ("Profiles") gives each source.
 """
 
 from __future__ import annotations
@@ -135,35 +128,15 @@ def _gpu(
     )
 
 
+#: name, description, datasheet memory bandwidth (B/s), float32 FLOP/s, the datasheet.
 BUILTIN: dict[str, Target] = {
-    "v100": _gpu(
-        "v100",
-        "NVIDIA V100 SXM2 (HBM2)",
-        900e9,
-        15.7e12,
-        "NVIDIA Tesla V100 datasheet",
-    ),
-    "a100": _gpu(
-        "a100",
-        "NVIDIA A100 SXM 80GB (HBM2e)",
-        2039e9,
-        19.5e12,
-        "NVIDIA A100 datasheet",
-    ),
-    "h100": _gpu(
-        "h100",
-        "NVIDIA H100 SXM5 80GB (HBM3)",
-        3.35e12,
-        67e12,
-        "NVIDIA H100 datasheet",
-    ),
-    "h200": _gpu(
-        "h200",
-        "NVIDIA H200 SXM 141GB (HBM3e)",
-        4.8e12,
-        67e12,
-        "NVIDIA H200 datasheet",
-    ),
+    row[0]: _gpu(*row)
+    for row in (
+        ("v100", "NVIDIA V100 SXM2 (HBM2)", 900e9, 15.7e12, "NVIDIA Tesla V100 datasheet"),
+        ("a100", "NVIDIA A100 SXM 80GB (HBM2e)", 2039e9, 19.5e12, "NVIDIA A100 datasheet"),
+        ("h100", "NVIDIA H100 SXM5 80GB (HBM3)", 3.35e12, 67e12, "NVIDIA H100 datasheet"),
+        ("h200", "NVIDIA H200 SXM 141GB (HBM3e)", 4.8e12, 67e12, "NVIDIA H200 datasheet"),
+    )
 }
 TARGET_NAMES = ("cpu-here", "gpu-here", *BUILTIN)
 
@@ -230,15 +203,10 @@ def spread_text(target: Target, rate: str) -> str:
 def measure(device: torch.device | str = "cpu", numel: int | None = None) -> Target:
     """Measure the rates of ``device`` (a second or two): ``cpu-here`` on the current
     torch thread count, ``gpu-here`` on a CUDA device (``numel`` 2^20 on a CPU, 2^26 on
-    a GPU, large enough that a kernel is not just its launch).
-
-    Every operation allocates its output as the compressors do. Bandwidth from
-    ``a + b`` (12 bytes per element); top-k at densities 0.001 and 0.1 (solving
-    ``t = d / rate + k * per_selected``); sort of ``numel / 4`` values; ``randperm``;
-    ``a > 0.5``; ``nonzero`` of a mask with 2 % set; ``rand``; a square matrix product
-    (512 on a CPU, 4096 on a GPU); a thin product pair ``M Q``, ``M^T P`` (M 1024 x 1024
-    on a CPU, 8192 x 8192 on a GPU, rank 4, as PowerSGD's); the cost of one call on a
-    1-element tensor.
+    a GPU, large enough that a kernel is not just its launch), each rate the median of
+    :data:`REPEATS` calls of its operation (:func:`_operations`; each allocates its
+    output as the compressors do) with its spread, a warning above :data:`NOISY_SPREAD`.
+    Top-k is timed at densities 0.001 and 0.1, solving ``t = d / rate + k * per_selected``.
     """
     device = torch.device(device)
     gpu = device.type == "cuda"
@@ -356,17 +324,13 @@ _MEASURED: dict[tuple[str, int], Target] = {}
 def builtin_target(name: str) -> Target:
     """A built-in profile by name; ``cpu-here`` is measured once per thread count,
     ``gpu-here`` once on the current CUDA device (a :class:`UsageError` without one)."""
-    if name == "cpu-here":
-        key = ("cpu", torch.get_num_threads())
+    if name == "gpu-here" and not torch.cuda.is_available():
+        raise UsageError("--target gpu-here measures a CUDA GPU, and none is available here")
+    if name in ("cpu-here", "gpu-here"):
+        gpu = name == "gpu-here"
+        key = ("cuda", torch.cuda.current_device()) if gpu else ("cpu", torch.get_num_threads())
         if key not in _MEASURED:
-            _MEASURED[key] = measure("cpu")
-        return _MEASURED[key]
-    if name == "gpu-here":
-        if not torch.cuda.is_available():
-            raise UsageError("--target gpu-here measures a CUDA GPU, and none is available here")
-        key = ("cuda", torch.cuda.current_device())
-        if key not in _MEASURED:
-            _MEASURED[key] = measure(torch.device("cuda", key[1]))
+            _MEASURED[key] = measure(torch.device("cuda", key[1]) if gpu else "cpu")
         return _MEASURED[key]
     if name not in BUILTIN:
         raise UsageError(f"--target {name!r}: choose one of {', '.join(TARGET_NAMES)}")

@@ -12,7 +12,7 @@ import torch
 
 from gradstat.compressors.base import Compressor, Exchange, pack_bits, unpack_bits
 from gradstat.compressors.exchange import Call, Tensors
-from gradstat.compressors.memory import Memory, NoMemory
+from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
 
@@ -43,9 +43,6 @@ class TernGrad(Compressor):
         packed, scale = tensors
         codes = unpack_bits(packed, 2, ctx)
         return (codes - 1).to(scale.dtype) * scale
-
-    def memory(self) -> Memory:
-        return NoMemory()
 
     def work(self, numel: int, memory: Memory) -> Work:
         # |p| max (3), |p| / s (4), noise < prob (1 read + comparison), sign (2), x (3),

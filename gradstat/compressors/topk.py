@@ -21,13 +21,6 @@ from gradstat.compressors.work import Ops, Work, passes, scatter, topk
 from gradstat.stats.topk_sets import topk_indices
 
 
-def top_indices(tensor: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` largest magnitudes, unsorted: the set ``torch.topk`` picks
-    (ties broken either way), from a sampled threshold's candidates on long vectors
-    (:func:`~gradstat.stats.topk_sets.topk_indices`; 6 ms for 8M values against 60)."""
-    return topk_indices(tensor.reshape(-1), k)
-
-
 def sparse_payload(tensor: torch.Tensor, indices: torch.Tensor) -> Tensors:
     """``(indices, values)`` with int32 (or int64 past 2^31 elements) indices."""
     indices = indices.to(index_dtype(tensor.numel()))
@@ -69,7 +62,7 @@ class TopK(Sparsifier):
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
         flat = tensor.reshape(-1)
-        return sparse_payload(flat, top_indices(flat, self.k)), flat.numel()
+        return sparse_payload(flat, topk_indices(flat, self.k)), flat.numel()
 
     def work(self, numel: int, memory: Memory) -> Work:
         d, k = numel, self.k

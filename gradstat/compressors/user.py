@@ -1,16 +1,10 @@
-"""A user's compressor class (GRACE's shape) on gradstat's protocol.
+"""A user's compressor class (GRACE's shape, docs/compressors.md) on gradstat's protocol.
 
-A user's class needs GRACE's ``compress(tensor, name) -> (tensors, ctx)`` and
-``decompress(tensors, ctx) -> tensor`` (Xu et al. 2021); optional, as in GRACE and
-:mod:`gradstat.compressors.base`: ``aggregate``, ``average``, ``collective``, ``sparse``,
-``describe(ctx)`` and ``memory`` (a GRACE memory class or function, ``"none"`` or
-``"residual"``; without it none, GRACE's default; ``+MEMORY`` in the spec wins).
-:class:`UserCompressor` runs one per learner and message: bytes on the wire are the
-payload tensors' sizes; ``compress`` gets a copy of the vector and draws from torch's
-and numpy's global generators seeded from (seed, recorded step, learner, message), their
-state outside kept; a failure inside the user's code is a
-:class:`~gradstat.errors.UserCodeError` naming the spec, the method and the user's file
-and line (:class:`Blame`).
+:class:`UserCompressor` runs one per learner and message: ``compress`` gets a copy of the
+vector and draws from torch's and numpy's global generators seeded from (seed, recorded
+step, learner, message), their state outside kept; a failure inside the user's code is
+a :class:`~gradstat.errors.UserCodeError` naming the spec, the method and the user's
+file and line (:class:`Blame`).
 """
 
 from __future__ import annotations
@@ -69,15 +63,6 @@ def user_frame(exc: BaseException, files: set[str]) -> str | None:
     return f"{shown_path(mine[-1].filename)}:{mine[-1].lineno}"
 
 
-def definition(function: Any) -> str | None:
-    """``file:line`` where a function or class is defined, ``None`` if unknown."""
-    try:
-        lines = inspect.getsourcelines(function)[1]
-        return f"{shown_path(inspect.getsourcefile(function) or '?')}:{lines}"
-    except (OSError, TypeError):
-        return None
-
-
 class Blame:
     """Turns exceptions raised inside a user's code into one line naming them.
 
@@ -108,8 +93,14 @@ class Blame:
             raise self.error(method, f"raised {text}", user_frame(exc, self.files)) from exc
 
     def wrong(self, method: str, function: Any, message: str) -> UserCodeError:
-        """An error about what ``method`` returned, at its definition."""
-        return self.error(method, message, definition(function))
+        """An error about what ``method`` returned, at ``function``'s definition (where
+        known)."""
+        try:
+            line = inspect.getsourcelines(function)[1]
+            where = f"{shown_path(inspect.getsourcefile(function) or '?')}:{line}"
+        except (OSError, TypeError):
+            where = None
+        return self.error(method, message, where)
 
 
 @contextmanager
@@ -139,20 +130,12 @@ def _describe(tensors: Any) -> str:
 
 
 class UserCompressor(Compressor):
-    """A user's compressor object (see the module docstring) as a gradstat compressor,
-    one per learner and message.
-
-    ``k`` is the target count of a sparsifier (``None`` for fixed-rate ones), used for
-    the quality column; unless the class sets ``sparse``, the elements sent and the
-    build-up are counted from the payload (:func:`~gradstat.compressors.base.
-    payload_count`).
-    """
+    """A user's compressor object as a gradstat compressor, one per learner and message;
+    ``k``: a sparsifier's target count (the quality column), else ``None``."""
 
     name = "user"
 
-    def __init__(
-        self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int, learner: int = 0
-    ) -> None:
+    def __init__(self, obj: Any, blame: Blame, *, k: int | None, numel: int, seed: int) -> None:
         self.obj = self.grace = obj  # ``grace``: what a GRACE memory's update is handed
         self.blame = blame
         self.k = k

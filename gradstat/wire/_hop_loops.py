@@ -1,6 +1,6 @@
-"""The compiled loop behind :class:`gradstat.compressors.wire_hops.CompiledHops` (numba,
+"""The compiled loop behind :class:`gradstat.wire.hops.CompiledHops` (numba,
 no fast-math: each float32 operation is the one written, in the order written, so the
-results equal the torch reference, :class:`~gradstat.compressors.wire_hops.PlainHops`,
+results equal the torch reference, :class:`~gradstat.wire.hops.PlainHops`,
 bit for bit; tests/test_collectives.py compares them).
 
 One hop of a collective over a set of messages (rows) in one pass: read what a learner

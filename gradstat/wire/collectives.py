@@ -30,7 +30,7 @@ All-reduce is reduce-scatter then all-gather (``tree``: reduce of the whole vect
 learner 0, then broadcast); the all-gather sends each owner's result in the wire format,
 one rounding in ``fp32`` mode (none in ``wire`` mode: it is a payload already), and every
 learner holds the same values. Each hop processes all chunks at once: one pass of the
-compiled loop (:mod:`gradstat.compressors.wire_hops`), or with ``plain=True`` torch's
+compiled loop (:mod:`gradstat.wire.hops`), or with ``plain=True`` torch's
 operations (the reference: the same bits). ``tests/test_collectives.py`` holds the plain
 message-by-message loops that the results equal bit for bit.
 """
@@ -42,8 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gradstat.compressors.formats import Format, wire_format
-from gradstat.compressors.wire_hops import (
+from gradstat.errors import UsageError
+from gradstat.wire.formats import Format, wire_format
+from gradstat.wire.hops import (
     ADD_ROUND,
     ADD_ROUNDED,
     ADD_ROUNDED_ROUND,
@@ -54,7 +55,6 @@ from gradstat.compressors.wire_hops import (
     PlainHops,
     hops_for,
 )
-from gradstat.errors import UsageError
 
 Hops = PlainHops | CompiledHops
 

@@ -7,7 +7,7 @@ A :class:`Format` turns one message (1-D float32) into its wire payload
 (:meth:`~Format.decode`: float32), and rounds many messages at once
 (:meth:`~Format.round`: each row of the last dim one message, equal to
 ``decode(encode(row))`` bit for bit), which the collective emulation
-(:mod:`gradstat.compressors.collectives`) applies hop by hop.
+(:mod:`gradstat.wire.collectives`) applies hop by hop.
 
 * ``fp32``: the values as they are (the exact baseline).
 * ``bf16``, ``fp16``: torch's casts (round to nearest, ties to even; fp16 overflows to
@@ -17,7 +17,7 @@ A :class:`Format` turns one message (1-D float32) into its wire payload
   round to nearest even), decoded as ``q * s``; an all-zero message has ``s = 1``.
 * ``mxfp8`` (E4M3 elements), ``mxfp8-e5m2``, ``mxfp6`` (E2M3), ``mxfp6-e3m2``,
   ``mxfp4`` (E2M1): OCP MX v1.0, 32-element blocks with an E8M0 scale
-  (:mod:`gradstat.compressors.mx`).
+  (:mod:`gradstat.wire.mx`).
 
 Inputs must be finite (a capture's rows are checked before any analysis reads them).
 """
@@ -28,8 +28,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from gradstat.compressors import mx
 from gradstat.errors import UsageError
+from gradstat.wire import mx
 
 #: A wire payload: the tensors one message is sent as.
 Payload = tuple[torch.Tensor, ...]

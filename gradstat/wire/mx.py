@@ -14,7 +14,7 @@ The math of the spec (OCP "Microscaling Formats (MX) Specification" v1.0, sectio
 
 :func:`round_values` is what one message of MX values carries (``decode(encode(x))``):
 the collective emulation's reference rounding (its compiled hops do the same arithmetic,
-gradstat/compressors/_wire_loops.py); :func:`encode` / :func:`decode` make and read the
+gradstat/wire/_hop_loops.py); :func:`encode` / :func:`decode` make and read the
 wire payload: the E8M0 scales (one byte per block) and the element codes packed
 as the wire carries them (FP8 one byte each, FP6 four in three bytes, FP4 two per byte,
 the first element in the low bits). A message whose length is not a multiple of 32 ends

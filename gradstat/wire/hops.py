@@ -1,5 +1,5 @@
 """One hop of a collective over many messages at once, in a wire format: what
-:mod:`gradstat.compressors.collectives` runs at every step of an algorithm.
+:mod:`gradstat.wire.collectives` runs at every step of an algorithm.
 
 ``hops.hop(acc, src, index, own, mode)``: ``acc`` (rows x width float32, messages, one per
 row) is updated in place with ``src[index[r], r]`` (``src``: learners x rows x width), as
@@ -12,8 +12,8 @@ row) is updated in place with ``src[index[r], r]`` (``src``: learners x rows x w
 Row ``own`` (-1: none) is the learner's own chunk: not rounded where it is received.
 
 :class:`PlainHops` is the reference (torch operations on whole tensors, through the
-format's :meth:`~gradstat.compressors.formats.Format.round`); :class:`CompiledHops` does
-each hop in one pass over memory (numba, :mod:`gradstat.compressors._wire_loops`) for
+format's :meth:`~gradstat.wire.formats.Format.round`); :class:`CompiledHops` does
+each hop in one pass over memory (numba, :mod:`gradstat.wire._hop_loops`) for
 the built-in formats, bit for bit the same (tests/test_collectives.py), 3-20x faster
 (benchmarks/lowprec.py).
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gradstat.compressors import formats
-from gradstat.compressors.formats import Format
+from gradstat.wire import formats
+from gradstat.wire.formats import Format
 
 LOAD, ROUND_ADD, ADD_ROUNDED, ADD_ROUNDED_ROUND, ADD_ROUND, ROUND = range(6)
 
@@ -62,7 +62,7 @@ def _loop_settings(fmt: Format) -> tuple[np.ndarray, np.ndarray] | None:
     """The compiled loop's integer and float32 settings for a built-in format (None for
     any other): scale kind, block, dropped mantissa bits, MX emax; smallest normal,
     subnormal magic number, largest element, overflow bound, largest finite."""
-    from gradstat.compressors import _wire_loops as loops
+    from gradstat.wire import _hop_loops as loops
 
     inf = float("inf")
     if isinstance(fmt, formats.Cast):
@@ -103,7 +103,7 @@ class CompiledHops:
     def hop(
         self, acc: torch.Tensor, src: torch.Tensor, index: torch.Tensor, own: int, mode: int
     ) -> None:
-        from gradstat.compressors._wire_loops import hop
+        from gradstat.wire._hop_loops import hop
 
         hop(acc.numpy(), src.numpy(), index.numpy(), own, mode, self.ints, self.floats)
 
