@@ -60,10 +60,8 @@ class Message:
     """One message: ``slices`` (offset, numel) of the flat row in message order, the
     ``shapes`` of the parameters they hold, the ``shape`` the compressor receives (the
     parameter's at ``tensor`` granularity, else flat), whether it goes ``dense``, and
-    ``replicate``: the shard groups it is exchanged in (HSDP's replicas; 1: one group of
-    every learner). With ``replicate`` R of N learners, learners ``g*N/R .. (g+1)*N/R - 1``
-    form group g (the shard groups of a ``(replicate, shard)`` device mesh); each group
-    exchanges the message among itself and the groups' means are averaged."""
+    ``replicate`` R: HSDP's shard groups of N/R consecutive learners (a ``(replicate,
+    shard)`` mesh's) that each exchange it, their means then averaged; 1: one group."""
 
     name: str
     slices: tuple[tuple[int, int], ...]
