@@ -119,6 +119,11 @@ except ImportError:
     from gradstat.analysis.overlap import overlap
 from gradstat.analysis.fit import FitParams, fit
 from gradstat.analysis.replay import ReplayParams, replay
+try:  # imported before the clock starts, as every analysis above; a --base tree may lack them
+    from gradstat.analysis.noise import NoiseParams, noise
+    from gradstat.analysis.consistency import consistency
+except ImportError:
+    pass
 from gradstat.compressors.cost import Link
 from gradstat.stats.row_kernels import load as load_row_loops
 
@@ -168,11 +173,9 @@ with open_capture(path) as cap:
         buildup(cap, Selection.of(cap), BuildupParams([ratio]), compute=compute)
     elif what == "overlap":
         overlap(cap, Selection.of(cap), OverlapParams(ratio), compute=compute)
-    elif what == "noise":  # imported here: a --base tree may not have them
-        from gradstat.analysis.noise import NoiseParams, noise
+    elif what == "noise":
         noise(cap, Selection.of(cap), NoiseParams(batch_size=32), compute=compute)
     elif what == "consistency":
-        from gradstat.analysis.consistency import consistency
         consistency(cap, Selection.of(cap), compute=compute)
     elif what == "fit":
         selection = Selection.of(cap, steps, cap.learners[:1])
