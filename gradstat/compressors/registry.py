@@ -242,8 +242,7 @@ class CompressorSpec:
         return label if self.memory is None else f"{label}+{self.memory.label}"
 
 
-#: The built-in memories named after ``+``; their parameters are the classes' own
-#: (:data:`gradstat.compressors.spec.MEMORIES`).
+#: The built-in memories named after ``+`` (their parameters: ``spec.MEMORIES``).
 BUILTIN_MEMORIES = {"none": NoMemory, "residual": ResidualMemory, "dgc": DGCMemory}
 
 

@@ -31,6 +31,7 @@ from gradstat.compressors.loader import (
     user_class,
 )
 from gradstat.compressors.registry import (
+    BUILTIN_MEMORIES,
     CHOICES,
     REGISTRY,
     CompressorSpec,
@@ -41,11 +42,10 @@ from gradstat.compressors.registry import (
 from gradstat.compressors.user import COLLECTIVES, Blame, UserCompressor
 from gradstat.errors import UsageError
 
-#: The built-in error-feedback memories named after ``+``, with their parameters.
+#: The built-in memories named after ``+``: their classes' parameters and defaults.
 MEMORIES: dict[str, dict[str, float]] = {
-    "none": {},
-    "residual": {"beta": 1.0},
-    "dgc": {"momentum": 0.9},
+    name: {p.name: float(p.default) for p in inspect.signature(cls).parameters.values()}
+    for name, cls in BUILTIN_MEMORIES.items()
 }
 
 
