@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.py
 # CI (.ci/run) runs `make test` and then `make test-slow`. pytest-xdist runs the test
 # files in one worker per core (at most 4: many tests start processes of their own), a
 # file's tests in one worker so its module fixtures (captures from real training) are
-# made once; PYTEST_JOBS=0 runs them in this process.
+# made once; PYTEST_JOBS=0 runs them in this process. The slow tests run one at a time.
 PYTEST_JOBS ?= auto
 XDIST := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --maxprocesses 4 --dist loadfile)
 test: $(STAMP)
@@ -39,7 +39,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow $(XDIST)
+	$(BIN)/python -m pytest -q -m slow
 
 test-all: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks

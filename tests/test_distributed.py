@@ -116,6 +116,8 @@ def _gradstat_torchrun(argv: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+# slow: test_every_command_prints_the_same_under_torchrun runs replay under torchrun too
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["replay"])
 def test_torchrun_m_gradstat_prints_one_document_on_rank_0(capsys, capture, command):
     """The real entry point: one JSON document on stdout (the other rank prints nothing)."""
@@ -138,7 +140,7 @@ def test_torchrun_m_gradstat_every_command(capsys, capture, command):
 
 #: --jobs 2 in make test: one command per kind of unit (rows, step pairs, configurations,
 #: overlap's lags in test_parallel.py); the others, whose units are those, in the slow set
-JOBS_SLOW = {"overlap", "recommend", "noise", "consistency", "buildup", "fit"}
+JOBS_SLOW = {"overlap", "recommend", "noise", "consistency", "buildup", "fit", "replay"}
 
 
 @pytest.mark.parametrize(

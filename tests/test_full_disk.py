@@ -63,6 +63,8 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
+# slow: test_capture_faults.py::test_full_disk_is_reported_with_what_was_recorded covers it
+@pytest.mark.slow
 def test_a_disk_filled_by_another_process_mid_capture(tmp_path):
     """Regression: a capture into a 20 MB tmpfs filled by another process exited 0
     ("join it to node 0's folder"), and then every command said capture.h5 "cannot be

@@ -59,6 +59,9 @@ def _check(results):
     return by_kind
 
 
+# slow: test_integrity.py's damaged rows and test_the_command_line_says_one_error_line's
+# damaged files cover each kind of damage in make test; this one tries every copy
+@pytest.mark.slow
 def test_damaged_copies_are_errors_or_the_same_answer(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADSTAT_OPEN_TIMEOUT", "3")
     base = _capture(tmp_path / "base", 0)

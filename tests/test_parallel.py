@@ -129,6 +129,8 @@ def test_capture_learners_share_the_cpus_even_if_omp_is_set(monkeypatch, tmp_pat
     assert worker_env(options)["OMP_NUM_THREADS"] == "3"
 
 
+# slow: the other --jobs 2 tests here run units in two workers in make test
+@pytest.mark.slow
 def test_many_quick_units_in_two_workers_finish(tmp_path):
     # the same bug end to end: 400 step pairs, each answered in milliseconds (run in a
     # thread: a hang fails the test instead of stopping the suite)

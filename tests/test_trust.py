@@ -127,6 +127,8 @@ except SystemExit:
 """
 
 
+# slow: the measured-rate tests above hold what makes the verdicts repeat
+@pytest.mark.slow
 def test_three_recommend_runs_give_one_verdict(real_capture):
     """Each run measures cpu-here afresh in its own process: the verdict and the
     measured memory bandwidth repeat."""

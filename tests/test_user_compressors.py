@@ -786,6 +786,9 @@ def test_compare_replays_random_draws_with_the_runs_seed(tmp_path, capsys):
     assert rows[0]["measured_rel_error"] == pytest.approx(rows[0]["replayed_rel_error"])
 
 
+# slow: test_hooks.py trains through capture and compares with the replay (built-ins),
+# and the worker-process test here loads a user's module the same way
+@pytest.mark.slow
 def test_trains_through_capture_and_compares(real_capture, tmp_path, capsys, monkeypatch):
     """``capture --compressor FILE.py:TopK`` with real gloo learners (2, 4 steps of the
     digits CNN of ``real_capture``): the recorded sent rows are the recursion's, the bytes
