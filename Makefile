@@ -27,16 +27,11 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.py
 
 # `make test`: lint and every test but the long end-to-end runs marked `slow` (under
 # ~10 minutes on 2 cores); `make test-slow`: those alone; `make test-all`: lint and all.
-# CI (.ci/run) runs `make test` and then `make test-slow`. pytest-xdist runs the test
-# files in one worker per core (at most 4: many tests start processes of their own), a
-# file's tests in one worker so its module fixtures (captures from real training) are
-# made once; PYTEST_JOBS=0 runs them in this process. The slow tests run one at a time.
-PYTEST_JOBS ?= auto
-XDIST := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --maxprocesses 4 --dist loadfile)
+# CI (.ci/run) runs `make test` and then `make test-slow`.
 test: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks
 	$(BIN)/ruff format --check gradstat tests benchmarks
-	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
@@ -44,7 +39,7 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks
 	$(BIN)/ruff format --check gradstat tests benchmarks
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix gradstat tests benchmarks
