@@ -125,12 +125,11 @@ def _record(
     transfers = [t for o in outcomes for t in o.transfers]
     sent_bytes = sum(t.nbytes for t in transfers)
     gathered = sum(t.nbytes for t in transfers if t.collective == "allgather") * n
-    comm = sum(  # HSDP: a message is exchanged within its shard group
-        collective_seconds(t.collective, t.nbytes, group, link)
-        for o in outcomes
-        for group in [max(1, cost_learners // plan.messages[o.index].replicate)]
-        for t in o.transfers
-    )
+    comm = 0
+    for o in outcomes:  # HSDP: a message is exchanged within its shard group
+        group = max(1, cost_learners // plan.messages[o.index].replicate)
+        for t in o.transfers:
+            comm += collective_seconds(t.collective, t.nbytes, group, link)
     multiplicity = None
     if compressed and all(o.multiplicity is not None for o in compressed):
         multiplicity = np.sum([o.multiplicity for o in compressed], axis=0).tolist()
