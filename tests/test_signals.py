@@ -97,7 +97,9 @@ COMMANDS = {
 def test_a_stopped_replay_leaves_no_scratch(big, tmp_path, command, signum):
     """Regression: a recommend stopped by SIGTERM left 21 GB of memories in
     /tmp/gradstat-replay-* (only SIGINT was handled, and the folder was removed only by
-    Python code that SIGTERM and SIGKILL never run)."""
+    Python code that SIGTERM and SIGKILL never run). Regression too: a SIGHUP in
+    recommend's last unit was lost when recommend then failed on its own (no candidate
+    within the budget: exit 1); a stop that came first now wins."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     name, *options = COMMANDS[command]

@@ -263,6 +263,8 @@ def _main(argv: list[str] | None) -> None:
     except GradstatError as exc:
         if debug:
             raise
+        if cancel.requested():  # the stop came first; what failed after it is moot
+            _stopped()
         _error(str(exc), exc.exit_code)
     except BrokenPipeError as exc:
         if not _stdout_closed():
