@@ -27,11 +27,16 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.py
 
 # `make test`: lint and every test but the long end-to-end runs marked `slow` (under
 # ~10 minutes on 2 cores); `make test-slow`: those alone; `make test-all`: lint and all.
-# CI (.ci/run) runs `make test` and then `make test-slow`.
+# CI (.ci/run) runs `make test` and then `make test-slow`. pytest-xdist runs the test
+# files in one worker per core (at most 4: many tests start processes of their own), a
+# file's tests in one worker so its module fixtures (captures from real training) are
+# made once; PYTEST_JOBS=0 runs them in this process. The slow tests run one at a time.
+PYTEST_JOBS ?= auto
+XDIST := $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --maxprocesses 4 --dist loadfile)
 test: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks
 	$(BIN)/ruff format --check gradstat tests benchmarks
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
@@ -39,7 +44,7 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/ruff check gradstat tests benchmarks
 	$(BIN)/ruff format --check gradstat tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix gradstat tests benchmarks

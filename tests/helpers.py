@@ -55,7 +55,7 @@ def torchrun(
     script: Path, *args: str, nproc: int = 2, timeout: int = 300
 ) -> subprocess.CompletedProcess:
     """Run a script under ``torch.distributed.run`` with gloo learners on this machine;
-    ``timeout`` only stops a hang (generous: a loaded machine is slow)."""
+    ``timeout`` only stops a hang (generous: make test runs two test files at a time)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [
         sys.executable,
