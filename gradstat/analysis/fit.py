@@ -323,23 +323,23 @@ class _Row:
             self.fits = _SampledFits(stats, values, params.sample, params.seed)
 
     def records(self) -> list[dict]:
-        fitted: dict[str, tuple[Distribution | None, GradstatError | None]] = {}
+        fitted: dict[str, Distribution | GradstatError] = {}
         for name in self.params.dists:  # each fit, or why there is none
             try:
-                fitted[name] = (self.fits.fit(get_distribution(name), self.params.method), None)
+                fitted[name] = self.fits.fit(get_distribution(name), self.params.method)
             except GradstatError as exc:
-                fitted[name] = (None, exc)
-        dists = [dist for dist, _ in fitted.values() if dist is not None]
+                fitted[name] = exc
+        dists = [dist for dist in fitted.values() if isinstance(dist, Distribution)]
         if isinstance(self.stats, RowHistogram) and self.stats.numel >= PLAN_MIN_NUMEL:
             self._gather(self.stats, dists)
         empirical = self._empirical(self.stats)
         rows = []
-        for name, (dist, error) in fitted.items():
+        for name, dist in fitted.items():
             fit_base = {**self.base, "kind": "fit", "dist": name, "method": self.params.method}
             fit_base["stages"] = 1
             try:
-                if dist is None:
-                    raise error
+                if isinstance(dist, GradstatError):
+                    raise dist
                 fit_base.update(params=dist.params, **self.fits.scores(dist))
             except GradstatError as exc:
                 rows += [_row(fit_base, ratio=r, error=str(exc)) for r in self.params.ratios]
@@ -351,7 +351,7 @@ class _Row:
                 continue
             if row_base["adaptive"]:
                 self._rule(row_base["estimator"], row_base["ratio"]).update(result.quality)
-            rows.append(_estimator_row(row_base, result, empirical[row_base["ratio"]]))
+            rows.append(_result_row(row_base, result, empirical[row_base["ratio"]]))
         return rows
 
     def _gather(self, hist: RowHistogram, dists: list[Distribution]) -> None:
@@ -390,19 +390,8 @@ class _Row:
                 rows.append(_row(fit_base, ratio=ratio, k=k, error=empirical[ratio]))
                 continue
             threshold = dist.magnitude_isf(k / self.stats.nonzeros)
-            selected = self.stats.count(threshold)
-            rows.append(
-                _row(
-                    fit_base,
-                    ratio=ratio,
-                    k=k,
-                    threshold=threshold,
-                    selected=selected,
-                    quality=selected / k,
-                    empirical=empirical[ratio],
-                    quantile_error=quantile_error(threshold, empirical[ratio]),
-                )
-            )
+            result = ThresholdResult(threshold, self.stats.count(threshold), k)
+            rows.append(_result_row({**fit_base, "ratio": ratio}, result, empirical[ratio]))
         return rows
 
     def _rule(self, estimator: str, ratio: float) -> AdaptiveStages:
@@ -527,9 +516,9 @@ class _SampledFits:
         return {"n_fit": x.numel(), "loglik": loglik, "aic": aic, "bic": bic, "ks": ks, "ad": ad}
 
 
-def _estimator_row(base: dict, result: ThresholdResult, reference: float | str) -> dict:
-    """An estimator's record: its result against the empirical quantile ``reference``
-    (a string: why there is none)."""
+def _result_row(base: dict, result: ThresholdResult, reference: float | str) -> dict:
+    """A record of a threshold (an estimator's, or a fitted upper quantile's) and what it
+    selects, against the empirical quantile ``reference`` (a string: why there is none)."""
     known = not isinstance(reference, str)
     return _row(
         base,

@@ -3,21 +3,11 @@
 Contract: :meth:`Grams.step` returns, for one step, one float64 ``[n, n]`` matrix per
 scope, ``G[a, b] = g_a . g_b`` of the n selected learners' gradients restricted to the
 scope. Every number ``gradstat noise`` and ``gradstat consistency`` report is a function
-of it (docs/methods.md 8): the learners' squared norms (its diagonal), their cosines,
-``||mean_i g_i||^2 = 1^T G 1 / n^2``, and the same of any resample of the learners with
-weights w: ``w^T G w / n^2``.
-
-One pass over the rows: the scopes' columns are cut into blocks at the multiples of
-:func:`block_width` columns (a multiple of the capture's checksum block, so each read
-checks each value once); for each block every learner's columns are read (checked
-against their CRC-32C) into one ``[n, width]`` float32 buffer while a reading thread
-fills a second buffer with the next block. A block's Gram is the sum of float32 matrix
-products over ``CHUNK`` columns (one batched product per block piece), each added in
-float64 on the compute device: the products of float32 values are exact in float64, so
-the only rounding is float32's over ``CHUNK`` terms (relative error about 5e-9 of
-``sum |g_a g_b|``; docs/noise.md, Precision). Memory: two ``[n, width]`` float32
-buffers, whatever the row length, allocated once per unit (:class:`Grams`; a unit is a
-run of steps, :func:`step_units`).
+of it (docs/methods.md 8). The rows are read in column blocks (:func:`block_width`,
+:func:`plan_blocks`) into two ``[n, width]`` float32 buffers a unit keeps, the next block
+read by a thread; a block's Gram is float32 products over ``CHUNK`` columns added in
+float64 (:func:`chunk_products`, :func:`_add_block`), the same to the bit whatever the
+block width (docs/noise.md, "Precision and cost").
 """
 
 from __future__ import annotations

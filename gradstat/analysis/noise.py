@@ -1,33 +1,13 @@
 """The gradient noise scale B_simple, per step and scope, with an interval over learners.
 
-McCandlish et al. 2018 (arXiv 1812.06162), Appendix A (docs/methods.md 8): with n
-learners of per-learner batch b, ``|G_small|^2 = mean_i ||g_i||^2`` (batch b) and
-``|G_big|^2 = ||mean_i g_i||^2`` (batch n b) give the unbiased estimates
-
-* ``|G|^2 = (n |G_big|^2 - |G_small|^2) / (n - 1)``, the mean of ``g_i . g_j`` over
-  pairs of learners ``i != j`` (column ``g2``);
-* ``tr(Sigma) = b n / (n - 1) (|G_small|^2 - |G_big|^2)`` (``trace``), b times the
-  unbiased ``E ||g_i - G||^2``, the sampling noise of one learner's gradient (``noise`` =
-  ``trace / b``);
-* ``B_simple = tr(Sigma) / |G|^2`` (``b_simple``; infinite where ``|G|^2 <= 0``: the
-  signal is below what n learners can measure; NaN where every gradient is zero).
-
-All from each step's Gram matrix of the learners' rows (:mod:`gradstat.analysis.gram`).
-The interval is a bootstrap over learners: resampled learners with multiplicities w give
-``|G|^2*`` = the w-weighted mean of ``g_i . g_j`` over pairs of distinct learners and the
-matching weighted mean of squared norms (``B* >= 0`` always); its percentiles are those
-of Hesterberg's expanded percentile interval (2015, "What teachers should know about the
-bootstrap", section 4.2: levels widened so that ``z = sqrt(n / (n - 1)) t_(n-1)``),
-which held the truth in 93.5-96% of synthetic draws at 8-32 learners where plain
-percentiles held it in 90.5-93.5% (benchmarks/noise_interval.py, docs/noise.md). Under
-``MIN_INTERVAL_LEARNERS`` learners there are too few distinct resamples and the interval
-is left out. Over steps, ``b_simple_avg`` is the
-paper's ratio of moving averages: the sums of ``trace`` and of ``g2`` over the last
-``window`` selected steps.
-
-With ``compressors``, each compressor's error on each learner's gradient
-(:mod:`gradstat.analysis.learner_errors`) against the sampling noise ``trace / b``:
-``noise_ratio`` below 1 is an error within the gradient's own noise.
+McCandlish et al. 2018 (arXiv 1812.06162), Appendix A: from each step's Gram matrix of
+the learners' rows (:mod:`gradstat.analysis.gram`), the unbiased ``|G|^2`` (``g2``),
+``tr(Sigma)`` (``trace``, ``noise = trace / b``) and ``B_simple = tr(Sigma) / |G|^2``;
+a bootstrap interval over learners (Hesterberg's expanded percentiles, 2015); over steps
+the paper's ratio of moving averages; with ``compressors``, each compressor's error on
+each learner's gradient (:mod:`gradstat.analysis.learner_errors`) against the sampling
+noise. The formulas: docs/methods.md 8; the columns and the interval's coverage:
+docs/noise.md.
 """
 
 from __future__ import annotations
@@ -198,7 +178,7 @@ def noise_unit(
 
 
 def noise_scale(gram: np.ndarray, b: int) -> dict:
-    """The estimates of one step and scope from its Gram matrix (module docstring)."""
+    """The estimates of one step and scope from its Gram matrix (docs/methods.md 8)."""
     n = len(gram)
     small = float(np.trace(gram)) / n
     big = float(gram.sum()) / n**2
@@ -219,8 +199,11 @@ def noise_scale(gram: np.ndarray, b: int) -> dict:
 def interval(
     gram: np.ndarray, b: int, rng: np.random.Generator, params: NoiseParams
 ) -> tuple[float, float]:
-    """The expanded percentile bootstrap interval of B_simple over learners (module
-    docstring); NaNs under ``MIN_INTERVAL_LEARNERS`` learners."""
+    """The expanded percentile bootstrap interval of B_simple over learners: learners
+    resampled with multiplicities w give ``|G|^2*``, the w-weighted mean of ``g_i . g_j``
+    over pairs of distinct learners, over the same weighting of their squared norms;
+    percentiles at levels widened so that ``z = sqrt(n / (n - 1)) t_(n-1)``
+    (docs/methods.md 8). NaNs under ``MIN_INTERVAL_LEARNERS`` learners."""
     n = len(gram)
     if n < MIN_INTERVAL_LEARNERS or not np.trace(gram) > 0:
         return math.nan, math.nan

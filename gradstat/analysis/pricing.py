@@ -1,22 +1,13 @@
-"""Compression prices measured on this machine: one learner's step of a scheme, timed.
+"""Compression prices measured on this machine: one learner's step of a scheme, timed
+(docs/replay.md, "On this machine").
 
-The cost model's compression time on the analysis machine is measured, not counted: one
-learner's step over every message of the plan (its memory's compensate and update, its
-compressor's exchange: ``compress``, the decoding of the payloads it receives,
-``aggregate``, any :class:`~gradstat.compressors.exchange.Shared` work, which every
-learner does in training) on a real gradient row of the capture, with a loopback
-communicator standing in for the others: an all-reduce hands back the learner's own
-tensors, an all-gather ``copies`` of its own payload, a broadcast its own tensor, a
-round of point-to-point messages zeros of the shapes expected. The work of decoding
-grows with the learners that all-gather: the step is timed with one copy and with
-``n`` (the replayed learners), and the price at ``N`` learners is ``t(1) + (t(n) -
-t(1)) (N - 1) / (n - 1)``; at ``N = n`` only the ``n``-copy step is timed. Times are
-thread CPU time (a shared machine's other jobs do not count), the median of
-:data:`~gradstat.compressors.targets.REPEATS` rounds (fewer, down to 3, for a step of
-over 0.2 s: :func:`rounds_for`) after
-:data:`~gradstat.compressors.targets.WARMUP` untimed ones, with the spread
-(interquartile range / median) of the ``n``-copy step, as the built-in profile's rates
-are measured (:mod:`gradstat.compressors.targets`).
+One learner's step over every message of the plan (its memory, its compressor's
+exchange and every learner's repeated work) on a real gradient row, with a loopback
+communicator standing in for the others (:class:`Loopback`), timed with one and with
+``n`` copies of an all-gathered payload: the price at ``N`` learners is ``t(1) + (t(n) -
+t(1)) (N - 1) / (n - 1)``. Times are thread CPU time, the median of
+:data:`~gradstat.compressors.targets.REPEATS` warm rounds (fewer for a long step:
+:func:`rounds_for`), as the built-in profile's rates are (:mod:`gradstat.compressors.targets`).
 """
 
 from __future__ import annotations
@@ -52,7 +43,9 @@ class Price:
 
 
 class Loopback:
-    """One learner's collectives answered from its own data (see the module docstring)."""
+    """One learner's collectives answered from its own data: an all-reduce hands back
+    its own tensors, an all-gather ``copies`` of its own payload, a broadcast its own
+    tensor, a round of point-to-point messages zeros of the shapes expected."""
 
     def __init__(self, copies: int) -> None:
         self.copies = copies

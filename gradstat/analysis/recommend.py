@@ -375,13 +375,10 @@ def recommend(
     say(announce(run, sample))
     screened = None
     if sample is not None:
-        target, n = params.target, run.cost_learners
+        target = params.target or builtin_target("cpu-here")
 
         def compress(i: int) -> float | None:  # None: measured on the sample
-            scheme = run.schemes[i][1]
-            if target is not None and target.name != "cpu-here":
-                return _estimated(scheme, n, target)
-            return _estimated(scheme, n, builtin_target("cpu-here")) if _emulated(scheme) else None
+            return _modelled(run.schemes[i][1], run.cost_learners, target)
 
         screened = screen(run, sample, params.error_budget, compress=compress, progress=progress)
         for group in screened.dropped:
@@ -466,21 +463,20 @@ def _scheme_of(run: Replay, row) -> tuple:
     )
 
 
-def _estimated(scheme, n: int, target: Target) -> float:
-    """One learner's compression seconds on ``target``: every message's work model."""
+def _modelled(scheme, n: int, target: Target) -> float | None:
+    """One learner's compression seconds on ``target`` by every message's work model,
+    where they are not measured here (None): on another target, and for a number format,
+    whose collective gradstat emulates (timing it would price the emulator)."""
+    first = scheme.plan.compressed[:1]
+    emulated = bool(first) and scheme.compressor(0, first[0]).emulated
+    if target.name == "cpu-here" and not emulated:
+        return None
     total = 0.0
     for m, message in enumerate(scheme.plan.messages):
         if not message.dense:
             work = scheme.compressor(0, m).work(message.numel, scheme.memory)
             total += seconds(work.online(n), target)
     return total
-
-
-def _emulated(scheme) -> bool:
-    """Whether ``scheme`` is a number format, whose collective gradstat emulates: its
-    price is the work model's casts (timing the emulation would price the emulator)."""
-    first = scheme.plan.compressed[:1]
-    return bool(first) and scheme.compressor(0, first[0]).emulated
 
 
 def target_times(
@@ -499,15 +495,15 @@ def target_times(
     n, replayed = run.cost_learners, len(run.learners)
     models: dict[str, BuildupModel] = {}
     compress, buildup = [], []
-    measured = target.name == "cpu-here"
     prices = prices or {}
     row = None
     for line in ranking.itertuples():
         ratio = _ratio(line.ratio)
         scope, scheme = _scheme_of(run, line)
         index = run.schemes.index((scope, scheme))
-        if not measured or _emulated(scheme):
-            compress.append(_estimated(scheme, n, target))
+        modelled = _modelled(scheme, n, target)
+        if modelled is not None:
+            compress.append(modelled)
         elif index in prices:
             compress.append(prices[index])
         else:

@@ -15,9 +15,10 @@ step and compressor (with ``detail`` per message), are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -283,45 +284,55 @@ class Replay:
     def replay_schemes(
         self, indices: Sequence[int], tick: Callable[[], None] = lambda: None
     ) -> list[dict]:
-        """Records of the schemes ``indices`` over every step (key ``scheme``: the index);
-        the error-feedback memories in RAM, or in a scratch file when they exceed the
-        memory budget. A scheme that fails with ``tolerate`` is one warning naming it, and
-        none of its records stay."""
-        n = len(self.learners)
-        chosen = [self.schemes[i] for i in indices]
-        scratch = memory_bytes_needed([s for _, s in chosen], n) > self.compute.memory_bytes()
+        """Records of the schemes ``indices`` over every step (:meth:`stream_records`); a
+        scheme that fails with ``tolerate`` is one warning naming it, and none of its
+        records stay."""
+        chosen = {i: self.schemes[i] for i in indices}
         records: list[dict] = []
-        failed: set[int] = set()
-        params = self.params
-        with torch_threads(params.threads):
+        failed: dict[int, BaseException] = {}
+        warned = 0
+        for found in self.stream_records(chosen, self.link, failed, self.params.detail):
+            for i in list(failed)[warned:]:
+                _warn_failed(chosen[i][1].spec.label, failed[i])
+            warned = len(failed)
+            records += found
+            tick()  # one more step of this unit
+        return [record for record in records if record["scheme"] not in failed]
+
+    def stream_records(
+        self,
+        chosen: Mapping[int, tuple[Scope, Scheme]],
+        link: Link,
+        failed: dict[int, BaseException],
+        detail: bool = False,
+    ) -> Iterator[list[dict]]:
+        """Each step's records of the ``chosen`` schemes (key ``scheme``: their index),
+        their communication costed on ``link``; the error-feedback memories in RAM, or in
+        a scratch file when they exceed the memory budget. A scheme that fails (with
+        ``tolerate``) goes into ``failed`` with its error and has no records from then on."""
+        n, schemes = len(self.learners), list(chosen.values())
+        scratch = memory_bytes_needed([s for _, s in schemes], n) > self.compute.memory_bytes()
+        with torch_threads(self.params.threads):
             stream = replay_streamed(
                 self.capture,
                 self.steps,
                 self.learners,
-                chosen,
+                schemes,
                 scratch=scratch,
-                tolerate=params.tolerate,
+                tolerate=self.params.tolerate,
             )
-            for step, results in stream:
-                for i, (sc, scheme), result in zip(indices, chosen, results, strict=True):
-                    if result.error is not None:
-                        if i not in failed:
-                            failed.add(i)
-                            _warn_failed(scheme.spec.label, result.error)
-                        continue
-                    found = step_records(
-                        step,
-                        sc.name,
-                        scheme,
-                        result,
-                        n,
-                        self.cost_learners,
-                        self.link,
-                        params.detail,
-                    )
-                    records += [{**record, "scheme": i} for record in found]
-                tick()  # one more step of this unit
-        return [record for record in records if record["scheme"] not in failed]
+            with contextlib.closing(stream):
+                for step, results in stream:
+                    found: list[dict] = []
+                    for i, (sc, scheme), result in zip(chosen, schemes, results, strict=True):
+                        if result.error is not None:
+                            failed.setdefault(i, result.error)
+                            continue
+                        records = step_records(
+                            step, sc.name, scheme, result, n, self.cost_learners, link, detail
+                        )
+                        found += [{**record, "scheme": i} for record in records]
+                    yield found
 
 
 def replay_unit(

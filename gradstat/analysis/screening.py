@@ -1,17 +1,10 @@
 """The screen of ``recommend``: every candidate on a column sample first, then only
 those that can still win on the whole model (docs/replay.md, "The screen", gives the
-rule and its limits).
+sample, the prediction at full size, the rule and its limits).
 
-The sample (:func:`sample_for`): the leading rows of every parameter, about
-:data:`SCREEN_VALUES` values (at least :data:`MIN_MESSAGE` per compressed message), cut
-into the plan's messages and blocks; ``f`` is the plan's compressed values over the
-sample's. On it each candidate's mean relative error is measured and its time per step
-at full size predicted: the alpha-beta communication with the bandwidth divided by
-``f``, plus ``f`` times its price on the sample (:mod:`gradstat.analysis.pricing`) or
-another target's work model. :func:`decide` drops a candidate whose error is over
-:data:`ERROR_MARGIN` times the budget, or that is over :data:`TIME_MARGIN` times slower
-than the fastest clearly within it; the others (and any that failed on the sample) go
-on. A plan under :data:`MIN_FRACTION` times the sample is not screened.
+The sample: :func:`sample_for`, its plan's compressed values ``f`` times fewer than the
+whole plan's; the replay on it and each candidate's predicted time: :func:`screen`; the
+rule (margins :data:`ERROR_MARGIN` and :data:`TIME_MARGIN`): :func:`decide`.
 """
 
 from __future__ import annotations
@@ -28,8 +21,8 @@ import torch
 from gradstat.analysis.ef_store import scratch_folder
 from gradstat.analysis.pricing import measure_price
 from gradstat.analysis.replay import Replay
-from gradstat.analysis.replay_records import COLUMNS, step_records, summarize_replay
-from gradstat.analysis.replay_stream import memory_bytes_needed, replay_streamed
+from gradstat.analysis.replay_records import COLUMNS, summarize_replay
+from gradstat.analysis.replay_stream import memory_bytes_needed
 from gradstat.analysis.row_workspace import read_block
 from gradstat.compressors.cost import Link
 from gradstat.compressors.plan import Plan, regrouped
@@ -197,26 +190,14 @@ def screen(
     ``compress``: the compression seconds of scheme ``i`` at full size where they are
     not measured here (another target's work model, a number format's casts); None (or
     None for a scheme): ``f`` times its price on the sample."""
-    n, cost_learners = len(run.learners), run.cost_learners
     link = Link(run.link.bandwidth / sample.fraction, run.link.latency)
     sampled = _sampled(run, sample)
-    chosen = [(sample.scope, scheme) for scheme in sampled.values()]
-    scratch = memory_bytes_needed(list(sampled.values()), n) > run.compute.memory_bytes()
-    records: list[dict] = []
-    failed = set(range(len(run.schemes))) - set(sampled)
-    with torch_threads(run.params.threads):
-        stream = replay_streamed(
-            run.capture, run.steps, run.learners, chosen, scratch=scratch, tolerate=True
-        )
-        with contextlib.closing(stream):
-            for _ in progress(range(len(run.steps))):
-                step, results = next(stream)
-                for i, scheme, result in zip(sampled, sampled.values(), results, strict=True):
-                    if result.error is not None:
-                        failed.add(i)
-                        continue
-                    found = step_records(step, "sample", scheme, result, n, cost_learners, link)
-                    records += [{**record, "scheme": i} for record in found]
+    failed: dict[int, BaseException] = dict.fromkeys(set(range(len(run.schemes))) - set(sampled))
+    chosen = {i: (sample.scope, scheme) for i, scheme in sampled.items()}
+    stream = run.stream_records(chosen, link, failed)
+    with contextlib.closing(stream):
+        steps = zip(progress(range(len(run.steps))), stream, strict=True)
+        records = [record for _, found in steps for record in found]
     prices = SamplePrices(run, sample)
 
     def seconds(i: int) -> float:
@@ -226,11 +207,11 @@ def screen(
     screened = decide(
         [label(s) for _, s in run.schemes],
         pd.DataFrame.from_records(records, columns=[*COLUMNS, "scheme"]),
-        failed,
+        set(failed),
         error_budget,
         sample,
         link,
-        cost_learners,
+        run.cost_learners,
         seconds,
     )
     return replace(screened, prices=dict(prices.measured))
@@ -282,7 +263,9 @@ def decide(
 ) -> Screen:
     """Which schemes (``names``, in order) go on, from their ``records`` (key ``scheme``)
     on ``sample`` replayed with ``link`` and ``compress(i)``, scheme ``i``'s compression
-    seconds at full size (see the module docstring); those in ``failed`` go on."""
+    seconds at full size: a candidate goes on unless its error is over
+    :data:`ERROR_MARGIN` times the budget or it is over :data:`TIME_MARGIN` times slower
+    than the fastest within ``error_budget / ERROR_MARGIN``; those in ``failed`` go on."""
     rows = []
     for i, name in enumerate(names):
         mine = records[records["scheme"] == i]

@@ -1,37 +1,19 @@
-"""One pass per row for every count, sum, quantile and goodness-of-fit question of ``fit``.
+"""One pass per row for every count, sum, quantile and goodness-of-fit question of ``fit``
+(the design and its measurements: docs/large.md, "Fit from one histogram per row").
 
 Non-negative float32 values order as their bit patterns do as integers, so the bins
-``bits(|x|) >> SHIFT`` (2^8 bins an octave, each 2^-8 of its value wide) are intervals of
-|x| in ascending order. One pass (``bin_sums_*``) takes each bin's count, float64 sum and
-sum of squares, and the row's zeros, signed sum and maximum. A count at a bin edge is then
-exact from the counts alone; a count at any other threshold is exact from the counts
-above the threshold's bin plus a count over that bin's own values.
+``bits(|x|) >> SHIFT`` (2^8 bins an octave) are intervals of |x| in ascending order. One
+pass (``bin_sums_*``) takes each bin's count, float64 sum and sum of squares, and the
+row's zeros, signed sum and maximum; a gather (one more pass) reads the values of only
+the bins asked for (:meth:`RowHistogram.prefetch`; ``gathers`` counts the passes). A
+count at any threshold is then exact: the counts above its bin plus a count over that
+bin's values. A :meth:`RowHistogram.sketch` answers from the bins alone and notes the
+bins it read: those the exact answers will read (``gradstat.analysis.fit``). The
+compiled pass sums integers (``low + ulp m`` per value, ``m`` the low ``SHIFT`` bits),
+each bin's sums rounded once to float64.
 
-Those values come from a gather: one more pass over the row that reads the values of
-only the bins asked for. The caller names up front the bins its questions will need
-(:meth:`RowHistogram.prefetch`), and they are gathered in one pass; a question about a
-bin not gathered costs one more gather (``RowHistogram.gathers`` counts them). Which
-bins a threshold estimator will read depends on values not read yet (SIDCo's second
-stage fits the exceedances of its first); a :meth:`RowHistogram.sketch` answers the same
-questions from the bins alone (each bin's count spread evenly over it) and notes the
-bins it would have read, which with their neighbours are the ones to gather (``fit``:
-:func:`gradstat.analysis.fit.row_records`). A row under ``PLAN_MIN_NUMEL`` values
-gathers all its bins on the first question instead.
-
-The compiled pass sums integers: in bin j every value is ``low_j + ulp_j m`` with m the
-bit pattern's low ``SHIFT`` bits, so the bin's sum is ``n low + ulp sum(m)`` and its sum
-of squares ``n low^2 + 2 low ulp sum(m) + ulp^2 sum(m^2)``, each rounded once to float64
-(the numpy and torch builds add float64 values, rounding at every add). It bins the
-signed bit patterns (the sign the top bit of the bin index), so the signed sum is the
-positive bins' sum less the negative bins'.
-
-:class:`RowHistogram` answers what the threshold estimators ask of a row (the interface
-:class:`~gradstat.stats.row_statistics.RowStatistics`) and what a distribution fit
-needs: the moments of every non-zero |x|, the k-th largest |x|, sums of a smooth
-function over every value (the log-likelihood, the log sum; quadratic in each bin,
-error below 1e-8 relative), and KS and Anderson-Darling on the whole row
-(:mod:`gradstat.stats.histogram_fit`).
-
+:class:`RowHistogram` is the binned :class:`~gradstat.stats.row_statistics.RowStatistics`
+and answers what a distribution fit needs besides (:mod:`gradstat.stats.histogram_fit`).
 Three builds of the bins and of a gather, the same numbers: numpy (``*_numpy``: the
 plain references), numba (``*_compiled``, :mod:`gradstat.stats._histogram_loops`; CPU
 rows of ``COMPILED_MIN_NUMEL`` or more) and torch (``*_torch``: ``torch.bincount`` and a
@@ -139,7 +121,8 @@ def bin_sums_torch(values: torch.Tensor) -> BinSums:
 
 def bin_sums_compiled(row: np.ndarray) -> BinSums:
     """The numba pass (see the module): the counts equal :func:`bin_sums_numpy`'s, the
-    sums are closer to the exact ones."""
+    sums are closer to the exact ones. It bins the signed bit patterns (the sign the top
+    bit of the index): the signed sum is the positive bins' less the negative bins'."""
     counts = np.zeros(2 * SIGN_BIN, np.int64)
     mantissas, squares = np.zeros_like(counts), np.zeros_like(counts)
     zeros, top, loops = 0, 0, _loops()
