@@ -1,14 +1,15 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
 Contract: :func:`stream_step_sets` returns, for one step and scope, each learner's top-k
-index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md
-3) without stacking the step's learners. Each row is read (and checked) into the unit's
-:class:`SetBuffers`, moved to the compute device and scanned once
-(:func:`gradstat.stats.rows.scan`): checked for NaN/Inf (a ``DataError`` naming step and
-learner), added to a compensated float32 running sum for the mean, and cut to its top-k
-candidates (:func:`gradstat.stats.topk_sets.top_of`). The mean is made in the last
-row's buffer, with its candidates and sum of squares, in one more pass. Memory: a row,
-the sum and O(learners x k) for the sets, whatever the number of learners.
+index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md 3)
+without stacking the step's learners. Each row is read (and checked) into the unit's
+:class:`SetBuffers` on its reading thread, one row ahead of the scan, moved to the
+compute device and scanned once (:func:`gradstat.stats.rows.scan`): checked for NaN/Inf
+(a ``DataError`` naming step and learner), added to a compensated float32 running sum
+for the mean, and cut to its top-k candidates (:func:`gradstat.stats.topk_sets.top_of`).
+The mean is made in the last row's buffer, with its candidates and sum of squares, in
+one more pass. Memory: a row, the sum and O(learners x k) for the sets, whatever the
+number of learners.
 
 When a row is longer than the memory budget allows (``Compute.block_numel``), the scope
 is processed in column blocks. Top-k over blocks is exact: each block keeps its own
