@@ -4,11 +4,10 @@
 against their CRC-32C, into a buffer; never mapped: a file cut while it is read is an
 error, not SIGBUS). :class:`Workspace` is a unit's reader with a reading thread that
 reads the next learner's row while the row before it is processed (the compiled loops
-leave the GIL): the replay's (:mod:`gradstat.analysis.replay_stream`), where it saves
-29-46%; a set analysis reads each row when it needs it (on this 2-core machine the
-thread cost it 13-20%: docs/large.md, "Fast paths"). A unit opens one (``with
-Workspace() as space:``), keeps it from step to step (a fresh row costs its page faults)
-and frees it when it ends.
+leave the GIL): the replay's (:mod:`gradstat.analysis.replay_stream`) and the set
+analyses' (:class:`gradstat.analysis.topk_stream.SetBuffers`; docs/large.md, "Fast
+paths"). A unit opens one (``with Workspace() as space:``), keeps it from step to step
+(a fresh row costs its page faults) and frees it when it ends.
 """
 
 from __future__ import annotations

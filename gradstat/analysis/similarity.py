@@ -134,11 +134,14 @@ def step_sets(
         return
     blocks = {sc.name: min(sc.numel, compute.block_numel(sc.numel)) for sc in scopes}
     with SetBuffers(max(blocks.values()), device, with_mean) as buffers:
-        for step in steps:
+        for at, step in enumerate(steps):
             found = []
+            # one scope: its next step's first row is read while this step ends
+            then = steps[at + 1] if len(scopes) == 1 and at + 1 < len(steps) else None
             for sc in scopes:
                 ks = [k_for(ratio, sc.numel) for ratio in ratios]
-                sets = stream_step_sets(cap, step, learners, sc, ks, buffers, blocks[sc.name])
+                block = blocks[sc.name]
+                sets = stream_step_sets(cap, step, learners, sc, ks, buffers, block, then)
                 found += [(sc, ratio, one) for ratio, one in zip(ratios, sets, strict=True)]
             yield step, [_warn_sparse(warned, step, *one) for one in found]
 

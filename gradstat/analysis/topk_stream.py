@@ -1,14 +1,15 @@
 """Top-k sets of one step, streamed one learner's row (or column block) at a time.
 
 Contract: :func:`stream_step_sets` returns, for one step and scope, each learner's top-k
-index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md
-3) without stacking the step's learners. Each row is read (and checked) into the unit's
-:class:`SetBuffers`, moved to the compute device and scanned once
-(:func:`gradstat.stats.rows.scan`): checked for NaN/Inf (a ``DataError`` naming step and
-learner), added to a compensated float32 running sum for the mean, and cut to its top-k
-candidates (:func:`gradstat.stats.topk_sets.top_of`). The mean is made in the last
-row's buffer, with its candidates and sum of squares, in one more pass. Memory: a row,
-the sum and O(learners x k) for the sets, whatever the number of learners.
+index set (and the mean gradient's, with the energy E(I) of each set: docs/methods.md 3)
+without stacking the step's learners. Each row is read (and checked) into the unit's
+:class:`SetBuffers` on its reading thread, one row ahead of the scan, moved to the
+compute device and scanned once (:func:`gradstat.stats.rows.scan`): checked for NaN/Inf
+(a ``DataError`` naming step and learner), added to a compensated float32 running sum
+for the mean, and cut to its top-k candidates (:func:`gradstat.stats.topk_sets.top_of`).
+The mean is made in the last row's buffer, with its candidates and sum of squares, in
+one more pass. Memory: a row, the sum and O(learners x k) for the sets, whatever the
+number of learners.
 
 When a row is longer than the memory budget allows (``Compute.block_numel``), the scope
 is processed in column blocks. Top-k over blocks is exact: each block keeps its own
@@ -22,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from gradstat.analysis.row_workspace import column_blocks, read_block
+from gradstat.analysis.row_workspace import Workspace, column_blocks
 from gradstat.stats.row_kernels import Room
 from gradstat.stats.rows import CompensatedSum, Found, require_finite, scan, scan_mean
 from gradstat.stats.topk_sets import (
@@ -41,14 +41,17 @@ TOPK = "a top-k set analysis"
 
 
 class SetBuffers:
-    """What a unit reads its steps' rows into: a row (or column block) buffer of
-    ``width`` values, the step's compensated sum on ``device`` (``with_mean``) and the
-    scans' candidate rooms, kept from step to step (a fresh row costs its page faults:
-    docs/large.md); a context manager that frees them when the unit ends."""
+    """What a unit reads its steps' rows into: a reader with row (or column block)
+    buffers of ``width`` values (:class:`~gradstat.analysis.row_workspace.Workspace`: the
+    next row is read and checked on its thread while this one is scanned), the step's
+    compensated sum on ``device`` (``with_mean``) and the scans' candidate rooms, kept
+    from step to step (a fresh row costs its page faults: docs/large.md); a context
+    manager that frees them (and stops the reader) when the unit ends."""
 
     def __init__(self, width: int, device: torch.device, with_mean: bool) -> None:
         self.device = device
-        self.row = np.empty(width, dtype=np.float32)
+        self.space = Workspace()
+        self.space.ensure(width)
         self.sums = CompensatedSum(width, device) if with_mean else None
         self.rooms = [Room(0), Room(0)]  # a learner's row, the mean
 
@@ -63,7 +66,8 @@ class SetBuffers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.row, self.sums, self.rooms = np.empty(0, np.float32), None, []
+        self.space.release()
+        self.sums, self.rooms = None, []
 
 
 @dataclass
@@ -199,19 +203,27 @@ def stream_step_sets(
     ks: Sequence[int],
     buffers: SetBuffers,
     block: int,
+    then: int | None = None,
 ) -> list[StepSets]:
     """Top-k sets of every learner (and of the mean when ``buffers`` keep a sum) for each
     k in ``ks``: each learner's row read once into ``buffers`` (in column blocks of
-    ``block`` when shorter than the scope); exact, module docstring."""
+    ``block`` when shorter than the scope); exact, module docstring. The first
+    learner's next block, or at the last block the first block of step ``then`` (the
+    step likely asked for next in this scope), is read while the mean is made."""
     d, n, kmax = scope.numel, len(learners), max(ks)
     with_mean = buffers.sums is not None
     running = [_RowCandidates(kmax) for _ in range(n + 1)]
     total = torch.zeros((), dtype=torch.float64, device=buffers.device)
-    for start, stop in column_blocks(d, min(block, d)):
+    blocks = list(column_blocks(d, min(block, d)))
+    for b, (start, stop) in enumerate(blocks):
+        ahead = (step, *blocks[b + 1]) if b + 1 < len(blocks) else None
+        if ahead is None and then is not None:
+            ahead = (then, *blocks[0])
+        rows = buffers.space.rows(cap, step, learners, scope, start, stop, ahead)
         candidates, x = [], None
-        for i, learner in enumerate(learners):
-            view = read_block(cap, step, learner, scope, start, stop, buffers.row)
+        for i, view in enumerate(rows):  # a row stays valid until the next is handed out
             x = torch.from_numpy(view).to(buffers.device)
+            learner = learners[i]
             row = (step, learner, i == 0)
             candidates.append(_scan_row(x, kmax, start, buffers, row, running[i].floor))
         if with_mean:  # the mean goes where the last row was (no longer needed)

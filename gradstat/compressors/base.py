@@ -83,7 +83,8 @@ class Compressor:
     its own for an exchange of its own (``"broadcast+allreduce"``); ``average`` (the
     aggregate divided by the learners); ``sparse`` (how the values sent are counted:
     ``True`` from ``tensors[0]``, the indices; ``False`` every element; ``None`` from the
-    payload, :func:`payload_count`); ``k`` (a sparsifier's target count, else ``None``).
+    payload, :func:`payload_count`); ``k`` (a sparsifier's target count, else ``None``);
+    ``draws`` (the default exchange reseeds its ``generator`` from each call's seed).
     """
 
     name: str = ""
@@ -91,6 +92,7 @@ class Compressor:
     average: bool = True
     sparse: bool | None = None
     k: int | None = None
+    draws: bool = False
     #: A collective gradstat emulates (a number format on the wire): priced by its work
     #: model, not by timing the emulation.
     emulated: bool = False
@@ -161,6 +163,8 @@ class Compressor:
         """One learner's step on its corrected vector ``p`` of one message (GRACE's
         ``Communicator.step``): compress, all-gather (or all-reduce) the payload, decode
         and aggregate (once for every learner in the replay)."""
+        if self.draws:
+            self.generator = call.generator()
         tensors, ctx = self.compress(p, call.name)
         tensors = list(tensors)
         n, collective = call.learners, self.collective

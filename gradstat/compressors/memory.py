@@ -29,7 +29,7 @@ import torch
 
 from gradstat.compressors.exchange import Call, Sent, SparseRow
 from gradstat.compressors.work import Ops, passes
-from gradstat.stats.row_kernels import momentum_add, squared_norm
+from gradstat.stats.row_kernels import add_squares, momentum_add, squared_norm
 
 
 class RowStore(Protocol):
@@ -64,6 +64,20 @@ def row_norm(row: torch.Tensor) -> float:
     if flat.device.type == "cpu" and flat.dtype == torch.float32:
         return math.sqrt(squared_norm(np.ascontiguousarray(flat.numpy())))
     return float(torch.linalg.vector_norm(flat, dtype=torch.float64))
+
+
+def squares_left(
+    row: torch.Tensor, squares: Any, where: torch.Tensor, before: Any, after: Any
+) -> float:
+    """``row``'s squared norm after its values at ``where`` changed from ``before`` to
+    ``after`` (0: zeroed), from ``squares``, its float64 squared norm before (None:
+    unknown): ``squares - sum before^2 + sum after^2`` (each term exact), no pass over the
+    row; one pass (:func:`row_norm`) when unknown, when ``where`` repeats an index or
+    when more than half the norm left (the difference would lose digits)."""
+    gone = float(before.double().square().sum())
+    if squares is None or not gone <= squares / 2 or where.unique().numel() < where.numel():
+        return row_norm(row) ** 2
+    return squares - gone + float(torch.as_tensor(after).double().square().sum())
 
 
 def _cpu32(*rows: torch.Tensor) -> bool:
@@ -168,8 +182,15 @@ class ResidualMemory(Memory):
         m = self.part(rows[0], call.index)
         if self.beta != 1.0:
             return m + joined(g)
+        squares = 0.0
         for start, piece in _spans(g):
-            m[start : start + piece.numel()].add_(piece)
+            m_at = m[start : start + piece.numel()]
+            if _cpu32(m_at, piece):  # the add and ||p||^2 in one pass (for update)
+                squares += add_squares(m_at.numpy(), piece.numpy())
+            else:
+                m_at.add_(piece)
+        if _cpu32(m):
+            call.facts["squares"] = squares
         return m
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
@@ -180,7 +201,10 @@ class ResidualMemory(Memory):
             c = c.dense() if isinstance(c, SparseRow) else c.reshape(-1)
             m.mul_(1.0 - self.beta).add_(p - c, alpha=self.beta)
         elif isinstance(c, SparseRow):  # p is m: p - c differs from p only at c's indices
-            m.index_add_(0, c.indices.long(), c.values, alpha=-1)
+            where, squares = c.indices.long(), call.facts.get("squares")
+            before = m.index_select(0, where)
+            m.index_add_(0, where, c.values, alpha=-1)
+            return squares_left(m, squares, where, before, m.index_select(0, where))
         else:
             torch.sub(p, c.reshape(-1), out=m)
         return row_norm(m) ** 2
@@ -210,17 +234,17 @@ class DGCMemory(Memory):
         """``u = mu u + g``; ``v = v + u``; returns ``v`` (its non-zeros in
         ``call.facts`` on the CPU)."""
         u, v = (self.part(r, call.index) for r in rows)
-        nonzeros = 0
+        nonzeros, squares = 0, 0.0
         for start, piece in _spans(g):
             u_at, v_at = u[start : start + piece.numel()], v[start : start + piece.numel()]
             if _cpu32(u, v, piece):  # one pass, the same bits as the three below
-                zeros, _ = momentum_add(u_at.numpy(), v_at.numpy(), piece.numpy(), self.momentum)
-                nonzeros += piece.numel() - zeros
+                zeros, sq = momentum_add(u_at.numpy(), v_at.numpy(), piece.numpy(), self.momentum)
+                nonzeros, squares = nonzeros + piece.numel() - zeros, squares + sq
             else:
                 u_at.mul_(self.momentum).add_(piece)
                 v_at.add_(u_at)
         if _cpu32(u, v):
-            call.facts["nonzeros"] = nonzeros
+            call.facts["nonzeros"], call.facts["squares"] = nonzeros, squares
         return v
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
@@ -230,8 +254,10 @@ class DGCMemory(Memory):
         c = sent.contribution()
         if isinstance(c, SparseRow):
             where = c.indices.long()[c.values != 0]
+            before = v.index_select(0, where)
             v.index_fill_(0, where, 0.0)
             u.index_fill_(0, where, 0.0)
+            return squares_left(v, call.facts.get("squares"), where, before, 0.0)
         else:
             mask = c.reshape(-1) != 0
             torch.sub(p, c.reshape(-1), out=v)

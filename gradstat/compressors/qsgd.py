@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, Exchange
-from gradstat.compressors.exchange import Call, Tensors
+from gradstat.compressors.base import Compressor
+from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work, passes
 
@@ -21,6 +21,7 @@ class QSGD(Compressor):
     name = "qsgd"
     collective = "allgather"
     sparse = False
+    draws = True
 
     def __init__(self, levels: int = 127, bucket: int = 512, seed: int = 0) -> None:
         if not 1 <= levels <= 32767:
@@ -31,11 +32,6 @@ class QSGD(Compressor):
         self.bucket = bucket
         self.level_dtype = torch.int8 if levels <= 127 else torch.int16
         self.generator = torch.Generator().manual_seed(seed)
-
-    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
-        """The generic exchange, drawing from this call's own seed."""
-        self.generator = call.generator()
-        return (yield from super().exchange(p, call))
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
         tensor = tensor.reshape(-1)

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from gradstat.compressors.base import Compressor, Exchange, pack_bits, unpack_bits
-from gradstat.compressors.exchange import Call, Tensors
+from gradstat.compressors.base import Compressor, pack_bits, unpack_bits
+from gradstat.compressors.exchange import Tensors
 from gradstat.compressors.memory import Memory
 from gradstat.compressors.work import Ops, Work, pack_bits_ops, passes, unpack_bits_ops
 
@@ -22,14 +22,10 @@ class TernGrad(Compressor):
     name = "terngrad"
     collective = "allgather"
     sparse = False
+    draws = True
 
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
-
-    def exchange(self, p: torch.Tensor, call: Call) -> Exchange:
-        """The generic exchange, drawing from this call's own seed."""
-        self.generator = call.generator()
-        return (yield from super().exchange(p, call))
 
     def compress(self, tensor: torch.Tensor, name: str) -> tuple[Tensors, Any]:
         tensor = tensor.reshape(-1)
