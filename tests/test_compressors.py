@@ -20,7 +20,7 @@ from gradstat.compressors import (
 from gradstat.compressors.base import pack_bits, unpack_bits
 from gradstat.compressors.cast import FormatCompressor
 from gradstat.compressors.exchange import Call, Sent, nbytes
-from gradstat.compressors.memory import TensorRows, squares_left
+from gradstat.compressors.memory import TensorRows
 from gradstat.compressors.qsgd import QSGD
 from gradstat.compressors.signsgd import EFSignSGD
 from gradstat.compressors.terngrad import TernGrad
@@ -517,20 +517,3 @@ def test_a_density_applies_to_each_message_by_the_compressors_rule():
         build_scheme(spec, None, plan_of(500))
     with pytest.raises(UsageError, match="outside"):
         build_scheme(spec, 1.5, plan_of(500))
-
-
-@pytest.mark.parametrize("case", ["few", "most", "repeated", "unknown"])
-def test_memory_norm_from_the_values_changed_equals_a_pass_over_the_row(case):
-    """``squares_left``: the norm after k values change, from the norm before, equals
-    numpy's float64 norm of the new row; also where it must fall back to a pass (more
-    than half the norm gone, an index twice, the norm before unknown)."""
-    rng = np.random.default_rng(5)
-    row = torch.from_numpy((rng.standard_normal(5000) * rng.lognormal(size=5000)).astype("f4"))
-    where = torch.arange(0, 5000, 7) if case != "most" else torch.arange(5000)[row.abs() > 0.1]
-    if case == "repeated":
-        where = torch.cat([where, where[:3]])
-    squares = float(np.sum(row.numpy().astype(np.float64) ** 2))
-    before = row.index_select(0, where)
-    row[where] = row[where] * 0.25
-    got = squares_left(row, None if case == "unknown" else squares, where, before, row[where])
-    assert got == pytest.approx(float(np.sum(row.numpy().astype(np.float64) ** 2)), rel=1e-13)

@@ -67,17 +67,22 @@ def row_norm(row: torch.Tensor) -> float:
 
 
 def squares_left(
-    row: torch.Tensor, squares: Any, where: torch.Tensor, before: Any, after: Any
+    row: torch.Tensor, squares: float | None, before: torch.Tensor, after: Any
 ) -> float:
-    """``row``'s squared norm after its values at ``where`` changed from ``before`` to
-    ``after`` (0: zeroed), from ``squares``, its float64 squared norm before (None:
-    unknown): ``squares - sum before^2 + sum after^2`` (each term exact), no pass over the
-    row; one pass (:func:`row_norm`) when unknown, when ``where`` repeats an index or
-    when more than half the norm left (the difference would lose digits)."""
+    """``row``'s squared norm after its values at distinct indices changed from ``before``
+    to ``after`` (a tensor, or 0), from ``squares``, its float64 squared norm before
+    (None: unknown): ``squares - sum before^2 + sum after^2`` (each term exact in float64),
+    no pass over the row; one pass (:func:`row_norm`) when unknown or when more than half
+    the norm left (the difference would lose digits)."""
     gone = float(before.double().square().sum())
-    if squares is None or not gone <= squares / 2 or where.unique().numel() < where.numel():
+    if squares is None or not gone <= squares / 2:
         return row_norm(row) ** 2
-    return squares - gone + float(torch.as_tensor(after).double().square().sum())
+    kept = float(after.double().square().sum()) if isinstance(after, torch.Tensor) else 0.0
+    return squares - gone + kept
+
+
+def _distinct(indices: torch.Tensor) -> bool:
+    return torch.unique(indices).numel() == indices.numel()
 
 
 def _cpu32(*rows: torch.Tensor) -> bool:
@@ -201,10 +206,11 @@ class ResidualMemory(Memory):
             c = c.dense() if isinstance(c, SparseRow) else c.reshape(-1)
             m.mul_(1.0 - self.beta).add_(p - c, alpha=self.beta)
         elif isinstance(c, SparseRow):  # p is m: p - c differs from p only at c's indices
-            where, squares = c.indices.long(), call.facts.get("squares")
+            where = c.indices.long()
             before = m.index_select(0, where)
             m.index_add_(0, where, c.values, alpha=-1)
-            return squares_left(m, squares, where, before, m.index_select(0, where))
+            if _distinct(where):
+                return squares_left(m, call.facts.get("squares"), before, m.index_select(0, where))
         else:
             torch.sub(p, c.reshape(-1), out=m)
         return row_norm(m) ** 2
@@ -257,7 +263,8 @@ class DGCMemory(Memory):
             before = v.index_select(0, where)
             v.index_fill_(0, where, 0.0)
             u.index_fill_(0, where, 0.0)
-            return squares_left(v, call.facts.get("squares"), where, before, 0.0)
+            if _distinct(where):
+                return squares_left(v, call.facts.get("squares"), before, 0)
         else:
             mask = c.reshape(-1) != 0
             torch.sub(p, c.reshape(-1), out=v)
