@@ -29,7 +29,7 @@ import torch
 
 from gradstat.compressors.exchange import Call, Sent, SparseRow
 from gradstat.compressors.work import Ops, passes
-from gradstat.stats.row_kernels import add_squares, momentum_add, squared_norm
+from gradstat.stats.row_kernels import momentum_add, squared_norm
 
 
 class RowStore(Protocol):
@@ -64,25 +64,6 @@ def row_norm(row: torch.Tensor) -> float:
     if flat.device.type == "cpu" and flat.dtype == torch.float32:
         return math.sqrt(squared_norm(np.ascontiguousarray(flat.numpy())))
     return float(torch.linalg.vector_norm(flat, dtype=torch.float64))
-
-
-def squares_left(
-    row: torch.Tensor, squares: float | None, before: torch.Tensor, after: Any
-) -> float:
-    """``row``'s squared norm after its values at distinct indices changed from ``before``
-    to ``after`` (a tensor, or 0), from ``squares``, its float64 squared norm before
-    (None: unknown): ``squares - sum before^2 + sum after^2`` (each term exact in float64),
-    no pass over the row; one pass (:func:`row_norm`) when unknown or when more than half
-    the norm left (the difference would lose digits)."""
-    gone = float(before.double().square().sum())
-    if squares is None or not gone <= squares / 2:
-        return row_norm(row) ** 2
-    kept = float(after.double().square().sum()) if isinstance(after, torch.Tensor) else 0.0
-    return squares - gone + kept
-
-
-def _distinct(indices: torch.Tensor) -> bool:
-    return torch.unique(indices).numel() == indices.numel()
 
 
 def _cpu32(*rows: torch.Tensor) -> bool:
@@ -187,15 +168,8 @@ class ResidualMemory(Memory):
         m = self.part(rows[0], call.index)
         if self.beta != 1.0:
             return m + joined(g)
-        squares = 0.0
         for start, piece in _spans(g):
-            m_at = m[start : start + piece.numel()]
-            if _cpu32(m_at, piece):  # the add and ||p||^2 in one pass (for update)
-                squares += add_squares(m_at.numpy(), piece.numpy())
-            else:
-                m_at.add_(piece)
-        if _cpu32(m):
-            call.facts["squares"] = squares
+            m[start : start + piece.numel()].add_(piece)
         return m
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
@@ -206,11 +180,7 @@ class ResidualMemory(Memory):
             c = c.dense() if isinstance(c, SparseRow) else c.reshape(-1)
             m.mul_(1.0 - self.beta).add_(p - c, alpha=self.beta)
         elif isinstance(c, SparseRow):  # p is m: p - c differs from p only at c's indices
-            where = c.indices.long()
-            before = m.index_select(0, where)
-            m.index_add_(0, where, c.values, alpha=-1)
-            if _distinct(where):
-                return squares_left(m, call.facts.get("squares"), before, m.index_select(0, where))
+            m.index_add_(0, c.indices.long(), c.values, alpha=-1)
         else:
             torch.sub(p, c.reshape(-1), out=m)
         return row_norm(m) ** 2
@@ -240,17 +210,17 @@ class DGCMemory(Memory):
         """``u = mu u + g``; ``v = v + u``; returns ``v`` (its non-zeros in
         ``call.facts`` on the CPU)."""
         u, v = (self.part(r, call.index) for r in rows)
-        nonzeros, squares = 0, 0.0
+        nonzeros = 0
         for start, piece in _spans(g):
             u_at, v_at = u[start : start + piece.numel()], v[start : start + piece.numel()]
             if _cpu32(u, v, piece):  # one pass, the same bits as the three below
-                zeros, sq = momentum_add(u_at.numpy(), v_at.numpy(), piece.numpy(), self.momentum)
-                nonzeros, squares = nonzeros + piece.numel() - zeros, squares + sq
+                zeros, _ = momentum_add(u_at.numpy(), v_at.numpy(), piece.numpy(), self.momentum)
+                nonzeros += piece.numel() - zeros
             else:
                 u_at.mul_(self.momentum).add_(piece)
                 v_at.add_(u_at)
         if _cpu32(u, v):
-            call.facts["nonzeros"], call.facts["squares"] = nonzeros, squares
+            call.facts["nonzeros"] = nonzeros
         return v
 
     def update(self, rows: Any, call: Call, p: torch.Tensor, sent: Sent, compressor: Any) -> float:
@@ -260,11 +230,8 @@ class DGCMemory(Memory):
         c = sent.contribution()
         if isinstance(c, SparseRow):
             where = c.indices.long()[c.values != 0]
-            before = v.index_select(0, where)
             v.index_fill_(0, where, 0.0)
             u.index_fill_(0, where, 0.0)
-            if _distinct(where):
-                return squares_left(v, call.facts.get("squares"), before, 0)
         else:
             mask = c.reshape(-1) != 0
             torch.sub(p, c.reshape(-1), out=v)

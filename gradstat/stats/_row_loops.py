@@ -232,19 +232,6 @@ def add_checked(x, total):
 
 
 @njit(**_OPTIONS)
-def add_squares(x, g):
-    """x = x + g (float32, elementwise) piece by piece and, while each piece of the new x
-    is in cache, its float64 sum of squares; returns it."""
-    squares = 0.0
-    for lo in range(0, x.size, PIECE):
-        hi = min(x.size, lo + PIECE)
-        for j in range(lo, hi):
-            x[j] = x[j] + g[j]
-        squares += sum_squares(x[lo:hi])
-    return squares
-
-
-@njit(**_OPTIONS)
 def zeros_in(x):
     """How many x_j == 0 (either sign; NaN is not)."""
     count = 0

@@ -215,13 +215,6 @@ def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -
     return int(zeros), float(squares)
 
 
-def add_squares(x: np.ndarray, g: np.ndarray) -> float:
-    """``x += g`` (float32, bit for bit torch's ``add_``) in one pass that also returns the
-    new x's float64 sum of squares (what error feedback's memory norm would otherwise read
-    the row again for)."""
-    return float(loops().add_squares(x, np.ascontiguousarray(g)))
-
-
 def squared_norm(x: np.ndarray) -> float:
     """sum x^2 of a float32 row, accumulated in float64."""
     return float(loops().sum_squares(x))

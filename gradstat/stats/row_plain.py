@@ -109,13 +109,6 @@ def momentum_add(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float) -
     return v.size - int(np.count_nonzero(v)), _squares(v)
 
 
-def add_squares(x: np.ndarray, g: np.ndarray) -> float:
-    """:func:`~gradstat.stats.row_kernels.add_squares`: ``x += g``; x's float64 sum of
-    squares."""
-    x += g
-    return _squares(x)
-
-
 def squared_norm(x: np.ndarray) -> float:
     """:func:`~gradstat.stats.row_kernels.squared_norm`."""
     return _squares(x)
