@@ -20,7 +20,9 @@ the learner's shard group (a gloo group of its own over the same ranks, made her
 every learner), with error feedback per learner as without replication; FSDP's
 replicate all-reduce then averages the reduced shards densely, in the reduce dtype.
 Compressed once: torch 2.13 has no public seam to replace that all-reduce
-(``set_all_reduce_hook`` runs after it). The replay's ``unit`` plan models the same
+(``set_all_reduce_hook`` runs after it; ``set_requires_all_reduce(False)`` defers it,
+keeping the reduced shard for the next backward and leaving ``.grad`` unset). The
+replay's ``unit`` plan models the same
 (:attr:`~gradstat.compressors.plan.Message.replicate`); the shard groups must be
 consecutive ranks (``init_device_mesh``'s layout), as the replay numbers them.
 
