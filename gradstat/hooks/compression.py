@@ -25,12 +25,14 @@ The state keeps, for recording (``GradientCapture`` writes it as the ``sent`` da
 and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32, in
 the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
 ``estimate`` (the aggregate every learner applied; under HSDP its shard group's, which
-FSDP's replicate all-reduce then averages), ``transfers`` (the bytes it put into each
-collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
-the replay numbers the recorded steps of a capture that starts at 0: random draws and
-CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
-and run their collectives on a gloo process group: ``process_group=``, else one of
-their own made when the state is bound (so they never meet DDP's own collectives).
+the replicate stage then averages: FSDP's dense all-reduce, or with ``replicate=R``
+:meth:`CompressionState.run_replicate` in each unit's all-reduce hook), ``transfers``
+(the bytes it put into each collective, both stages') and ``overhead_bytes``. Steps
+are numbered from 0 (``state.step``), as the replay numbers the recorded steps of a
+capture that starts at 0: random draws and CLT-k's leader follow it. The hooks compute
+on the CPU (the compressors are CPU code) and run their collectives on a gloo process
+group: ``process_group=``, else one of their own made when the state is bound (so they
+never meet DDP's own collectives).
 """
 
 import json
@@ -215,7 +217,7 @@ class CompressionState:
         then its ``messages`` exchanged now (on the calling thread) over ``group`` (HSDP:
         a gloo group of the learner's shard group; None: the hook's group of every
         learner); the estimate row (the mean of ``group``'s learners, in the layer
-        table's order; under HSDP FSDP's replicate all-reduce averages it next)."""
+        table's order; under HSDP the replicate stage averages it next)."""
         learners = self.world if group is None else dist.get_world_size(group)
         if world != learners:
             raise UsageError(
