@@ -182,22 +182,23 @@ def replicate_groups(
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """This learner's gloo groups for HSDP with both stages compressed (made on every
     learner): its shard group (S consecutive ranks) and its replicate group (the R
-    ranks with its shard index). Refused: shard groups that are not consecutive ranks
-    covering the ``world`` learners in ``replicate`` groups."""
+    ranks with its shard index). Refused on every learner alike (each one's shard groups
+    gathered first): shard groups that are not consecutive ranks covering the ``world``
+    learners in ``replicate`` groups."""
     shards = {layout.shard for _, layout in layouts}
-    rank = dist.get_rank()
     (shard,) = shards if len(shards) == 1 else (0,)
-    mine = [list(range(rank - rank % shard, rank - rank % shard + shard))] if shard else []
-    if shard * replicate != world or any(
-        shard_groups(layout.slots[0].param) != mine for _, layout in layouts
-    ):
+    seen = {str(shard_groups(layout.slots[0].param)) for _, layout in layouts}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, sorted(seen))
+    consecutive = [list(range(g * shard, (g + 1) * shard)) for g in range(replicate)]
+    expected = [[str([ranks])] for ranks in consecutive for _ in ranks]
+    if shard * replicate != world or everyone != expected:
         raise UsageError(
             f"FSDP units sharded over {sorted(shards)} learners of {world} with "
             f"replicate={replicate}: a compressed replicate stage needs every unit on the "
             "shard group of consecutive ranks (init_device_mesh(..., (replicate, shard))"
             '["shard"]), replicate x shard = every learner'
         )
-    consecutive = [list(range(g * shard, (g + 1) * shard)) for g in range(replicate)]
     strided = [list(range(s, world, shard)) for s in range(shard)]
     group, _ = dist.new_subgroups_by_enumeration(consecutive, backend="gloo")
     replicas, _ = dist.new_subgroups_by_enumeration(strided, backend="gloo")
