@@ -23,6 +23,7 @@ from gradstat.compressors.plan import Plan, build_plan
 from gradstat.compressors.registry import build_scheme
 from gradstat.compressors.spec import parse_compressors
 from gradstat.errors import UsageError
+from gradstat.hooks import compression_hook
 from gradstat.hooks.fsdp_compression import install, mark_replicated
 from gradstat.store import open_capture
 from gradstat.store.schema import layer_table
@@ -110,6 +111,13 @@ def test_compare_measures_hsdp_runs_as_their_replay(hsdp_runs):
     learners is exact, top-k's sums are; a built-in with a memory needs no
     --trained-with."""
     paths = [hsdp_runs / folder(run) for run in ["dense", *HSDP_RUNS]]
+    with open_capture(paths[0]) as dense, open_capture(paths[1]) as trained:
+        # the dense run's FSDP all-reduced densely; the prediction replays both stages
+        scope = dense.scopes("model")[0]
+        assert not any(m.replicate_compressed for m in capture_plan(dense, scope).messages)
+        options = trained_options(trained)
+        plan = capture_plan(dense, scope, **options)
+        assert all(m.replicate_compressed for m in plan.messages)
     errors = compare(paths).errors
     assert sorted(set(errors["run"])) == sorted(folder(run) for run in HSDP_RUNS)
     assert len(errors) == 3 * len(HSDP_RUNS)
@@ -270,3 +278,15 @@ def test_a_compressed_replicate_stage_refuses_what_it_cannot_run(
     layout = UnitLayout("block", [slot], 2, replicate, 1.0, wire)
     with pytest.raises(UsageError, match=message):
         mark_replicated([(None, layout)], 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"granularity": "unit", "dense_below": 10}, "not supported with a compressed HSDP"),
+        ({"granularity": "bucket"}, "compressed inside FSDP2 units"),
+    ],
+)
+def test_a_compressed_replicate_stage_refuses_other_plans(options, message):
+    with pytest.raises(UsageError, match=message):
+        compression_hook("topk", ratio=0.1, replicate=2, **options)

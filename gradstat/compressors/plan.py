@@ -303,14 +303,17 @@ def build_plan(
     dense_below: int = 0,
     first_bucket_bytes: int | None = None,
     units: Sequence[UnitMembers] | None = None,
+    replicate_compressed: bool | None = None,
 ) -> Plan:
     """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``,
     ``unit``) with the parameters matching the regex ``dense`` or smaller than
     ``dense_below`` values sent uncompressed; ``first_bucket_bytes`` overrides the first
     bucket's cap (a capture's record of its DDP's); ``units``: the FSDP units of a
     ``unit`` plan, ``(name, [layer names], replicate, replicate_compressed)``
-    (:func:`unit_members`). A unit whose replicate stage is compressed takes no dense
-    parameter (its shards hold every parameter of the unit)."""
+    (:func:`unit_members`); ``replicate_compressed`` (None: as each unit records)
+    overrides the replicate stage of every unit replicated over R > 1 (a compressed
+    run's plan replayed on a dense run's capture). A unit whose replicate stage is
+    compressed takes no dense parameter (its shards hold every parameter of the unit)."""
     kind, cap_mb = parse_granularity(granularity)
     try:
         pattern = re.compile(dense) if dense else None
@@ -322,7 +325,10 @@ def build_plan(
     def sent_dense(layer: Layer) -> bool:
         return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
 
-    replicas = {name: (replicate, compressed) for name, _, replicate, compressed in units or ()}
+    replicas = {
+        name: (r, compressed if replicate_compressed is None else replicate_compressed and r > 1)
+        for name, _, r, compressed in units or ()
+    }
     messages: list[Message] = []
     for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes, units):
         compressed = [layer for layer in group if not sent_dense(layer)]

@@ -107,6 +107,13 @@ class CompressionState:
             "dense": dense,
             "dense_below": dense_below,
         }
+        if replicate > 1:  # a replay of this run on a dense run's capture runs it too
+            self.plan_options["replicate_compressed"] = True
+            if dense or dense_below:
+                raise UsageError(
+                    "dense= and dense_below= are not supported with a compressed HSDP "
+                    "replicate stage (each shard holds every parameter of its unit)"
+                )
         check = layer_table([("check", (1,))])  # the options, checked before training
         units = [("check", ["check"], 1, False)] if granularity == "unit" else None
         build_plan(check, granularity, dense=dense, dense_below=dense_below, units=units)
