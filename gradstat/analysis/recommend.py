@@ -13,9 +13,10 @@ fp16; on an FSDP2 capture, against FSDP's reduce-scatter in its reduce dtype plu
 parameter all-gather (added to every candidate too), among the candidates with a
 reduce-scatter form; under HSDP (R replicas) the reduce-scatter and the candidates run
 in shard groups of ``cost_learners / R``, the baseline pays the dense replicate
-all-reduce of its shard, and so does every candidate unless the capture's units record
-a compressed replicate stage (gradstat's own ``--hsdp`` with a compressor: the replay
-prices the candidate's stage 2 then). Build-up is extrapolated to ``cost_learners`` with
+all-reduce of its shard, and so does every candidate unless the plan compresses the
+replicate stage (:attr:`~gradstat.compressors.plan.Message.replicate_compressed`, as
+gradstat's own ``--hsdp`` with a compressor runs it: the replay prices the candidate's
+stage 2 then). Build-up is extrapolated to ``cost_learners`` with
 :mod:`gradstat.analysis.cluster`'s stated model.
 """
 
@@ -417,13 +418,6 @@ def fsdp_replicas(capture: Capture) -> int:
     return max((int(u.get("replicate", 1)) for u in units), default=1)
 
 
-def fsdp_replicate_compressed(capture: Capture) -> bool:
-    """Whether an FSDP2 capture's HSDP replicate stage is compressed (its units record
-    ``replicate_compressed``: the replay prices that stage per candidate)."""
-    units = json.loads(capture.meta.get("fsdp_units") or "[]")
-    return any(bool(u.get("replicate_compressed", False)) for u in units)
-
-
 def fsdp_seconds(
     numel: int, shard: int, replicas: int, link: Link, reduce: str
 ) -> tuple[float, float, float]:
@@ -579,7 +573,7 @@ def choose(
     else:  # FSDP2: the run's reduce-scatter; the rest stays the same for everyone
         scatter, replicate, fixed = fsdp_seconds(run.capture.numel, shard, replicas, link, reduce)
         base, baseline = scatter + replicate + fixed, reduce
-        if not fsdp_replicate_compressed(run.capture):  # FSDP's own, dense
+        if not any(m.replicate_compressed for m in run.plan.messages):  # FSDP's, dense
             fixed += replicate
         dense = FSDP_DENSE if replicas == 1 else HSDP_DENSE
         for column in ("comm_seconds", "seconds"):
