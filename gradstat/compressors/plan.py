@@ -349,9 +349,9 @@ def build_plan(
 
 
 def replicate_plan(plan: Plan, shards: int) -> Plan:
-    """The second stage of HSDP's compressed replicate all-reduce (every message of
-    ``plan`` with :attr:`Message.replicate_compressed`; ``shards`` learners in a shard
-    group): message ``m`` becomes ``shards`` messages (index ``m * shards + s``, named
+    """The second stage of HSDP's compressed replicate all-reduce (the messages of
+    ``plan`` with :attr:`Message.replicate_compressed` use it; ``shards`` learners in a
+    shard group): message ``m`` becomes ``shards`` messages (index ``m * shards + s``, named
     ``"NAME shard s"``), learner s's shard of the shard group's mean in FSDP's layout
     (:func:`gradstat.compressors.shards.shard_of`, padding included), which the R
     learners holding shard s exchange (an all-reduce among them: the plan's granularity
@@ -360,8 +360,6 @@ def replicate_plan(plan: Plan, shards: int) -> Plan:
     messages: list[Message] = []
     offset = 0
     for message in plan.messages:
-        if not message.replicate_compressed:
-            raise ValueError(f"message {message.name} has no compressed replicate stage")
         numel = shard_numel(pieces(message.shapes), shards)
         for s in range(shards):
             name = f"{message.name} shard {s}"
