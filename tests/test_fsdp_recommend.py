@@ -17,6 +17,7 @@ from gradstat.compressors.cost import (
     allreduce_seconds,
     reducescatter_seconds,
 )
+from gradstat.compressors.targets import builtin_target
 from gradstat.errors import UsageError
 from gradstat.store import layer_table, open_capture, write_capture
 
@@ -108,7 +109,12 @@ def test_hsdp_candidates_pay_their_compressed_replicate_stage(tmp_path):
     d = LAYERS[-1].stop
     grads = rng.normal(size=(4, 2, d)).astype(np.float32)
     params = RecommendParams(
-        error_budget=1.0, link=LINK, cost_learners=8, compressors="fp8-e4m3", ratios="0.1"
+        error_budget=1.0,
+        link=LINK,
+        cost_learners=8,
+        compressors="fp8-e4m3",
+        ratios="0.1",
+        target=builtin_target("a100"),  # the work model: no timing on this machine
     )
 
     def recommended(compressed: bool):
