@@ -1,8 +1,9 @@
 """FSDP2 training with a compressor inside each unit's reduce-scatter, run by
 tests/test_fsdp_compression.py: for each run in ``--runs`` (``dense``, or a compressor
 spec) a small model with ``fully_shard`` units trains a few steps on the gloo learners
-(``--hsdp``: HSDP on a ``(2, world / 2)`` mesh) under a ``GradientCapture`` with
-gradstat's compression hook (``granularity="unit"``).
+(``--hsdp``: HSDP on a ``(2, world / 2)`` mesh; a compressor's runs shard on its
+``shard`` dim alone and the hook compresses the replicate stage too, ``replicate=2``)
+under a ``GradientCapture`` with gradstat's compression hook (``granularity="unit"``).
 ``<out>/<run>/applied-rankN.npy`` holds the gradient each step applied (steps x numel,
 every parameter's full gradient gathered from the shards, in ``named_parameters()``
 order), for the test to compare with the replay's estimate.
@@ -46,8 +47,11 @@ def run(spec: str, out: Path, hsdp: bool) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = Net()
+    replicate = 2 if hsdp else 1
     if hsdp:
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        if spec != "dense":  # gradstat runs the replicate stage, compressed
+            mesh = mesh["shard"]
     else:
         mesh = init_device_mesh("cpu", (world,))
     for name in ("block1", "block2"):
@@ -56,7 +60,7 @@ def run(spec: str, out: Path, hsdp: bool) -> None:
     state = None
     if spec != "dense":
         ratio = RATIO if spec.startswith("topk") else None
-        _, state = compression_hook(spec, ratio=ratio, granularity="unit")
+        _, state = compression_hook(spec, ratio=ratio, granularity="unit", replicate=replicate)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     applied = []
     with GradientCapture(model, out / folder(spec), hook_state=state) as capture:

@@ -17,6 +17,7 @@ from gradstat.compressors.cost import (
     allreduce_seconds,
     reducescatter_seconds,
 )
+from gradstat.compressors.targets import builtin_target
 from gradstat.errors import UsageError
 from gradstat.store import layer_table, open_capture, write_capture
 
@@ -98,3 +99,47 @@ def test_hsdp_baseline_and_candidates_run_in_shard_groups(tmp_path):
     assert fp8["comm_seconds"] == pytest.approx(scatter + fixed)
     text = " ".join(result.explanation())
     assert "HSDP ring reduce-scatter + replicate all-reduce + parameter all-gather" in text
+
+
+def test_hsdp_candidates_pay_their_compressed_replicate_stage(tmp_path):
+    # gradstat's own --hsdp with a compressor (units record replicate_compressed): the
+    # baseline keeps FSDP's dense replicate all-reduce, a candidate pays its own stage 2
+    # instead, over the 2 replicas; priced at 8 learners (shard groups of 4)
+    rng = np.random.default_rng(5)
+    d = LAYERS[-1].stop
+    grads = rng.normal(size=(4, 2, d)).astype(np.float32)
+    params = RecommendParams(
+        error_budget=1.0,
+        link=LINK,
+        cost_learners=8,
+        compressors="fp8-e4m3",
+        ratios="0.1",
+        target=builtin_target("a100"),  # the work model: no timing on this machine
+    )
+
+    def recommended(compressed: bool):
+        units = [
+            dict(
+                unit, shard=2, replicate=2, reduce_dtype="float32", replicate_compressed=compressed
+            )
+            for unit in UNITS
+        ]
+        meta = {"data_parallel": "fsdp2", "fsdp_units": json.dumps(units)}
+        path = write_capture(tmp_path / f"cap{compressed}", grads, LAYERS, meta=meta)
+        with open_capture(path) as cap:
+            return recommend(cap, params=params)
+
+    dense, both = recommended(False), recommended(True)
+    part = d * 4 / 4  # a float32 shard of each learner's group of 4
+    replicate = allreduce_seconds(part, 2, LINK)
+    gather = allgather_seconds(part, 4, LINK)
+    base = reducescatter_seconds(d * 4, 4, LINK) + replicate + gather
+    assert dense.baseline_seconds == pytest.approx(base)
+    assert both.baseline_seconds == pytest.approx(base)
+    stage1 = dense.ranking.iloc[0]["bytes_per_learner"]  # one reduce-scatter per unit
+    stage2 = both.ranking.iloc[0]["bytes_per_learner"] - stage1  # one all-reduce per unit
+    assert stage2 > 0
+    scatter = 2 * 3 * LINK.latency + 3 / 4 * stage1 / LINK.bandwidth
+    assert dense.ranking.iloc[0]["comm_seconds"] == pytest.approx(scatter + replicate + gather)
+    replicas = allreduce_seconds(stage2, 2, LINK) + allreduce_seconds(0, 2, LINK)
+    assert both.ranking.iloc[0]["comm_seconds"] == pytest.approx(scatter + replicas + gather)

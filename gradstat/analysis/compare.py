@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from gradstat.analysis.replay import capture_plan, trained_options
-from gradstat.analysis.replay_block import scatter
+from gradstat.analysis.replay_block import replicate_stage, scatter
 from gradstat.analysis.replay_records import error_sums, ratios
 from gradstat.analysis.replay_stream import replay_streamed
 from gradstat.analysis.trained_with import check_all_used, replay_spec
@@ -151,12 +151,15 @@ def _parts(scheme: Scheme, rows: torch.Tensor) -> list[torch.Tensor]:
     ]
 
 
-def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
+def _applied(scheme: Scheme, sent: torch.Tensor, step: int) -> torch.Tensor:
     """The update the learners applied: per message, the compressor's aggregate of their
     sent rows (their sum, or its own such as signSGD's majority vote), divided by their
     number when it averages; a message sent dense, their mean. An HSDP unit's message
     (``replicate`` shard groups of consecutive learners) is aggregated in each group and
-    the groups' updates averaged, as FSDP's replicate all-reduce does."""
+    the groups' updates averaged, as FSDP's replicate all-reduce does; where gradstat
+    compressed that stage (``sent`` records stage 1 only) the groups' updates go through
+    the replay's :func:`~gradstat.analysis.replay_block.replicate_stage` (``scheme``'s
+    own memory of it) at recorded ``step``."""
     n = sent.shape[0]
     parts = []
     for m, part in enumerate(_parts(scheme, sent)):
@@ -168,7 +171,10 @@ def _applied(scheme: Scheme, sent: torch.Tensor) -> torch.Tensor:
             compressor = scheme.compressor(0, m)
             totals = [compressor.aggregate(list(group)).reshape(-1) for group in groups]
             updates = [total / size if compressor.average else total for total in totals]
-        parts.append(sum(updates[1:], updates[0]) / len(updates))
+        if scheme.plan.messages[m].replicate_compressed:
+            parts.append(replicate_stage(scheme, m, updates, size, step)[0])
+        else:
+            parts.append(sum(updates[1:], updates[0]) / len(updates))
     return _whole(scheme, parts)
 
 
@@ -198,7 +204,7 @@ def _online_errors(cap: Capture, run: Run, steps: Sequence[int]) -> list[dict]:
         grads = cap.read_step(step)
         sent = cap.read_step(step, dataset="sent")
         reference = _reference(measured_scheme, grads)
-        applied = _applied(measured_scheme, sent)
+        applied = _applied(measured_scheme, sent, int(step))
         estimate, sent_bytes = next(outcomes)
         rows.append(
             {

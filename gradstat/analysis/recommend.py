@@ -12,8 +12,11 @@ fastest within the budget wins, judged against the dense ring all-reduce in fp32
 fp16; on an FSDP2 capture, against FSDP's reduce-scatter in its reduce dtype plus the
 parameter all-gather (added to every candidate too), among the candidates with a
 reduce-scatter form; under HSDP (R replicas) the reduce-scatter and the candidates run
-in shard groups of ``cost_learners / R`` and every one also pays the dense replicate
-all-reduce of its shard. Build-up is extrapolated to ``cost_learners`` with
+in shard groups of ``cost_learners / R``, the baseline pays the dense replicate
+all-reduce of its shard, and so does every candidate unless the plan compresses the
+replicate stage (:attr:`~gradstat.compressors.plan.Message.replicate_compressed`, as
+gradstat's own ``--hsdp`` with a compressor runs it: the replay prices the candidate's
+stage 2 then). Build-up is extrapolated to ``cost_learners`` with
 :mod:`gradstat.analysis.cluster`'s stated model.
 """
 
@@ -414,15 +417,15 @@ def fsdp_replicas(capture: Capture) -> int:
 
 def fsdp_seconds(
     numel: int, shard: int, replicas: int, link: Link, reduce: str
-) -> tuple[float, float]:
-    """``(gradient reduce-scatter, what every candidate pays too)`` seconds of one FSDP2
-    step of ``numel`` values in ``reduce``: the reduce-scatter within a shard group of
-    ``shard`` learners; then HSDP's ring all-reduce of each shard over ``replicas`` and
-    the parameter all-gather within the shard group (once, in the same dtype)."""
+) -> tuple[float, float, float]:
+    """``(gradient reduce-scatter, HSDP's replicate all-reduce, parameter all-gather)``
+    seconds of one FSDP2 step of ``numel`` values in ``reduce``: the reduce-scatter
+    within a shard group of ``shard`` learners; the ring all-reduce of each shard over
+    ``replicas``; the all-gather within the shard group (once, in the same dtype)."""
     size = REDUCE_BYTES[reduce]
     part = numel * size / shard
-    fixed = allreduce_seconds(part, replicas, link) + allgather_seconds(part, shard, link)
-    return reducescatter_seconds(numel * size, shard, link), fixed
+    scatter = reducescatter_seconds(numel * size, shard, link)
+    return scatter, allreduce_seconds(part, replicas, link), allgather_seconds(part, shard, link)
 
 
 def fsdp_candidates(
@@ -564,8 +567,10 @@ def choose(
     if reduce is None:
         base = dense_seconds(run.capture.numel, n, link, BASELINE_BYTES[baseline])
     else:  # FSDP2: the run's reduce-scatter; the rest stays the same for everyone
-        scatter, fixed = fsdp_seconds(run.capture.numel, shard, replicas, link, reduce)
-        base, baseline = scatter + fixed, reduce
+        scatter, replicate, fixed = fsdp_seconds(run.capture.numel, shard, replicas, link, reduce)
+        base, baseline = scatter + replicate + fixed, reduce
+        if not any(m.replicate_compressed for m in run.plan.messages):  # FSDP's, dense
+            fixed += replicate
         dense = FSDP_DENSE if replicas == 1 else HSDP_DENSE
         for column in ("comm_seconds", "seconds"):
             ranking[column] = ranking[column] + fixed

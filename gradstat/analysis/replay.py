@@ -84,9 +84,11 @@ def capture_plan(
     dense: str | None = None,
     dense_below: int = 0,
     first_bucket_bytes: int | None = None,
+    replicate_compressed: bool | None = None,
 ) -> Plan:
     """The plan of ``scope`` of ``cap`` at ``granularity`` (None: the capture's own,
-    :func:`default_granularity`)."""
+    :func:`default_granularity`); ``replicate_compressed``: HSDP's replicate stage
+    (None: as the capture's units record it)."""
     if granularity is None:
         granularity, first_bucket_bytes = default_granularity(cap)
     layers = scope_layers(cap.layers, scope)
@@ -100,6 +102,7 @@ def capture_plan(
         dense_below=dense_below,
         first_bucket_bytes=first_bucket_bytes,
         units=units,
+        replicate_compressed=replicate_compressed,
     )
 
 

@@ -11,8 +11,11 @@ sent. A message of an HSDP unit (:attr:`~gradstat.compressors.plan.Message.repli
 R > 1) is exchanged in lockstep within each shard group of n / R consecutive learners
 (each learner's call numbers it within its group), as FSDP's reduce-scatter runs it,
 and its aggregate is the mean of the groups' (FSDP's replicate all-reduce, in float32
-and group order). Lockstep holds every learner's rows of one block while its messages are exchanged:
-the model's whole row per learner at ``model`` granularity, a bucket's at ``bucket``
+and group order), or, where its replicate stage is compressed
+(:attr:`~gradstat.compressors.plan.Message.replicate_compressed`, gradstat's own
+``--hsdp``), :func:`replicate_stage`'s second exchange of the groups' means. Lockstep
+holds every learner's rows of one block while its messages are exchanged: the model's
+whole row per learner at ``model`` granularity, a bucket's at ``bucket``
 (docs/large.md).
 """
 
@@ -29,6 +32,8 @@ import torch
 from gradstat.compressors.exchange import Sent, SparseRow, Transfer, advance, dense
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
+from gradstat.compressors.shards import pieces as shard_pieces
+from gradstat.compressors.shards import shard_of, unshard
 from gradstat.compressors.simulated import lockstep
 from gradstat.errors import UsageError
 
@@ -51,6 +56,9 @@ class MessageOutcome:
     multiplicity: list[int] | None = None
     info: dict[str, float] | None = None
     sent: list[torch.Tensor | SparseRow] | None = None
+    #: the last ``replicated`` of ``transfers`` run over HSDP's replicate groups (R
+    #: learners each), the others over the shard groups
+    replicated: int = 0
 
 
 def _transfers(results: Sequence[Sent]) -> tuple[Transfer, ...]:
@@ -162,15 +170,21 @@ class BlockStep:
         return outcomes
 
     def _outcome(self, m: int, results: list[Sent], squares: list[float]) -> MessageOutcome:
-        estimate = _replicas_mean([r.estimate for r in results[:: self.group_size(m)]])
+        size, replicated = self.group_size(m), ()
+        means = [r.estimate for r in results[::size]]
+        if self.scheme.plan.messages[m].replicate_compressed:
+            estimate, replicated = replicate_stage(self.scheme, m, means, size, self.step)
+        else:
+            estimate = _replicas_mean(means)
         sparsifier = self.scheme.k(m) is not None
         union, multiplicity = _union(results, estimate, self.n, sparsifier)
         sent = [r.contribution() for r in results] if self.keep_sent else None
         selected = [r.selected for r in results]
-        transfers, info = _transfers(results), _info(results)
+        transfers, info = _transfers(results) + replicated, _info(results)
         return MessageOutcome(
-            m, estimate, transfers, selected, squares, union, multiplicity, info, sent
-        )
+            m, estimate, transfers, selected, squares, union, multiplicity, info, sent,
+            len(replicated),
+        )  # fmt: skip
 
     def _dense(self, m: int) -> MessageOutcome:
         """A message sent uncompressed: a float32 all-reduce of every value, averaged
@@ -179,6 +193,35 @@ class BlockStep:
         numel = total.numel()
         transfers = (Transfer("allreduce", 4 * numel),)
         return MessageOutcome(m, total, transfers, [numel] * self.n, [0.0] * self.n, info={})
+
+
+def replicate_stage(
+    scheme: Scheme, m: int, means: Sequence[Any], shards: int, step: int
+) -> tuple[torch.Tensor, tuple[Transfer, ...]]:
+    """HSDP's compressed replicate stage of message ``m``: ``means``, each shard group's
+    aggregate of it (group order; ``shards`` learners per group). For each shard index
+    s, the groups' shards s (FSDP's layout, :func:`gradstat.compressors.shards.shard_of`)
+    are the R learners of one lockstep exchange of
+    :meth:`~gradstat.compressors.registry.Scheme.replicate_stage` (a memory per learner
+    of its own); their aggregates laid back in the message's order are the estimate.
+    Returns it and the stage's collectives (bytes per learner: the mean over every
+    learner, each in one exchange)."""
+    replicas = len(means)
+    stage = scheme.replicate_stage(shards, replicas)
+    params = shard_pieces(scheme.plan.messages[m].shapes)
+    replay = BlockStep(stage, m, step, replicas)
+    for g, mean in enumerate(means):
+        flat = dense(mean).to(torch.float32)
+        replay.learner(g, torch.cat([shard_of(params, flat, shards, s) for s in range(shards)]))
+    outcomes = sorted(replay.finish(), key=lambda outcome: outcome.index)
+    estimate = torch.zeros(scheme.plan.messages[m].numel)
+    unshard(params, torch.stack([dense(o.estimate) for o in outcomes]), estimate)
+    first = outcomes[0].transfers
+    transfers = tuple(
+        Transfer(t.collective, sum(o.transfers[j].nbytes for o in outcomes) / len(outcomes))
+        for j, t in enumerate(first)
+    )
+    return estimate, transfers
 
 
 def _replicas_mean(estimates: list[torch.Tensor | SparseRow]) -> torch.Tensor | SparseRow:

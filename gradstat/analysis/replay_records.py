@@ -126,10 +126,13 @@ def _record(
     sent_bytes = sum(t.nbytes for t in transfers)
     gathered = sum(t.nbytes for t in transfers if t.collective == "allgather") * n
     comm = 0
-    for o in outcomes:  # HSDP: a message is exchanged within its shard group
-        group = max(1, cost_learners // plan.messages[o.index].replicate)
-        for t in o.transfers:
-            comm += collective_seconds(t.collective, t.nbytes, group, link)
+    for o in outcomes:  # HSDP: a message is exchanged within its shard group, and
+        replicate = plan.messages[o.index].replicate  # its replicate stage over R
+        group = max(1, cost_learners // replicate)
+        first = len(o.transfers) - o.replicated
+        for j, t in enumerate(o.transfers):
+            learners = group if j < first else min(cost_learners, replicate)
+            comm += collective_seconds(t.collective, t.nbytes, learners, link)
     multiplicity = None
     if compressed and all(o.multiplicity is not None for o in compressed):
         multiplicity = np.sum([o.multiplicity for o in compressed], axis=0).tolist()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gradstat.compressors import shards
 from gradstat.errors import UsageError
 
 if TYPE_CHECKING:
@@ -98,10 +99,7 @@ class ParamSlot:
 
     def chunk(self, world_size: int) -> int:
         """Values of this parameter in one row of the ``(world_size, -1)`` input."""
-        if self.shard_dim == 0:
-            rows = -(-self.shape[0] // world_size) if self.shape else 1
-            return rows * math.prod(self.shape[1:])
-        return self.numel // world_size
+        return shards.chunk(self.shape, self.shard_dim, world_size)
 
 
 class UnitLayout:
@@ -111,7 +109,10 @@ class UnitLayout:
     several); ``shard`` and ``replicate`` are the learners of the unit's mesh that shard
     and that replicate it (HSDP: both > 1); ``wire`` is the dtype FSDP reduces in;
     ``scale`` undoes FSDP's division of the input before the reduce-scatter (1 unless
-    the reduction runs in float16, see :func:`predivide_factor`).
+    the reduction runs in float16, see :func:`predivide_factor`);
+    ``replicate_compressed``: gradstat runs the replicate stage itself, through the
+    compressor (the unit is sharded on one shard group, ``replicate`` set by
+    gradstat/hooks/fsdp_compression.py), not FSDP's dense all-reduce.
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class UnitLayout:
         self.name = name
         self.slots = slots
         self.shard, self.replicate, self.scale, self.wire = shard, replicate, scale, wire
+        self.replicate_compressed = False
 
     @property
     def records(self) -> bool:
@@ -167,7 +169,9 @@ class UnitLayout:
             chunk = slot.chunk(world_size)
             if slot.offset is not None and slot.numel:
                 dest = row[slot.offset : slot.offset + slot.numel]
-                _unchunk(slot, rows[:, column : column + chunk], dest, world_size, non_blocking)
+                shards.unchunk(
+                    slot, rows[:, column : column + chunk], dest, world_size, non_blocking
+                )
             column += chunk
         for slot in self.slots:
             if slot.offset is not None and not slot.param.requires_grad:
@@ -178,38 +182,8 @@ class UnitLayout:
         """Learner ``rank``'s row of the ``(world_size, -1)`` reduce-scatter layout of
         the unit's values in ``row`` (the flat row, by the recorded offsets): what a
         reduce-scatter of that vector leaves on ``rank``; the inverse of
-        :meth:`copy_into` (zeros in the padding)."""
-        pieces = []
-        for slot in self._sent():
-            chunk = slot.chunk(world_size)
-            values = row[slot.offset : slot.offset + slot.numel]
-            if slot.shard_dim == 0:
-                piece = values[rank * chunk : (rank + 1) * chunk]
-                pieces += [piece, torch.zeros(chunk - piece.numel(), dtype=row.dtype)]
-            else:
-                k = slot.shard_dim
-                split = values.view(slot.shape).unflatten(k, (world_size, -1))
-                pieces.append(split.select(k, rank).reshape(-1))
-        return torch.cat(pieces)
-
-
-def _unchunk(
-    slot: ParamSlot, block: torch.Tensor, dest: torch.Tensor, world_size: int, non_blocking: bool
-) -> None:
-    """One parameter's ``(world_size, chunk)`` columns of the input into its flat slice."""
-    chunk = block.shape[1]
-    if slot.shard_dim == 0:  # the padded gradient, row after row
-        full, rest = divmod(slot.numel, chunk)
-        if full:
-            dest[: full * chunk].view(full, chunk).copy_(block[:full], non_blocking=non_blocking)
-        if rest:
-            dest[full * chunk :].copy_(block[full, :rest], non_blocking=non_blocking)
-    else:  # world_size pieces of dim k, stacked on dim 0
-        k, shape = slot.shard_dim, slot.shape
-        piece = (*shape[:k], shape[k] // world_size, *shape[k + 1 :])
-        source = block.reshape(world_size, *piece).movedim(0, k)
-        target = dest.view(shape).unflatten(k, (world_size, shape[k] // world_size))
-        target.copy_(source, non_blocking=non_blocking)
+        :meth:`copy_into` (zeros in the padding, :func:`gradstat.compressors.shards.shard_of`)."""
+        return shards.shard_of(self._sent(), row, world_size, rank)
 
 
 def unit_layouts(model: nn.Module, offsets: dict[int, int]) -> list[tuple[nn.Module, UnitLayout]]:
@@ -245,14 +219,16 @@ def units_meta(layouts: list[UnitLayout], layer_of: dict[int, int]) -> str:
     """The recording units as JSON for ``capture.h5`` (attribute ``fsdp_units``): for each,
     its ``name``, its recorded ``layers`` (indices in the layer table, in the unit's
     order; ``layer_of`` maps ``id(param)`` to them), its ``shard`` and ``replicate``
-    learners and its ``reduce_dtype``: FSDP's messages, for a replay that cuts rows as
-    FSDP's reduce-scatter does."""
+    learners, whether gradstat compressed the replicate stage (``replicate_compressed``)
+    and its ``reduce_dtype``: FSDP's messages, for a replay that cuts rows as FSDP's
+    reduce-scatter does."""
     units = [
         {
             "name": layout.name,
             "layers": [layer_of[id(s.param)] for s in layout.slots if s.offset is not None],
             "shard": layout.shard,
             "replicate": layout.replicate,
+            "replicate_compressed": layout.replicate_compressed,
             "reduce_dtype": str(layout.wire).removeprefix("torch."),
         }
         for layout in layouts

@@ -222,6 +222,9 @@ class GradientCapture:
         }
         offsets = {id(p): offset for p, (offset, _) in self._slots.items()}
         self._layouts = fsdp.unit_layouts(model, offsets) if self._units else []
+        replicate = getattr(self.hook_state, "replicate", 1)
+        if self._layouts and replicate > 1:  # gradstat runs HSDP's replicate stage
+            fsdp_compression.mark_replicated(self._layouts, replicate)
         self._arrivals = UnitArrivals([layout for _, layout in self._layouts], self.rank)
         layer_of = {id(p): i for i, p in enumerate(params)}
         units = fsdp.units_meta(self._arrivals.layouts, layer_of)  # FSDP's messages

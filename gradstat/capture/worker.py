@@ -63,14 +63,16 @@ def _inner_hook(name: str, process_group):
     raise GradstatError(f"unknown comm hook {name!r}")
 
 
-def _compression_hook(spec: str, ratio: float | None, seed: int, fsdp: bool):
+def _compression_hook(spec: str, ratio: float | None, seed: int, fsdp: bool, hsdp: int):
     """``--compressor SPEC`` (a registry name or the user's own, with its parameters):
     gradstat's hook for that compressor (under ``--fsdp`` its state alone: it runs
-    inside each unit's reduce-scatter, one message per unit)."""
+    inside each unit's reduce-scatter, one message per unit, and with ``--hsdp`` R > 1
+    in the replicate stage too)."""
     from gradstat.hooks import compression_hook
 
     if fsdp:
-        return None, compression_hook(spec, ratio=ratio, seed=seed, granularity="unit")[1]
+        options = {"seed": seed, "granularity": "unit", "replicate": hsdp}
+        return None, compression_hook(spec, ratio=ratio, **options)[1]
     return compression_hook(spec, ratio=ratio, seed=seed)
 
 
@@ -141,7 +143,8 @@ def _parallel_model(
     world: int,
 ) -> torch.nn.Module:
     """``model`` under FSDP2 (``args.fsdp``: fully_shard per block, then the root; on a
-    ``(replicate, shard)`` mesh of ``args.hsdp`` replicas when above 1) or
+    ``(replicate, shard)`` mesh of ``args.hsdp`` replicas when above 1; with a
+    ``--compressor`` on its shard dim alone, gradstat running the replicate stage) or
     DistributedDataParallel (on this learner's GPU under NCCL)."""
     if getattr(args, "fsdp", False):
         from torch.distributed.device_mesh import init_device_mesh
@@ -150,6 +153,8 @@ def _parallel_model(
         if replicas > 1:
             shape, names = (replicas, world // replicas), ("replicate", "shard")
             mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+            if getattr(args, "compressor", None):  # both stages compressed, by gradstat
+                mesh = mesh["shard"]
         else:
             mesh = init_device_mesh(device.type, (world,))
         return fully_shard_workload(args.workload, model, mesh)
@@ -174,7 +179,8 @@ def _capture(
     fsdp = getattr(args, "fsdp", False)
     hook, hook_state = (None, None) if fsdp else _inner_hook(args.comm_hook, None)
     if getattr(args, "compressor", None):
-        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed, fsdp)
+        hsdp = getattr(args, "hsdp", 1)
+        hook, hook_state = _compression_hook(args.compressor, args.ratio, args.seed, fsdp, hsdp)
     meta = {
         "workload": args.workload,
         "workload_description": workload.description,

@@ -196,7 +196,8 @@ Hsdp = Annotated[
         "--hsdp",
         metavar="R",
         help="With --fsdp: HSDP, R replicas of learners/R sharding learners each (a "
-        "(R, learners/R) mesh): each unit reduce-scatters (and a --compressor runs) in "
-        "its shard group, then FSDP all-reduces the shards over the replicas.",
+        "(R, learners/R) mesh): each unit reduce-scatters in its shard group, then the "
+        "shards are all-reduced over the replicas (by FSDP, dense; with a --compressor "
+        "by gradstat, both stages compressed).",
     ),
 ]

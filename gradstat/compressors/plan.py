@@ -17,9 +17,11 @@ the flat row, in ``named_parameters`` order) by :func:`build_plan` at a granular
   parameters in the unit's order (a capture's ``fsdp_units``), as FSDP reduce-scatters
   them; compressors run inside that reduce-scatter (a format's collective is a
   reduce-scatter there, :mod:`gradstat.compressors.cast`). Under HSDP (a unit's
-  ``replicate`` > 1) each shard group exchanges the message among itself and the
-  groups' means are averaged densely, as FSDP's replicate all-reduce does
-  (:attr:`Message.replicate`).
+  ``replicate`` > 1) each shard group exchanges the message among itself, then the
+  groups' means are averaged: densely, as FSDP's replicate all-reduce does
+  (:attr:`Message.replicate`), or compressed, as gradstat's own ``--hsdp`` runs it
+  (:attr:`Message.replicate_compressed`: the R learners holding one shard index
+  exchange their groups' shards of it, :func:`replicate_plan`).
 
 ``--dense REGEX`` and ``--dense-below N`` keep matching or small parameters out of the
 compressed messages: in each group (the model, a bucket) they travel as one more message
@@ -41,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gradstat.compressors.shards import pieces, shard_numel
 from gradstat.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,6 +56,8 @@ DDP_FIRST_BUCKET_BYTES = 1 << 20
 MIB = 1 << 20
 #: Values of consecutive tensors a replay reads (and holds per learner) together.
 BLOCK = 1 << 22
+#: An FSDP unit of a capture: ``(name, [layer names], replicate, replicate_compressed)``.
+UnitMembers = tuple[str, Sequence[str], int, bool]
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,9 @@ class Message:
     ``shapes`` of the parameters they hold, the ``shape`` the compressor receives (the
     parameter's at ``tensor`` granularity, else flat), whether it goes ``dense``, and
     ``replicate`` R: HSDP's shard groups of N/R consecutive learners (a ``(replicate,
-    shard)`` mesh's) that each exchange it, their means then averaged; 1: one group."""
+    shard)`` mesh's) that each exchange it, their means then averaged; 1: one group.
+    ``replicate_compressed``: that average is a second exchange through the compressor
+    (:func:`replicate_plan`), not FSDP's dense all-reduce."""
 
     name: str
     slices: tuple[tuple[int, int], ...]
@@ -69,6 +76,7 @@ class Message:
     shape: tuple[int, ...]
     dense: bool = False
     replicate: int = 1
+    replicate_compressed: bool = False
 
     @property
     def numel(self) -> int:
@@ -165,11 +173,11 @@ def ddp_buckets(
 
 def unit_members(
     units: str | Sequence[Mapping[str, Any]] | None, table: Sequence[Layer]
-) -> list[tuple[str, list[str], int]]:
+) -> list[UnitMembers]:
     """FSDP units as a capture records them (``fsdp_units``: JSON, or its list of
-    ``{"name", "layers", "replicate"}`` with indices into the layer ``table``) as
-    ``(unit, [layer names in the unit's order], replicate)``; a ``UsageError`` when there
-    are none."""
+    ``{"name", "layers", "replicate", "replicate_compressed"}`` with indices into the
+    layer ``table``) as ``(unit, [layer names in the unit's order], replicate,
+    replicate_compressed)``; a ``UsageError`` when there are none."""
     if isinstance(units, str):
         units = json.loads(units)
     if not units:
@@ -179,20 +187,25 @@ def unit_members(
             "fully_shard model)"
         )
     return [
-        (str(u["name"]), [table[int(i)].name for i in u["layers"]], int(u.get("replicate", 1)))
+        (
+            str(u["name"]),
+            [table[int(i)].name for i in u["layers"]],
+            int(u.get("replicate", 1)),
+            bool(u.get("replicate_compressed", False)),
+        )
         for u in units
     ]
 
 
 def _units(
-    layers: Sequence[Layer], units: Sequence[tuple[str, Sequence[str], int]] | None
+    layers: Sequence[Layer], units: Sequence[UnitMembers] | None
 ) -> list[tuple[str, list[Layer]]]:
     """Each FSDP unit's layers in the unit's order (layers outside ``layers``, a
     scope, are left out)."""
     if not units:
         unit_members(None, layers)  # the error: no unit to cut by
     by_name = {layer.name: layer for layer in layers}
-    groups = [(name, [by_name[n] for n in members if n in by_name]) for name, members, _ in units]
+    groups = [(name, [by_name[n] for n in members if n in by_name]) for name, members, *_ in units]
     return [(name, inside) for name, inside in groups if inside]
 
 
@@ -201,7 +214,7 @@ def _groups(
     kind: str,
     cap_mb: float | None,
     first_bytes: int | None,
-    units: Sequence[tuple[str, Sequence[str], int]] | None = None,
+    units: Sequence[UnitMembers] | None = None,
 ) -> list[tuple[str, list[Layer]]]:
     if kind == "unit":
         return _units(layers, units)
@@ -217,13 +230,17 @@ def _groups(
 
 
 def _message(
-    name: str, layers: Sequence[Layer], kind: str, dense: bool, replicate: int = 1
+    name: str,
+    layers: Sequence[Layer],
+    kind: str,
+    dense: bool,
+    replicate: tuple[int, bool] = (1, False),
 ) -> Message:
     shapes = tuple(tuple(layer.shape) for layer in layers)
     numel = sum(layer.numel for layer in layers)
     shape = shapes[0] if kind == "tensor" and len(layers) == 1 else (numel,)
     slices = tuple((layer.offset, layer.numel) for layer in layers)
-    return Message(name, slices, shapes, shape, dense, replicate)
+    return Message(name, slices, shapes, shape, dense, *replicate)
 
 
 def _blocks(messages: Sequence[Message], kind: str) -> tuple[Block, ...]:
@@ -285,13 +302,18 @@ def build_plan(
     dense: str | None = None,
     dense_below: int = 0,
     first_bucket_bytes: int | None = None,
-    units: Sequence[tuple[str, Sequence[str], int]] | None = None,
+    units: Sequence[UnitMembers] | None = None,
+    replicate_compressed: bool | None = None,
 ) -> Plan:
     """The plan of ``layers`` at ``granularity`` (``model``, ``tensor``, ``bucket[:MB]``,
     ``unit``) with the parameters matching the regex ``dense`` or smaller than
     ``dense_below`` values sent uncompressed; ``first_bucket_bytes`` overrides the first
     bucket's cap (a capture's record of its DDP's); ``units``: the FSDP units of a
-    ``unit`` plan, ``(name, [layer names], replicate)`` (:func:`unit_members`)."""
+    ``unit`` plan, ``(name, [layer names], replicate, replicate_compressed)``
+    (:func:`unit_members`); ``replicate_compressed`` (None: as each unit records)
+    overrides the replicate stage of every unit replicated over R > 1 (a compressed
+    run's plan replayed on a dense run's capture). A unit whose replicate stage is
+    compressed takes no dense parameter (its shards hold every parameter of the unit)."""
     kind, cap_mb = parse_granularity(granularity)
     try:
         pattern = re.compile(dense) if dense else None
@@ -303,12 +325,20 @@ def build_plan(
     def sent_dense(layer: Layer) -> bool:
         return layer.numel < dense_below or bool(pattern and pattern.search(layer.name))
 
-    replicas = {name: replicate for name, _, replicate in units or ()}
+    replicas = {
+        name: (r, compressed if replicate_compressed is None else replicate_compressed and r > 1)
+        for name, _, r, compressed in units or ()
+    }
     messages: list[Message] = []
     for name, group in _groups(layers, kind, cap_mb, first_bucket_bytes, units):
         compressed = [layer for layer in group if not sent_dense(layer)]
         plain = [layer for layer in group if sent_dense(layer)]
-        r = replicas.get(name, 1)
+        r = replicas.get(name, (1, False))
+        if plain and r[1]:
+            raise UsageError(
+                f"FSDP unit {name}: --dense and --dense-below are not supported where HSDP's "
+                "replicate stage is compressed (each shard holds every parameter of the unit)"
+            )
         if compressed:
             messages.append(_message(name, compressed, kind, False, r))
         if plain:
@@ -316,3 +346,25 @@ def build_plan(
             messages.append(_message(dense_name, plain, kind, True, r))
     label = granularity if cap_mb is None else f"bucket:{cap_mb:g}"
     return Plan(label, tuple(messages), _blocks(messages, kind))
+
+
+def replicate_plan(plan: Plan, shards: int) -> Plan:
+    """The second stage of HSDP's compressed replicate all-reduce (the messages of
+    ``plan`` with :attr:`Message.replicate_compressed` use it; ``shards`` learners in a
+    shard group): message ``m`` becomes ``shards`` messages (index ``m * shards + s``, named
+    ``"NAME shard s"``), learner s's shard of the shard group's mean in FSDP's layout
+    (:func:`gradstat.compressors.shards.shard_of`, padding included), which the R
+    learners holding shard s exchange (an all-reduce among them: the plan's granularity
+    is ``replicate``, so a format's collective is an all-reduce, not a unit's
+    reduce-scatter); one block per message of ``plan``."""
+    messages: list[Message] = []
+    offset = 0
+    for message in plan.messages:
+        numel = shard_numel(pieces(message.shapes), shards)
+        for s in range(shards):
+            name = f"{message.name} shard {s}"
+            messages.append(Message(name, ((offset, numel),), ((numel,),), (numel,)))
+            offset += numel
+    members = [range(m * shards, (m + 1) * shards) for m in range(len(plan.messages))]
+    blocks = tuple(_block(messages, list(block)) for block in members)
+    return Plan("replicate", tuple(messages), blocks)

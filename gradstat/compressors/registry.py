@@ -19,8 +19,8 @@ import torch
 
 from gradstat.compressors.base import Compressor
 from gradstat.compressors.exchange import Call
-from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory
-from gradstat.compressors.plan import Plan
+from gradstat.compressors.memory import DGCMemory, Memory, NoMemory, ResidualMemory, TensorRows
+from gradstat.compressors.plan import Plan, replicate_plan
 from gradstat.compressors.simulated import Reduce, sum_in_order
 from gradstat.errors import UsageError
 from gradstat.stats.density import k_for
@@ -270,6 +270,19 @@ class Scheme:
         self._velocity: dict[int, torch.Tensor] = {}
         first = self.compressor(0, plan.compressed[0]) if plan.compressed else None
         self.memory = self._memory(first)
+        self._replicate_stages: dict[int, Scheme] = {}
+
+    def replicate_stage(self, shards: int, learners: int) -> Scheme:
+        """The same compressor over the second stage of HSDP's compressed replicate
+        all-reduce (:func:`~gradstat.compressors.plan.replicate_plan` of this plan, shard
+        groups of ``shards`` learners): compressor objects and a memory of its own (rows
+        in RAM for ``learners``), made once for each size of shard group."""
+        if shards not in self._replicate_stages:
+            plan = replicate_plan(self.plan, shards)
+            stage = Scheme(self.spec, self.ratio, plan, self.seed, self.reduce)
+            stage.memory.allocate(learners, plan, TensorRows)
+            self._replicate_stages[shards] = stage
+        return self._replicate_stages[shards]
 
     def _memory(self, first: Compressor | None) -> Memory:
         named = self.spec.memory

@@ -25,12 +25,14 @@ The state keeps, for recording (``GradientCapture`` writes it as the ``sent`` da
 and for checks: ``sent`` (this learner's contribution of the last step, flat, fp32, in
 the layer table's order; ``m_{t+1} = p_t - sent_t`` for plain error feedback),
 ``estimate`` (the aggregate every learner applied; under HSDP its shard group's, which
-FSDP's replicate all-reduce then averages), ``transfers`` (the bytes it put into each
-collective) and ``overhead_bytes``. Steps are numbered from 0 (``state.step``), as
-the replay numbers the recorded steps of a capture that starts at 0: random draws and
-CLT-k's leader follow it. The hooks compute on the CPU (the compressors are CPU code)
-and run their collectives on a gloo process group: ``process_group=``, else one of
-their own made when the state is bound (so they never meet DDP's own collectives).
+the replicate stage then averages: FSDP's dense all-reduce, or with ``replicate=R``
+:meth:`CompressionState.run_replicate` in each unit's all-reduce hook), ``transfers``
+(the bytes it put into each collective, both stages') and ``overhead_bytes``. Steps
+are numbered from 0 (``state.step``), as the replay numbers the recorded steps of a
+capture that starts at 0: random draws and CLT-k's leader follow it. The hooks compute
+on the CPU (the compressors are CPU code) and run their collectives on a gloo process
+group: ``process_group=``, else one of their own made when the state is bound (so they
+never meet DDP's own collectives).
 """
 
 import json
@@ -78,7 +80,14 @@ class CompressionState:
         granularity: str = "bucket",
         dense: str | None = None,
         dense_below: int = 0,
+        replicate: int = 1,
     ) -> None:
+        if (granularity != "unit" and replicate != 1) or replicate < 1:
+            raise UsageError(
+                f"replicate={replicate}: HSDP's replicate stage is compressed inside FSDP2 "
+                "units (granularity unit, replicate >= 1)"
+            )
+        self.replicate = replicate
         spec = name if isinstance(name, CompressorSpec) else parse_compressors(name)[0]
         unknown = sorted(set(params) - set(spec.entry.params))
         if unknown:
@@ -98,8 +107,15 @@ class CompressionState:
             "dense": dense,
             "dense_below": dense_below,
         }
+        if replicate > 1:  # a replay of this run on a dense run's capture runs it too
+            self.plan_options["replicate_compressed"] = True
+            if dense or dense_below:
+                raise UsageError(
+                    "dense= and dense_below= are not supported with a compressed HSDP "
+                    "replicate stage (each shard holds every parameter of its unit)"
+                )
         check = layer_table([("check", (1,))])  # the options, checked before training
-        units = [("check", ["check"], 1)] if granularity == "unit" else None
+        units = [("check", ["check"], 1, False)] if granularity == "unit" else None
         build_plan(check, granularity, dense=dense, dense_below=dense_below, units=units)
         self.scheme: Scheme | None = None
         self.plan: Plan | None = None
@@ -208,7 +224,7 @@ class CompressionState:
         then its ``messages`` exchanged now (on the calling thread) over ``group`` (HSDP:
         a gloo group of the learner's shard group; None: the hook's group of every
         learner); the estimate row (the mean of ``group``'s learners, in the layer
-        table's order; under HSDP FSDP's replicate all-reduce averages it next)."""
+        table's order; under HSDP the replicate stage averages it next)."""
         learners = self.world if group is None else dist.get_world_size(group)
         if world != learners:
             raise UsageError(
@@ -309,19 +325,9 @@ class CompressionState:
             sent, estimate = g, total / learners
             result = (sent, estimate, (Transfer("allreduce", 4 * g.numel()),), g.numel(), 0)
         else:
-            memory = scheme.memory
-            block = memory.places[m][0]
-            rows = memory.open(0, block)
-            call = scheme.call(learner, m, self.step, learners)
-            p = memory.compensate(rows, call, g)
-            communicator = TorchCommunicator(group)
-            compressor = scheme.compressor(self.rank, m)
-            outcome = communicator.run(compressor.exchange(p.view(call.shape), call))
-            memory.update(rows, call, p, outcome, compressor)
-            memory.close(0, block, rows)
-            sent = outcome.contribution()
+            outcome = self._compressed(scheme, m, g, learner, learners, group, self.rank)
             result = (
-                sent,
+                outcome.contribution(),
                 outcome.estimate,
                 outcome.transfers,
                 outcome.selected,
@@ -332,6 +338,56 @@ class CompressionState:
         with self._lock:
             self._results[m] = result
             self._done[m] = True
+
+    def _compressed(
+        self,
+        scheme: Scheme,
+        m: int,
+        g: torch.Tensor,
+        learner: int,
+        learners: int,
+        group: dist.ProcessGroup,
+        who: int,
+    ) -> Any:
+        """Message ``m`` of ``scheme`` compensated, exchanged over ``group`` (``learner``
+        of ``learners`` there), its memory updated; ``who``: the learner whose compressor
+        object runs it. The exchange's outcome."""
+        memory = scheme.memory
+        block = memory.places[m][0]
+        rows = memory.open(0, block)
+        call = scheme.call(learner, m, self.step, learners)
+        p = memory.compensate(rows, call, g)
+        compressor = scheme.compressor(who, m)
+        outcome = TorchCommunicator(group).run(compressor.exchange(p.view(call.shape), call))
+        memory.update(rows, call, p, outcome, compressor)
+        memory.close(0, block, rows)
+        return outcome
+
+    def run_replicate(
+        self, m: int, shard: torch.Tensor, shards: int, group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        """HSDP's compressed replicate stage of message ``m`` on this learner: ``shard``
+        (float32, 1-D), its shard of its shard group's mean (``shards`` learners a group),
+        exchanged over ``group``, the R learners holding the same shard index
+        (:meth:`~gradstat.compressors.registry.Scheme.replicate_stage`, its own memory);
+        the mean over the R, dense. Its bytes join the message's transfers."""
+        stage = self.scheme.replicate_stage(shards, 1)
+        learner, learners = dist.get_rank(group), dist.get_world_size(group)
+        index = m * shards + self.rank % shards
+        if shard.numel() != stage.plan.messages[index].numel:
+            raise UsageError(
+                f"FSDP unit {self.plan.messages[m].name}: a shard of {shard.numel()} values, "
+                f"not {stage.plan.messages[index].numel}: gradstat cannot compress its "
+                "replicate stage"
+            )
+        outcome = self._compressed(stage, index, shard, learner, learners, group, learner)
+        with self._lock:
+            sent, estimate, transfers, selected, overhead = self._results[m]
+            transfers += outcome.transfers
+            overhead += outcome.overhead_bytes
+            self._results[m] = (sent, estimate, transfers, selected, overhead)
+        estimate = outcome.estimate
+        return estimate.dense() if isinstance(estimate, SparseRow) else estimate.reshape(-1)
 
     def _finish_buckets(self, m: int) -> None:
         """Complete the buckets whose messages are all done; at the step's last, close it."""
@@ -378,6 +434,7 @@ def compression_hook(
     granularity: str = "bucket",
     dense: str | None = None,
     dense_below: int = 0,
+    replicate: int = 1,
     **params: float,
 ):
     """``(hook, state)`` of compressor ``name`` (a registry name or a user's spec, with
@@ -390,7 +447,11 @@ def compression_hook(
     and ``dense_below`` make the plan, as the replay's options. ``model`` (the DDP model
     or its module) binds the state now, with the DDP model's bucket caps where it is one;
     ``GradientCapture`` binds it otherwise. ``seed`` seeds the random draws, as the
-    replay's ``--seed``.
+    replay's ``--seed``. ``replicate`` R > 1 (granularity ``unit``): HSDP with both
+    stages compressed: the model is ``fully_shard``-ed on its shard groups alone
+    (``mesh["shard"]`` of an ``init_device_mesh(..., (R, S), mesh_dim_names=("replicate",
+    "shard"))``) and each unit's all-reduce hook runs the replicate stage through the
+    compressor (gradstat/hooks/fsdp_compression.py).
 
     Example::
 
@@ -408,6 +469,7 @@ def compression_hook(
         granularity=granularity,
         dense=dense,
         dense_below=dense_below,
+        replicate=replicate,
     )
     if model is not None:
         state.bind(model)
