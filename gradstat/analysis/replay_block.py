@@ -32,10 +32,10 @@ import torch
 from gradstat.compressors.exchange import Sent, SparseRow, Transfer, advance, dense
 from gradstat.compressors.memory import TensorRows, joined
 from gradstat.compressors.registry import Scheme
-from gradstat.compressors.shards import pieces as shard_pieces
-from gradstat.compressors.shards import shard_of, unshard
 from gradstat.compressors.simulated import lockstep
 from gradstat.errors import UsageError
+from gradstat.wire.shards import pieces as shard_pieces
+from gradstat.wire.shards import shard_of, unshard
 
 
 @dataclass
@@ -200,7 +200,7 @@ def replicate_stage(
 ) -> tuple[torch.Tensor, tuple[Transfer, ...]]:
     """HSDP's compressed replicate stage of message ``m``: ``means``, each shard group's
     aggregate of it (group order; ``shards`` learners per group). For each shard index
-    s, the groups' shards s (FSDP's layout, :func:`gradstat.compressors.shards.shard_of`)
+    s, the groups' shards s (FSDP's layout, :func:`gradstat.wire.shards.shard_of`)
     are the R learners of one lockstep exchange of
     :meth:`~gradstat.compressors.registry.Scheme.replicate_stage` (a memory per learner
     of its own); their aggregates laid back in the message's order are the estimate.

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from gradstat.compressors import shards
 from gradstat.errors import UsageError
+from gradstat.wire import shards
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -182,7 +182,7 @@ class UnitLayout:
         """Learner ``rank``'s row of the ``(world_size, -1)`` reduce-scatter layout of
         the unit's values in ``row`` (the flat row, by the recorded offsets): what a
         reduce-scatter of that vector leaves on ``rank``; the inverse of
-        :meth:`copy_into` (zeros in the padding, :func:`gradstat.compressors.shards.shard_of`)."""
+        :meth:`copy_into` (zeros in the padding, :func:`gradstat.wire.shards.shard_of`)."""
         return shards.shard_of(self._sent(), row, world_size, rank)
 
 

@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gradstat.compressors.shards import pieces, shard_numel
 from gradstat.errors import UsageError
+from gradstat.wire.shards import pieces, shard_numel
 
 if TYPE_CHECKING:
     from gradstat.store.schema import Layer
@@ -353,7 +353,7 @@ def replicate_plan(plan: Plan, shards: int) -> Plan:
     ``plan`` with :attr:`Message.replicate_compressed` use it; ``shards`` learners in a
     shard group): message ``m`` becomes ``shards`` messages (index ``m * shards + s``, named
     ``"NAME shard s"``), learner s's shard of the shard group's mean in FSDP's layout
-    (:func:`gradstat.compressors.shards.shard_of`, padding included), which the R
+    (:func:`gradstat.wire.shards.shard_of`, padding included), which the R
     learners holding shard s exchange (an all-reduce among them: the plan's granularity
     is ``replicate``, so a format's collective is an all-reduce, not a unit's
     reduce-scatter); one block per message of ``plan``."""
