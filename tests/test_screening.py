@@ -94,7 +94,7 @@ def test_recommend_says_what_it_runs_and_names_what_it_dropped(capsys, real_capt
     assert "screen on" in lines and "memories" in lines and "in RAM" in lines
     doc = json.loads(result.stdout)
     dropped = doc["screen"]["dropped"]
-    assert {group["reason"] for group in dropped} <= {"over budget", "slower"}
+    assert {group["reason"] for group in dropped} <= {"over budget", "slower", "dominated"}
     named = [name for group in dropped for name in group["candidates"]]
     ran = {
         c["compressor"] if c["ratio"] is None else f"{c['compressor']}@{c['ratio']:g}"
@@ -130,3 +130,26 @@ def test_long_steps_are_priced_in_fewer_rounds():
     row = torch.randn(64 * 64)
     at_n = measure_price(scheme, row, 4, extrapolate=False, rounds=3)
     assert at_n.per_payload == 0.0 and at_n.at(4) == at_n.base > 0
+
+
+def test_a_candidate_no_faster_with_far_more_error_is_dropped(synthetic_capture):
+    """bf16 beside fp16: the same bytes, the same price on the work model and about 64x
+    the error. Listed first, bf16 is dropped as dominated (named with fp16), and fp16
+    wins with the screen as without it: recommend breaks a tie in time by error."""
+    target = builtin_target("h100")
+    with open_capture(synthetic_capture[0]) as cap:
+        results = [
+            recommend(
+                cap,
+                Selection.of(cap, "0:4"),
+                RecommendParams(0.5, compressors="bf16,fp16", target=target, screen=screen),
+                compute=CPU,
+            )
+            for screen in (0, cap.numel // 8)
+        ]
+    fp16, bf16 = (f"{f}:algorithm=ring:accumulate=fp32" for f in ("fp16", "bf16"))
+    assert [r.to_dict()["recommendation"]["compressor"] for r in results] == [fp16, fp16]
+    assert results[0].screen is None
+    (group,) = results[1].screen.dropped
+    assert (group.reason, group.names) == ("dominated", (bf16,))
+    assert f"{bf16} by {fp16}" in group.why

@@ -559,7 +559,7 @@ def choose(
     ranking["within_budget"] = ranking["rel_error"] <= error_budget
     ranking = pd.concat(
         [
-            ranking[ranking["within_budget"]].sort_values("seconds", kind="stable"),
+            ranking[ranking["within_budget"]].sort_values(["seconds", "rel_error"], kind="stable"),
             ranking[~ranking["within_budget"]].sort_values("rel_error", kind="stable"),
         ],
         ignore_index=True,

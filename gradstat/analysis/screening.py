@@ -123,8 +123,8 @@ def sample_for(scope: Scope, plan: Plan, values: int) -> Sample | None:
 
 @dataclass(frozen=True)
 class Dropped:
-    """Candidates left out by the screen for one ``reason`` (``over budget`` or
-    ``slower``): their ``names``, and the sentence that says why."""
+    """Candidates left out by the screen for one ``reason`` (``over budget``,
+    ``slower`` or ``dominated``): their ``names``, and the sentence that says why."""
 
     reason: str
     names: tuple[str, ...]
@@ -264,8 +264,11 @@ def decide(
     """Which schemes (``names``, in order) go on, from their ``records`` (key ``scheme``)
     on ``sample`` replayed with ``link`` and ``compress(i)``, scheme ``i``'s compression
     seconds at full size: a candidate goes on unless its error is over
-    :data:`ERROR_MARGIN` times the budget or it is over :data:`TIME_MARGIN` times slower
-    than the fastest within ``error_budget / ERROR_MARGIN``; those in ``failed`` go on."""
+    :data:`ERROR_MARGIN` times the budget, it is over :data:`TIME_MARGIN` times slower
+    than the fastest within ``error_budget / ERROR_MARGIN``, or one of those that go on
+    and within that bound is no slower with under ``1 / ERROR_MARGIN`` of its error
+    (it could not win: recommend breaks a tie in time by error); those in ``failed``
+    go on."""
     rows = []
     for i, name in enumerate(names):
         mine = records[records["scheme"] == i]
@@ -284,7 +287,15 @@ def decide(
     clear = error <= error_budget / ERROR_MARGIN
     best = seconds[clear].min() if clear.any() else math.inf
     slow = ~far & (seconds > TIME_MARGIN * best)
-    survivors = tuple(i for i in range(len(names)) if not (far.iloc[i] or slow.iloc[i]))
+    # dominated: another candidate within the budget on the sample is no slower and has
+    # under 1 / ERROR_MARGIN of the error (bf16 beside fp16: the same bytes, more error)
+    kept = ~(far | slow)
+    betters = [
+        estimates["name"][kept & clear & (seconds <= seconds.iloc[i]) & (error * ERROR_MARGIN < e)]
+        for i, e in enumerate(error)
+    ]
+    dominated = kept & pd.Series([len(b) > 0 for b in betters], index=estimates.index)
+    survivors = tuple(i for i in range(len(names)) if kept.iloc[i] and not dominated.iloc[i])
     if not survivors:  # every one far over budget: the closest goes on, to be named
         closest = int(error.fillna(math.inf).to_numpy().argmin())
         survivors = (closest,)
@@ -307,6 +318,19 @@ def decide(
                 tuple(estimates["name"][slow]),
                 f"predicted over {TIME_MARGIN:g} x the time of {fastest} ({best * 1e3:.3g} ms "
                 f"per step), which is within the budget on the sample",
+            )
+        )
+    if dominated.any():
+        by = [
+            f"{estimates['name'].iloc[i]} by {betters[i].iloc[0]}"
+            for i in np.flatnonzero(dominated)
+        ]
+        dropped.append(
+            Dropped(
+                "dominated",
+                tuple(estimates["name"][dominated]),
+                f"predicted no faster than a candidate within the budget on the sample, with "
+                f"over {ERROR_MARGIN:g} x its error there ({', '.join(by)})",
             )
         )
     return Screen(survivors, tuple(dropped), sample.plan.numel, sample.fraction, estimates)
