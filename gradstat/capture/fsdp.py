@@ -163,16 +163,7 @@ class UnitLayout:
             return False
         if self.scale != 1.0:  # FSDP divided the input before the collective
             flat = flat.to(torch.float32) * self.scale
-        rows = flat.view(world_size, -1)
-        column = 0
-        for slot in sent:
-            chunk = slot.chunk(world_size)
-            if slot.offset is not None and slot.numel:
-                dest = row[slot.offset : slot.offset + slot.numel]
-                shards.unchunk(
-                    slot, rows[:, column : column + chunk], dest, world_size, non_blocking
-                )
-            column += chunk
+        shards.unshard(sent, flat.view(world_size, -1), row, non_blocking)
         for slot in self.slots:
             if slot.offset is not None and not slot.param.requires_grad:
                 row[slot.offset : slot.offset + slot.numel].zero_()

@@ -72,7 +72,7 @@ def shard_of(params: Sequence[Any], row: torch.Tensor, world_size: int, rank: in
     return torch.cat(out)
 
 
-def unchunk(
+def _unchunk(
     param: Any, block: torch.Tensor, dest: torch.Tensor, world_size: int, non_blocking: bool
 ) -> None:
     """One parameter's ``(world_size, chunk)`` columns of the layout into its flat
@@ -92,12 +92,16 @@ def unchunk(
         target.copy_(source, non_blocking=non_blocking)
 
 
-def unshard(params: Sequence[Any], shards: torch.Tensor, row: torch.Tensor) -> None:
+def unshard(
+    params: Sequence[Any], shards: torch.Tensor, row: torch.Tensor, non_blocking: bool = False
+) -> None:
     """Every learner's shard (``shards``: ``(world_size, shard_numel)``, rank order)
-    back into ``row`` at the parameters' offsets: the inverse of :func:`shard_of`."""
+    back into ``row`` at the parameters' offsets (a parameter whose ``offset`` is None
+    keeps its columns but goes nowhere): the inverse of :func:`shard_of`."""
     world_size, column = shards.shape[0], 0
     for p in params:
         size = chunk(p.shape, p.shard_dim, world_size)
-        dest = row[p.offset : p.offset + math.prod(p.shape)]
-        unchunk(p, shards[:, column : column + size], dest, world_size, non_blocking=False)
+        if p.offset is not None:
+            dest = row[p.offset : p.offset + math.prod(p.shape)]
+            _unchunk(p, shards[:, column : column + size], dest, world_size, non_blocking)
         column += size
